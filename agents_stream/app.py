@@ -1,0 +1,278 @@
+"""The Faust app: topics, the task table, the ledger agent, the executor and the lease scanner.
+
+``faust -A agents_stream.app worker`` and ``agents-stream worker`` both run it.
+Settings come from the environment (agents_stream.settings), providers and
+agents from the TOML config (agents_stream.config).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import socket
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import faust
+from faust.types import TP
+
+from agents_stream import topics
+from agents_stream.config import AppConfig, load_config
+from agents_stream.consumer import WatermarkTransport
+from agents_stream.executor import Executor
+from agents_stream.ledger import Ledger
+from agents_stream.models import ControlEvent
+from agents_stream.providers import build_provider
+from agents_stream.settings import Settings
+from agents_stream.watermark import Watermark
+
+log = logging.getLogger(__name__)
+
+
+class LedgerTable(faust.Table):
+    """A Table that keeps the future of its last changelog send, so the ledger can await durability.
+
+    Faust sends changelog records fire-and-forget (FAUST-NOTES.md "Tables").
+    """
+
+    last_changelog: Any = None
+
+    def _send_changelog(self, event: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None) -> None:
+        if event is None:
+            raise RuntimeError("Cannot modify table outside of agent/stream.")
+        self.last_changelog = self.send_changelog(event.message.partition, key, value, key_serializer, value_serializer)
+
+
+class AgentsStreamApp(faust.App):
+    """faust.App whose consumer commits the ledger's watermark (agents_stream.consumer)."""
+
+    watermark: Watermark
+    managed_topics: frozenset[str] = frozenset()
+
+    def _new_transport(self) -> Any:
+        return WatermarkTransport(self.conf.broker_consumer, self)
+
+    def on_commit_failed(self, offsets: dict[TP, int], error: BaseException) -> None:
+        """Layer 3: the commit did not happen; the same watermark goes out on the next round."""
+        log.warning(
+            "Offset commit failed (%r) for %d partitions; nothing counts as done until a commit succeeds. "
+            "Retrying every %.1fs; check the broker if this repeats.",
+            error, len(offsets), self.conf.broker_commit_interval,
+        )
+        runtime = getattr(self, "runtime", None)
+        if runtime is not None:
+            runtime.ledger.control("alert.commit_failed", self.conf.id, None, {"error": repr(error), "partitions": len(offsets)})
+
+
+class Runtime:
+    """Everything one worker process owns besides the Faust app itself."""
+
+    def __init__(self, app: AgentsStreamApp, settings: Settings, config: AppConfig, agents: list[str]) -> None:
+        self.app = app
+        self.settings = settings
+        self.agents = agents
+        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        providers = {}
+        built: dict[str, Any] = {}
+        for agent in agents:
+            chosen = config.chain(agent)[0]
+            if chosen.name not in built:
+                built[chosen.name] = build_provider(chosen)
+            providers[agent] = built[chosen.name]
+        self.executor = Executor(
+            settings,
+            providers,
+            {a: config.agents[a].system for a in agents},
+            send_outcome=self.send_outcome,
+            send_control=self.send_control,
+            on_flow_change=self.update_flow,
+            worker_id=self.worker_id,
+        )
+        self.ledger = Ledger(app, settings, self.executor, self.worker_id)
+        self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
+        self._paused: set[TP] = set()
+
+    async def send_outcome(self, task_id: str, outcome: dict[str, Any]) -> None:
+        """Executor → ledger. Outcomes are retried until the broker confirms them; heartbeats are not."""
+        body = json.dumps({"schema_version": 1, "worker": self.worker_id, **outcome}).encode()
+        attempt = 0
+        while True:
+            fut = self.outcomes.send_soon(key=task_id.encode(), value=body)
+            if outcome.get("kind") == "heartbeat":
+                return
+            try:
+                await asyncio.wait_for(asyncio.shield(fut), timeout=30.0)
+                return
+            except Exception as exc:
+                attempt += 1
+                log.warning("Outcome of %s not confirmed by the broker (%r); retry %d in 1s", task_id, exc, attempt)
+                if attempt == 3:
+                    self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)})
+                await asyncio.sleep(min(10.0, attempt))
+
+    def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
+        self.ledger.control(event, subject, agent, details)
+
+    def update_flow(self) -> None:
+        """Pause intake of agents whose provider is down or whose queue is full; resume the others."""
+        consumer = self.app.consumer
+        try:
+            assigned = consumer.assignment()
+        except Exception:  # not started yet
+            return
+        want: set[TP] = set()
+        for agent in self.agents:
+            if self.executor.blocked(agent):
+                name = topics.task_topic(agent)
+                want.update(tp for tp in assigned if tp.topic == name)
+        pause, resume = want - self._paused, (self._paused & assigned) - want
+        if pause:
+            consumer.pause_partitions(pause)
+            log.info("Intake paused on %d partitions (provider down or queue full)", len(pause))
+        if resume:
+            consumer.resume_partitions(resume)
+            log.info("Intake resumed on %d partitions", len(resume))
+        self._paused = want
+
+    def scan_leases(self) -> None:
+        now = time.time()
+        for task_id, dispatch in self.ledger.scan(now):
+            body = json.dumps({"schema_version": 1, "kind": "expired", "dispatch": dispatch, "worker": self.worker_id}).encode()
+            self.outcomes.send_soon(key=task_id.encode(), value=body)
+
+
+def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
+    settings = settings or Settings.from_env()
+    config = config or load_config(settings.config_path or None)
+    wanted = settings.agent_filter()
+    unknown = wanted - set(config.agents)
+    if unknown:
+        raise SystemExit(f"AGENTS_STREAM_AGENTS names agents not in the config: {sorted(unknown)}")
+    agents = [a for a in config.agents if not wanted or a in wanted]
+    n = settings.partitions
+
+    app = AgentsStreamApp(
+        settings.app_id,
+        broker=settings.broker,
+        store="rocksdb://",
+        datadir=settings.data_dir,
+        topic_partitions=n,
+        topic_replication_factor=1,
+        key_serializer="raw",
+        value_serializer="raw",
+        web_port=settings.web_port,
+        web_host=settings.web_host,
+        web_bind=settings.web_host,
+        web_enabled=True,
+        web_tables_enabled=False,
+        broker_session_timeout=settings.session_timeout_s,
+        broker_heartbeat_interval=settings.heartbeat_interval_s,
+        broker_request_timeout=max(40.0, settings.session_timeout_s + 10),
+        broker_rebalance_timeout=60.0,
+        broker_commit_interval=settings.commit_interval_s,
+        broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
+        stream_buffer_maxsize=512,
+        consumer_auto_offset_reset="earliest",
+        producer_acks=-1,
+        producer_linger_ms=1,
+        table_cleanup_interval=3600.0,
+        loghandlers=[],
+    )
+    app.watermark = Watermark()
+    task_topics = [topics.task_topic(a) for a in agents]
+    outcomes = topics.outcomes_topic(settings.app_id)
+    app.managed_topics = frozenset([*task_topics, outcomes])
+
+    app.task_table = app.tables.add(
+        LedgerTable(
+            app,
+            name="tasks",
+            default=None,
+            partitions=n,
+            schema=faust.Schema(key_type=str, value_type=dict, key_serializer="raw", value_serializer="json"),
+            beacon=app.tables.beacon,
+            help="Task ledger: idempotency, leases and stored results, keyed by task_id.",
+            options={
+                "driver": "rocksdict",
+                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
+                "write_buffer_size": 4 * 1024 * 1024,
+                "max_write_buffer_number": 2,
+            },
+        )
+    )
+    # Output topics nobody in this app consumes: declared at start (auto-creation is off).
+    app.output_topics = [
+        app.topic(topics.RESULTS, partitions=n, internal=True),
+        app.topic(topics.CONTROL, partitions=n, internal=True),
+        *(
+            app.topic(topics.dlq_topic(a), partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))
+            for a in agents
+        ),
+    ]
+    channel = app.topic(*task_topics, outcomes, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
+
+    runtime = Runtime(app, settings, config, agents)
+    app.runtime = runtime
+    app.settings = settings
+
+    async def ledger_agent(stream: Any) -> None:
+        # One event at a time: the ledger is the table's only writer (DESIGN.md).
+        async for event in stream.events():
+            runtime.ledger.handle(event)
+            if event.message.topic != outcomes:
+                runtime.update_flow()
+
+    app.agent(channel, name="ledger", concurrency=1)(ledger_agent)
+
+    @app.timer(interval=max(0.5, settings.lease_ttl_s / 4))
+    async def lease_scanner() -> None:
+        try:
+            runtime.scan_leases()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.exception("Lease scan failed (%r); the next tick tries again", exc)
+
+    @app.on_partitions_revoked.connect
+    async def _revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+        runtime.ledger.forget(set(revoked))
+        runtime._paused -= set(revoked)
+
+    @app.on_partitions_assigned.connect
+    async def _assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+        # Faust resumes every partition after a rebalance: re-apply our pauses.
+        runtime._paused = set()
+        runtime.update_flow()
+
+    @app.task
+    async def _start_executor() -> None:
+        for topic in app.output_topics:
+            await topic.maybe_declare()
+        runtime.executor.start()
+        log.info(
+            "Worker %s ready: agents %s, %d call slots, lease %.0fs",
+            runtime.worker_id, ", ".join(agents), settings.max_in_flight, settings.lease_ttl_s,
+        )
+
+    original_on_stop = app.on_stop
+
+    async def on_stop() -> None:
+        await runtime.executor.stop(settings.shutdown_grace_s)
+        # Give the ledger a moment to apply outcomes that just arrived, then commit.
+        try:
+            await asyncio.wait_for(app.consumer.commit(), timeout=10.0)
+        except Exception as exc:
+            log.warning("Final commit on shutdown failed (%r); the next worker resumes from the last commit", exc)
+        await runtime.ledger.stop()
+        await original_on_stop()
+
+    app.on_stop = on_stop  # type: ignore[method-assign]
+    from agents_stream import web  # noqa: F401  (registers the web views)
+
+    web.register(app)
+    return app
+
+
+app = build_app()

@@ -1,0 +1,96 @@
+"""Faust's aiokafka consumer with the commit decision replaced by our watermark.
+
+FAUST-NOTES.md: ``Consumer._new_offset`` is the one place Faust turns acked
+offsets into the offset it commits, and at 0.15.3 it commits past un-acked
+and in-flight messages; a failed broker commit still advances its in-memory
+committed offset (#316). For the partitions the ledger manages we commit
+``Watermark.commit_offset`` instead, and a failed commit is retried next time
+and reported as an alert. Other partitions keep Faust's behaviour.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Mapping, Optional
+
+from aiokafka.structs import OffsetAndMetadata
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
+from time import monotonic
+from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
+from faust.types import TP
+
+log = logging.getLogger(__name__)
+
+
+class WatermarkConsumerThread(AIOKafkaConsumerThread):
+    async def _commit(self, offsets: Mapping[TP, int]) -> bool:
+        # Faust crashes the worker on any commit error. A lost broker connection or
+        # a commit refused during a rebalance is layer 3: nothing counts as done,
+        # the same watermark is committed on the next round, and operators hear of it.
+        consumer = self._ensure_consumer()
+        assigned = self.assignment()
+        commitable = {tp: off for tp, off in offsets.items() if tp in assigned}
+        if not commitable:
+            return False
+        try:
+            await consumer.commit(
+                {ensure_aiokafka_TP(tp): OffsetAndMetadata(off, "") for tp, off in commitable.items()}
+            )
+        except Exception as exc:  # every failure is retried next round; see above
+            self.consumer._last_commit_error = exc
+            return False
+        now = monotonic()
+        self.tp_last_committed_at.update({tp: now for tp in commitable})
+        return True
+
+
+
+class WatermarkConsumer(AIOKafkaConsumer):
+    _last_commit_error: BaseException | None = None
+
+    def _new_consumer_thread(self) -> WatermarkConsumerThread:
+        return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)
+
+    def _watermark_app(self) -> Any:
+        return self.app if getattr(self.app, "watermark", None) is not None else None
+
+    def _filter_tps_with_pending_acks(self, topics: Any = None) -> Any:
+        # Faust only looks at partitions with acks; ours can advance without a new
+        # ack (a send confirmed later), so they are always candidates.
+        tps = set(super()._filter_tps_with_pending_acks(topics))
+        app = self._watermark_app()
+        if app is not None:
+            tps.update(tp for tp in app.watermark.tracked() if topics is None or tp in topics or tp.topic in topics)
+        return tps
+
+    def _new_offset(self, tp: TP) -> Optional[int]:
+        app = self._watermark_app()
+        if app is None or tp.topic not in app.managed_topics:
+            return super()._new_offset(tp)
+        # Faust's own ack list is not consulted; keep it from growing.
+        acked = self._acked.get(tp)
+        if acked:
+            acked.clear()
+            self._acked_index[tp].clear()
+        return app.watermark.commit_offset(tp)
+
+    async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
+        before = {tp: self._committed_offset.get(tp) for tp in offsets}
+        self._last_commit_error = None
+        did_commit = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
+        error = self._last_commit_error
+        if error is not None:
+            # Faust marks the offsets committed even when the broker refused (#316):
+            # undo that so the same watermark is committed again on the next round.
+            for tp, offset in before.items():
+                self._committed_offset[tp] = offset
+            app = self._watermark_app()
+            if app is not None:
+                app.on_commit_failed(dict(offsets), error)
+        return did_commit
+
+
+class WatermarkTransport(AIOKafkaTransport):
+    Consumer = WatermarkConsumer

@@ -1,0 +1,80 @@
+"""The exception tree of agents-stream; retryability lives on the class.
+
+    TaskError
+    ├── PoisonMessage        bad input (layer 1): dead-lettered, never retried
+    ├── TransientError       retriable (layer 2): timeouts, connection errors, 5xx
+    │   └── RateLimited      429; carries the provider's Retry-After
+    ├── PermanentError       the task's own fault (HTTP 400, refusal): failed + DLQ
+    ├── SystemicError        not the task's fault (401/403, bad config): hold + alert
+    └── CircuitOpen          not retried: fall back or hold
+"""
+
+from __future__ import annotations
+
+
+class TaskError(Exception):
+    """Base of every error a task can meet on its way through the pipeline."""
+
+    retriable: bool = False
+    #: The error layer a dead-letter record names (DESIGN.md "DLQ headers").
+    layer: str = "downstream"
+
+    def __init__(self, message: str, *, provider: str | None = None) -> None:
+        super().__init__(message)
+        self.provider = provider
+
+
+class PoisonMessage(TaskError):
+    """Input that can never be processed: null, not UTF-8, not JSON, bad schema, too large."""
+
+    layer = "schema"
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        #: short machine-readable reason, e.g. ``not_json`` or ``schema_violation``
+        self.reason = reason
+        self.detail = detail
+
+
+class TransientError(TaskError):
+    """A failure that may go away by itself: retry with backoff."""
+
+    retriable = True
+
+    def __init__(
+        self, message: str, *, provider: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, provider=provider)
+        #: seconds the provider asked us to wait, if it said so
+        self.retry_after = retry_after
+
+
+class RateLimited(TransientError):
+    """HTTP 429: retry, but not before ``retry_after`` seconds."""
+
+
+class PermanentError(TaskError):
+    """The task itself cannot succeed (HTTP 400, content refusal): fail it, dead-letter it."""
+
+
+class SystemicError(TaskError):
+    """Not the task's fault (401/403, bad config): hold the agent and raise an alert."""
+
+
+class CircuitOpen(TaskError):
+    """The provider's breaker is open: not retried, the caller falls back or holds."""
+
+
+def classify(exc: BaseException) -> str:
+    """The handling an error asks for: ``transient``, ``permanent``, ``systemic`` or ``circuit_open``.
+
+    Anything outside the tree (a bug, an unexpected library error) is treated
+    as transient: retried, then held — never blamed on the task.
+    """
+    if isinstance(exc, CircuitOpen):
+        return "circuit_open"
+    if isinstance(exc, PermanentError):
+        return "permanent"
+    if isinstance(exc, SystemicError):
+        return "systemic"
+    return "transient"

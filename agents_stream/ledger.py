@@ -1,0 +1,346 @@
+"""The ledger: the one agent that owns the task table (validate → route → dedupe → lease → dispatch; apply outcomes).
+
+It handles one event at a time and never awaits I/O inline: every send it
+starts (dead letter, re-route, result, control event, the table's own
+changelog record) is delivered by a supervised background task that retries
+until the broker confirms it, and the event's offset stays open in the
+watermark until then. So the committed offset never passes a task whose
+outcome is not durable, and a slow broker never blocks the stream loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from faust.types import TP
+
+from agents_stream import topics
+from agents_stream.backoff import backoff
+from agents_stream.errors import PoisonMessage
+from agents_stream.executor import Executor
+from agents_stream.models import ControlEvent, TaskPayload, TaskResult, Usage, parse_task, utcnow_iso
+from agents_stream.settings import Settings
+from agents_stream.watermark import Watermark
+from tables import leases
+from tables.leases import TaskRecord
+
+log = logging.getLogger(__name__)
+
+# A send to retry until the broker confirms it: called again on every attempt.
+Send = Callable[[], "asyncio.Future[Any]"]
+
+
+@dataclass
+class OpenTask:
+    """The scanner's view of a non-terminal task in a partition this worker owns."""
+
+    tp: TP
+    dispatch: int
+    lease_until: float
+    requested: float = 0.0  # when the scanner last asked for a re-dispatch
+
+
+class Ledger:
+    def __init__(self, app: Any, settings: Settings, executor: Executor, worker_id: str) -> None:
+        self.app = app
+        self.settings = settings
+        self.executor = executor
+        self.worker_id = worker_id
+        self.watermark: Watermark = app.watermark
+        self.table = app.task_table
+        self.outcomes = topics.outcomes_topic(settings.app_id)
+        self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
+        self.open_tasks: dict[str, OpenTask] = {}
+        self._deliveries: set[asyncio.Task] = set()
+        self._send_failures = 0
+
+    # -- the stream loop -------------------------------------------------------
+
+    def handle(self, event: Any) -> None:
+        """Apply one event. Never raises: an exception leaving the stream loop would ack it."""
+        message = event.message
+        tp = message.tp
+        try:
+            if message.topic == self.outcomes:
+                self._on_outcome(tp, message.offset, event.key, event.value)
+            else:
+                self._on_task(tp, message.offset, event.key, event.value, message.headers)
+        except Exception as exc:  # a bug must not lose the message: hold its offset, alert, carry on
+            log.exception(
+                "Ledger failed on %s[%d]@%d; the offset is held (not committed) and an alert was sent: %r",
+                tp.topic, tp.partition, message.offset, exc,
+            )
+            self.watermark.open(tp, message.offset)
+            self.control("alert.ledger_error", f"{tp.topic}:{tp.partition}:{message.offset}", None, {"error": repr(exc)})
+        finally:
+            self.watermark.handled(tp, message.offset)
+
+    # -- task messages ---------------------------------------------------------------
+
+    def _on_task(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any) -> None:
+        agent = topics.agent_of(tp.topic) or ""
+        try:
+            task = parse_task(value, agent=agent, max_bytes=self.settings.payload_max_bytes)
+        except PoisonMessage as poison:
+            log.warning(
+                "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)",
+                tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
+            )
+            self._dead_letter(tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1)
+            return
+        task_key = task.task_id.encode("utf-8")
+        home = topics.partition_for(task_key, self.settings.partitions)
+        if home != tp.partition:
+            # Keyless (console producer) or another partitioner (librdkafka): the
+            # task table's partition for this id is `home`; move it there first.
+            reroute = list(headers or []) + [("agents_stream.rerouted_from", f"{tp.topic}:{tp.partition}:{offset}".encode())]
+            self._deliver(tp, offset, [lambda: self._send(tp.topic, task_key, value, partition=home, headers=reroute)])
+            return
+        self._apply_task(tp, offset, task, value)
+
+    def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes) -> None:
+        now = time.time()
+        record = self._get(task.task_id)
+        new, effects = leases.receive(
+            record,
+            agent=task.agent_name,
+            payload=value.decode("utf-8"),
+            topic=tp.topic,
+            partition=tp.partition,
+            offset=offset,
+            now=now,
+            me=self.worker_id,
+            ttl=self.settings.lease_ttl_s,
+            max_attempts=self.settings.max_attempts,
+            running_here=self.executor.has(task.task_id),
+        )
+        self._apply(tp, offset, task.task_id, record, new, effects, task=task)
+
+    # -- outcome events ----------------------------------------------------------------
+
+    def _on_outcome(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+        if key is None or value is None:
+            log.warning("Ignoring malformed outcome event at %s[%d]@%d (no key or value)", tp.topic, tp.partition, offset)
+            return
+        task_id = key.decode("utf-8")
+        event = json.loads(value)
+        record = self._get(task_id)
+        kind = event.get("kind")
+        now = time.time()
+        if kind == "heartbeat":
+            new, effects = leases.heartbeat(record, dispatch=event["dispatch"], owner=event["owner"], now=now, ttl=self.settings.lease_ttl_s)
+            # Renewals are frequent: write only when the lease gained a third of its length.
+            if new is record or (record and new and new.lease_until - record.lease_until < self.settings.lease_ttl_s / 3):
+                return
+        elif kind in ("succeeded", "failed"):
+            result = None
+            if record is not None and not record.terminal:
+                result = self._result_json(task_id, record, event)
+            new, effects = leases.finish(record, status=kind, result=result or "", reason=event.get("reason"), now=now)
+        elif kind == "expired":
+            new, effects = leases.expire(
+                record,
+                dispatch=event["dispatch"],
+                now=now,
+                me=self.worker_id,
+                ttl=self.settings.lease_ttl_s,
+                max_attempts=self.settings.max_attempts,
+                running_here=self.executor.has(task_id),
+            )
+        else:
+            log.warning("Ignoring outcome event of unknown kind %r for %s", kind, task_id)
+            return
+        self._apply(tp, offset, task_id, record, new, effects)
+
+    def _result_json(self, task_id: str, record: TaskRecord, event: dict[str, Any]) -> str:
+        payload = json.loads(record.payload)
+        result = TaskResult(
+            task_id=task_id,
+            agent_name=record.agent,
+            status=event["kind"],
+            output=event.get("output"),
+            confidence="high" if event["kind"] == "succeeded" else "failed",
+            source=event.get("source", ""),
+            partial=False,
+            attempts=record.dispatch,
+            usage=Usage(**event.get("usage", {})),
+            job_id=payload.get("job_id"),
+            error=event.get("error"),
+            completed_at=utcnow_iso(),
+        )
+        return result.model_dump_json()
+
+    # -- applying a transition --------------------------------------------------------------
+
+    def _apply(
+        self,
+        tp: TP,
+        offset: int,
+        task_id: str,
+        old: TaskRecord | None,
+        new: TaskRecord | None,
+        effects: list[leases.Effect],
+        task: TaskPayload | None = None,
+    ) -> None:
+        sends: list[Send] = []
+        after: list[Callable[[], None]] = []
+        if new is not None and new != old:
+            self.table[task_id] = new.to_json()
+            partition = tp.partition
+            sends.append(lambda: self._changelog(partition, task_id))
+            self._index(task_id, tp, new)
+        record = new or old
+        for effect in effects:
+            if isinstance(effect, leases.Track):
+                self.task_offsets.setdefault(task_id, []).append((tp, offset))
+                self.watermark.open(tp, offset)
+            elif isinstance(effect, leases.Dispatch):
+                payload = task or TaskPayload.model_validate_json(record.payload)
+                dispatch = effect.dispatch
+                # Dispatch once the lease record is durable, so a crash cannot
+                # leave a provider call without a record of it.
+                after.append(lambda: self.executor.dispatch(payload, dispatch))
+            elif isinstance(effect, leases.EmitResult):
+                result = effect.result.encode("utf-8")
+                sends.append(lambda: self._send(topics.RESULTS, task_id.encode(), result))
+            elif isinstance(effect, leases.DeadLetter):
+                assert record is not None
+                source_tp = TP(record.topic, record.partition)
+                sends.append(self._dlq_send(
+                    record.agent, task_id.encode(), record.payload.encode("utf-8"),
+                    effect.reason, effect.layer, effect.attempts, source_tp, record.offset,
+                ))
+            elif isinstance(effect, leases.Control):
+                self.control(effect.event, task_id, record.agent if record else None, effect.details)
+            elif isinstance(effect, leases.Settle):
+                for held_tp, held_offset in self.task_offsets.pop(task_id, []):
+                    after.append(lambda t=held_tp, o=held_offset: self.watermark.close(t, o))
+        if sends or after:
+            self._deliver(tp, offset, sends, after)
+
+    def _index(self, task_id: str, tp: TP, record: TaskRecord) -> None:
+        if record.terminal:
+            self.open_tasks.pop(task_id, None)
+        else:
+            self.open_tasks[task_id] = OpenTask(TP(record.topic, record.partition), record.dispatch, record.lease_until)
+
+    # -- dead letters and control events -------------------------------------------------------
+
+    def _dead_letter(self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int) -> None:
+        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset)]
+        self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
+        self._deliver(tp, offset, sends)
+
+    def _dlq_send(self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int, source: TP, offset: int) -> Send:
+        headers = [
+            ("error_reason", reason.encode("utf-8")),
+            ("error_layer", layer.encode()),
+            ("original_topic", source.topic.encode()),
+            ("original_partition", str(source.partition).encode()),
+            ("original_offset", str(offset).encode()),
+            ("failed_at", utcnow_iso().encode()),
+            ("attempts", str(attempts).encode()),
+        ]
+        topic = topics.dlq_topic(agent)
+        return lambda: self._send(topic, key, value, headers=headers)
+
+    def control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
+        """Publish a control event (best effort: losing one loses no work, so it holds no offset)."""
+        record = ControlEvent(event=event, subject=subject, agent_name=agent, worker=self.worker_id, details=details)
+        fut = self._send(topics.CONTROL, subject.encode("utf-8"), record.model_dump_json().encode())
+        fut.add_done_callback(_log_control_failure)
+
+    # -- sends and their durability --------------------------------------------------------------
+
+    def _get(self, task_id: str) -> TaskRecord | None:
+        data = self.table.get(task_id)
+        return TaskRecord.from_json(data) if data else None
+
+    def _send(self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None, headers: Any = None) -> "asyncio.Future[Any]":
+        return self.app.topic(topic, key_serializer="raw", value_serializer="raw").send_soon(
+            key=key, value=value, partition=partition, headers=headers
+        )
+
+    def _changelog(self, partition: int, task_id: str) -> "asyncio.Future[Any]":
+        # Re-sending the key's current value is idempotent in a compacted changelog.
+        return self.table.send_changelog(partition, task_id, self.table.get(task_id))
+
+    def _deliver(self, tp: TP, offset: int, sends: list[Send], after: list[Callable[[], None]] | None = None) -> None:
+        """Hold ``offset`` open until every send is confirmed, then run ``after``."""
+        self.watermark.open(tp, offset)
+        started = [send() for send in sends]
+        task = asyncio.ensure_future(self._confirm(tp, offset, sends, started, after or []))
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
+
+    async def _confirm(self, tp: TP, offset: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
+        try:
+            for send, fut in zip(sends, started):
+                attempt = 0
+                while True:
+                    try:
+                        await asyncio.wait_for(asyncio.shield(fut), timeout=30.0)
+                        break
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:
+                        attempt += 1
+                        self._send_failures += 1
+                        delay = backoff(attempt, base=0.5, cap=10.0)
+                        log.warning(
+                            "Send for %s[%d]@%d not confirmed (%r); offset stays uncommitted, retry %d in %.1fs. "
+                            "Check the broker if this repeats.",
+                            tp.topic, tp.partition, offset, exc, attempt, delay,
+                        )
+                        if attempt == 3:
+                            self.control("alert.broker_send_failing", f"{tp.topic}:{tp.partition}:{offset}", None, {"error": repr(exc)})
+                        await asyncio.sleep(delay)
+                        fut = send()
+            for fn in after:
+                fn()
+        finally:
+            self.watermark.close(tp, offset)
+
+    async def stop(self) -> None:
+        """Cancel deliveries still pending: their offsets were never committed, so nothing is lost."""
+        for task in list(self._deliveries):
+            task.cancel()
+        if self._deliveries:
+            await asyncio.wait(list(self._deliveries), timeout=5.0)
+
+    # -- lease scanner and rebalances ---------------------------------------------------------
+
+    def scan(self, now: float) -> list[tuple[str, int]]:
+        """Tasks whose lease lapsed and that no local slot runs: ask the ledger (via an event) to re-dispatch."""
+        due = []
+        for task_id, info in self.open_tasks.items():
+            if now < info.lease_until or self.executor.has(task_id):
+                continue
+            if now - info.requested < max(1.0, self.settings.lease_ttl_s / 4):
+                continue
+            info.requested = now
+            due.append((task_id, info.dispatch))
+        return due
+
+    def forget(self, tps: set[TP]) -> None:
+        """Partitions revoked: their open tasks and held offsets now belong to the next owner."""
+        self.watermark.forget(tps)
+        topics_parts = {(tp.topic, tp.partition) for tp in tps}
+        for task_id in [t for t, info in self.open_tasks.items() if (info.tp.topic, info.tp.partition) in topics_parts]:
+            self.open_tasks.pop(task_id, None)
+        for task_id, offs in list(self.task_offsets.items()):
+            kept = [(t, o) for t, o in offs if t not in tps]
+            if kept:
+                self.task_offsets[task_id] = kept
+            else:
+                self.task_offsets.pop(task_id, None)
+
+
+def _log_control_failure(fut: "asyncio.Future[Any]") -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("A control event was not delivered: %r (no work is affected)", fut.exception())

@@ -1,0 +1,114 @@
+"""The JSON records on the topics: TaskPayload in, TaskResult and ControlEvent out."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from agents_stream.errors import PoisonMessage
+
+SCHEMA_VERSION = 1
+
+RiskLevel = Literal["low", "medium", "high", "critical"]
+Status = Literal["succeeded", "partial", "failed"]
+Confidence = Literal["high", "medium", "low", "failed"]
+
+
+def utcnow_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class TaskPayload(BaseModel):
+    """A task for one sub-agent. Strict: no coercion; unknown fields are ignored (evolution)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str = Field(min_length=1, max_length=256)
+    agent_name: str = Field(min_length=1)
+    instruction: str
+    context_data: dict[str, Any] = Field(default_factory=dict)
+    job_id: str | None = None
+    priority: int | None = None
+    risk_level: RiskLevel | None = None
+    output_schema: dict[str, Any] | None = None
+    steps: list[Any] | None = None
+    deadline: str | None = None
+
+
+class Usage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+
+
+class TaskResult(BaseModel):
+    """The one distinct outcome of a task_id, keyed by task_id on ``agent.results``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str
+    agent_name: str
+    status: Status
+    output: Any = None
+    confidence: Confidence = "high"
+    source: str = ""
+    partial: bool = False
+    attempts: int = 1
+    usage: Usage = Field(default_factory=Usage)
+    job_id: str | None = None
+    error: str | None = None
+    completed_at: str = Field(default_factory=utcnow_iso)
+
+
+class ControlEvent(BaseModel):
+    """Something an operator or another service should know: held, released, dead-lettered, alerts."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = SCHEMA_VERSION
+    event: str
+    subject: str
+    agent_name: str | None = None
+    worker: str | None = None
+    details: dict[str, Any] = Field(default_factory=dict)
+    at: str = Field(default_factory=utcnow_iso)
+
+
+def parse_task(raw: bytes | None, *, agent: str, max_bytes: int) -> TaskPayload:
+    """Decode and validate a task message, or raise PoisonMessage with the reason.
+
+    Layer 1 of DESIGN.md: every way a message can be unusable has its own reason.
+    """
+    if raw is None:
+        raise PoisonMessage("null_value", "the message has no value (tombstone)")
+    if len(raw) > max_bytes:
+        raise PoisonMessage("payload_too_large", f"{len(raw)} bytes > limit {max_bytes}")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PoisonMessage("invalid_utf8", str(exc)) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise PoisonMessage("not_json", str(exc)) from None
+    if not isinstance(data, dict):
+        raise PoisonMessage("schema_violation", f"expected a JSON object, got {type(data).__name__}")
+    try:
+        task = TaskPayload.model_validate_json(text)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
+        )
+        raise PoisonMessage("schema_violation", problems) from None
+    if task.agent_name != agent:
+        raise PoisonMessage(
+            "agent_mismatch", f"agent_name {task.agent_name!r} sent to the topic of {agent!r}"
+        )
+    return task

@@ -1,0 +1,75 @@
+"""What every LLM provider client promises: one attempt, a bounded timeout, typed errors."""
+
+from __future__ import annotations
+
+import abc
+import json
+from dataclasses import dataclass, field
+
+from agents_stream.config import ProviderConfig
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token counts as the provider reported them (0 when it did not)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """What a sub-agent asks a model."""
+
+    instruction: str
+    system: str = ""
+    context: dict = field(default_factory=dict)
+    max_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class Completion:
+    """A model's answer and what it cost."""
+
+    text: str
+    usage: Usage
+    provider: str
+    model: str
+
+
+def render_prompt(prompt: Prompt) -> str:
+    """The user message every HTTP provider sends: the instruction, then the context as JSON."""
+    if not prompt.context:
+        return prompt.instruction
+    # sort_keys: the same task renders the same bytes, so answers and caches stay comparable
+    context = json.dumps(prompt.context, ensure_ascii=False, sort_keys=True, indent=2, default=str)
+    return f"{prompt.instruction}\n\nContext (JSON):\n{context}"
+
+
+class Provider(abc.ABC):
+    """A client for one configured endpoint.
+
+    ``complete`` makes exactly one attempt (STYLE.md: one layer owns retries)
+    and raises only the errors of ``agents_stream.errors``: TransientError /
+    RateLimited (timeouts, connection errors, 429, 5xx), PermanentError (400,
+    refusals), SystemicError (401/403, bad configuration).
+    """
+
+    def __init__(self, config: ProviderConfig) -> None:
+        self.config = config
+        self.name = config.name
+        self.model = config.model
+
+    @abc.abstractmethod
+    async def complete(self, prompt: Prompt) -> Completion:
+        """One call; bounded by ``config.timeout_s``."""
+
+    async def probe(self) -> bool:
+        """True when the endpoint answers at all (used to resume held tasks)."""
+        return True
+
+    async def close(self) -> None:
+        """Release connections."""

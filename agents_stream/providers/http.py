@@ -1,0 +1,223 @@
+"""Shared aiohttp plumbing of the HTTP providers: one session each, one map from HTTP outcomes to errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import aiohttp
+
+from agents_stream.config import ProviderConfig
+from agents_stream.errors import (
+    PermanentError,
+    RateLimited,
+    SystemicError,
+    TaskError,
+    TransientError,
+)
+from agents_stream.providers.base import Provider
+
+__all__ = ["HTTPProvider", "error_for", "parse_retry_after"]
+
+log = logging.getLogger(__name__)
+
+#: a probe only asks "is anybody there?"; it must not stall the resume loop
+PROBE_TIMEOUT_S = 2.0
+_EXCERPT_CHARS = 200
+
+
+def parse_retry_after(value: str | None, *, now: datetime | None = None) -> float | None:
+    """Seconds to wait per a Retry-After header (seconds or HTTP-date); None if absent or unreadable."""
+    if value is None or not value.strip():
+        return None
+    value = value.strip()
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:  # RFC 9110 dates are GMT; a naive one came without a zone
+        when = when.replace(tzinfo=UTC)
+    now = now or datetime.now(UTC)
+    return max(0.0, (when - now).total_seconds())
+
+
+def error_for(
+    config: ProviderConfig,
+    *,
+    status: int | None = None,
+    exc: BaseException | None = None,
+    headers: Mapping[str, str] | None = None,
+    detail: str = "",
+    refusal: str | None = None,
+) -> TaskError:
+    """The one map from an HTTP outcome to the error tree (DESIGN.md "Error layers").
+
+    ``exc``: no response (timeout, connection error). ``status``: the response's
+    code; a 2xx here means its body was unusable (``detail`` says why) or, with
+    ``refusal``, that the model declined. ``detail`` is the server's own words.
+    """
+    name = config.name or config.kind
+    said = f" ({detail})" if detail else ""
+    error: TaskError
+    if exc is not None:
+        if isinstance(exc, TimeoutError):
+            error = TransientError(
+                f"{name} did not answer within {config.timeout_s:g}s: "
+                "retry later, or raise timeout_s if the model is slow",
+                provider=name,
+            )
+        elif isinstance(exc, aiohttp.InvalidURL):
+            error = SystemicError(
+                f"{name} has an unusable base_url {config.base_url!r}: fix the provider's configuration",
+                provider=name,
+            )
+        else:
+            error = TransientError(
+                f"{name} could not be reached ({type(exc).__name__}: {exc}): "
+                "retry later; check base_url if it persists",
+                provider=name,
+            )
+    elif refusal is not None:
+        error = PermanentError(
+            f"{name} refused the prompt ({refusal}): change the prompt; retrying will not help",
+            provider=name,
+        )
+    elif status is None or 200 <= status < 300:
+        error = TransientError(
+            f"{name} sent a malformed response{said}: retry; report it if it persists",
+            provider=name,
+        )
+    elif status == 429:
+        retry_after = parse_retry_after((headers or {}).get("Retry-After"))
+        when = f"after {retry_after:g}s" if retry_after is not None else "later"
+        error = RateLimited(
+            f"{name} answered 429 (rate limited){said}: retry {when}",
+            provider=name,
+            retry_after=retry_after,
+        )
+    elif status in (401, 403):
+        fix = f"check {config.api_key_env}" if config.api_key_env else "check the endpoint's credentials"
+        error = SystemicError(f"{name} answered {status}{said}: {fix}", provider=name)
+    elif status >= 500 or status == 408:
+        error = TransientError(f"{name} answered {status}{said}: the provider is failing; retry later", provider=name)
+    elif status == 404:
+        error = PermanentError(
+            f"{name} answered 404{said}: check the model name {config.model!r} and base_url",
+            provider=name,
+        )
+    elif 400 <= status < 500:
+        error = PermanentError(
+            f"{name} answered {status}{said}: the request was rejected; fix the prompt or its size",
+            provider=name,
+        )
+    else:
+        error = TransientError(f"{name} answered an unexpected {status}{said}: retry later", provider=name)
+    return _redacted(error, config.api_key())
+
+
+def _redacted(error: TaskError, key: str | None) -> TaskError:
+    # the server's words or an aiohttp message could echo the key back; never let it travel on
+    if key and key in str(error):
+        error.args = (str(error).replace(key, "<redacted>"),)
+    return error
+
+
+def _excerpt(body: str) -> str:
+    """The server's own explanation, short: ``error.message`` when JSON, else the start of the body."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and isinstance(err.get("message"), str):
+            body = err["message"]
+        elif isinstance(err, str):
+            body = err
+    text = " ".join(body.split())
+    return text[:_EXCERPT_CHARS] + ("..." if len(text) > _EXCERPT_CHARS else "")
+
+
+class HTTPProvider(Provider):
+    """A provider reached over HTTP: lazy session, one attempt per call, typed errors only."""
+
+    #: used when the configuration leaves ``base_url`` empty
+    default_base_url = ""
+
+    def __init__(self, config: ProviderConfig) -> None:
+        super().__init__(config)
+        self.name = config.name or config.kind
+        self.base_url = (config.base_url or self.default_base_url).rstrip("/")
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # total= bounds connect + send + read, so no call outlives timeout_s
+            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout_s))
+        return self._session
+
+    def _key(self) -> str | None:
+        """The API key, or None for key-less endpoints; a named but unset variable is bad config."""
+        key = self.config.api_key()
+        if key is None and self.config.api_key_env:
+            raise SystemicError(
+                f"{self.name} needs {self.config.api_key_env}, which is not set: "
+                "export it, or take the provider out of the agent's chain",
+                provider=self.name,
+            )
+        return key
+
+    def _probe_url(self) -> str:
+        return f"{self.base_url}/"
+
+    def _malformed(self, why: str) -> TaskError:
+        return error_for(self.config, status=200, detail=why)
+
+    def _refused(self, reason: str) -> TaskError:
+        return error_for(self.config, status=200, refusal=reason)
+
+    async def _post_json(self, url: str, body: dict[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+        """POST once; the parsed JSON object of a 2xx answer, or the error the outcome maps to."""
+        started = time.monotonic()
+        try:
+            async with self._client().post(url, json=body, headers=dict(headers)) as resp:
+                status, resp_headers = resp.status, resp.headers
+                text = await resp.text(errors="replace")
+        except TimeoutError as exc:
+            log.debug("%s POST %s timed out after %.3fs", self.name, url, time.monotonic() - started)
+            raise error_for(self.config, exc=exc) from exc
+        except aiohttp.ClientError as exc:
+            log.debug("%s POST %s failed: %s", self.name, url, type(exc).__name__)
+            raise error_for(self.config, exc=exc) from exc
+        log.debug("%s POST %s -> %d in %.3fs", self.name, url, status, time.monotonic() - started)
+        if not 200 <= status < 300:
+            raise error_for(self.config, status=status, headers=resp_headers, detail=_excerpt(text))
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise self._malformed("body is not JSON") from None
+        if not isinstance(data, dict):
+            raise self._malformed("body is not a JSON object")
+        return data
+
+    async def probe(self) -> bool:
+        """True when any HTTP answer arrives (even 404): the endpoint is up, whatever it thinks of us."""
+        try:
+            async with self._client().get(self._probe_url(), timeout=aiohttp.ClientTimeout(total=PROBE_TIMEOUT_S)):
+                return True
+        except (TimeoutError, aiohttp.ClientError):
+            return False
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()

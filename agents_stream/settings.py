@@ -1,0 +1,61 @@
+"""The one typed settings object: every value has an environment name, a default and a doc."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+
+def _setting(env: str, default: Any, doc: str) -> Any:
+    return field(default=default, metadata={"env": env, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Read with ``Settings.from_env()``; ``agents-stream settings`` prints them all."""
+
+    broker: str = _setting("KAFKA_BROKER", "kafka://localhost:9092", "Kafka bootstrap URL(s), comma-separated.")
+    app_id: str = _setting("AGENTS_STREAM_APP_ID", "agents-stream", "App id = consumer group id and table/changelog prefix.")
+    config_path: str = _setting("AGENTS_STREAM_CONFIG", "", "TOML file of providers and agents; empty = the packaged default.")
+    agents: str = _setting("AGENTS_STREAM_AGENTS", "", "Comma-separated subset of the configured agents this worker runs; empty = all.")
+    web_port: int = _setting("WEB_PORT", 6066, "Port of the worker's web views.")
+    web_host: str = _setting("WEB_HOST", "127.0.0.1", "Address the web views bind to.")
+    data_dir: str = _setting("AGENTS_STREAM_DATA_DIR", ".data/worker", "Where this worker keeps its RocksDB tables (one per worker on a host).")
+    partitions: int = _setting("AGENTS_STREAM_PARTITIONS", 8, "Partitions of every topic the app creates: the ceiling of scale-out.")
+    max_in_flight: int = _setting("AGENTS_STREAM_MAX_IN_FLIGHT", 64, "Provider calls one worker runs at once.")
+    max_queued: int = _setting("AGENTS_STREAM_MAX_QUEUED", 256, "Dispatched tasks waiting for a call slot before intake pauses.")
+    max_retries: int = _setting("AGENTS_STREAM_MAX_RETRIES", 4, "Retries of a transient provider error before the task is held.")
+    backoff_base_s: float = _setting("AGENTS_STREAM_BACKOFF_BASE_S", 0.5, "First retry delay; doubles each retry.")
+    backoff_cap_s: float = _setting("AGENTS_STREAM_BACKOFF_CAP_S", 30.0, "Largest retry delay (Retry-After may ask for more).")
+    probe_interval_s: float = _setting("AGENTS_STREAM_PROBE_INTERVAL_S", 5.0, "How often a held provider is probed with a real call.")
+    lease_ttl_s: float = _setting("AGENTS_STREAM_LEASE_TTL_S", 30.0, "A dispatched task's lease; a worker that stops renewing it loses the task.")
+    max_attempts: int = _setting("AGENTS_STREAM_MAX_ATTEMPTS", 3, "Dispatches of one task (lease expiries) before it is dead-lettered with error_layer=recovery.")
+    payload_max_bytes: int = _setting("AGENTS_STREAM_PAYLOAD_MAX_BYTES", 262144, "Larger task payloads are dead-lettered as payload_too_large.")
+    dlq_retention_days: int = _setting("AGENTS_STREAM_DLQ_RETENTION_DAYS", 30, "Retention of the dead-letter topics.")
+    shutdown_grace_s: float = _setting("AGENTS_STREAM_SHUTDOWN_GRACE_S", 10.0, "On SIGTERM, how long in-flight calls may finish before they are left to lease recovery.")
+    session_timeout_s: float = _setting("AGENTS_STREAM_SESSION_TIMEOUT_S", 10.0, "Kafka group session timeout: how soon a dead worker's partitions move.")
+    heartbeat_interval_s: float = _setting("AGENTS_STREAM_HEARTBEAT_INTERVAL_S", 1.0, "Kafka group heartbeat interval.")
+    commit_interval_s: float = _setting("AGENTS_STREAM_COMMIT_INTERVAL_S", 1.0, "How often the commit watermark is committed.")
+    rocksdb_cache_mb: int = _setting("AGENTS_STREAM_ROCKSDB_CACHE_MB", 8, "Block cache per RocksDB store (one per table partition).")
+    log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then the environment, then explicit overrides."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = env.get(f.metadata["env"])
+            if raw is not None and raw != "":
+                values[f.name] = type(f.default)(raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def agent_filter(self) -> set[str]:
+        return {a.strip() for a in self.agents.split(",") if a.strip()}
+
+    @classmethod
+    def describe(cls) -> list[tuple[str, str, Any, str]]:
+        """(field, env name, default, doc) for every setting."""
+        return [(f.name, f.metadata["env"], f.default, f.metadata["doc"]) for f in fields(cls)]

@@ -1,0 +1,35 @@
+"""Topic names of the contract (DESIGN.md "Topics") and the partitioning they rely on."""
+
+from __future__ import annotations
+
+from aiokafka.partitioner import murmur2
+
+RESULTS = "agent.results"
+CONTROL = "agent.control"
+JOBS = "agent.jobs"
+TASK_PREFIX = "agent.tasks."
+
+
+def task_topic(agent: str) -> str:
+    return f"{TASK_PREFIX}{agent}"
+
+
+def dlq_topic(agent: str) -> str:
+    return f"{TASK_PREFIX}{agent}.dlq"
+
+
+def outcomes_topic(app_id: str) -> str:
+    """Internal: executor → ledger outcome and heartbeat events, keyed by task_id."""
+    return f"agent.outcomes.{app_id}"
+
+
+def agent_of(topic: str) -> str | None:
+    """``agent.tasks.analyzer`` → ``analyzer``; None for other topics."""
+    if topic.startswith(TASK_PREFIX) and not topic.endswith(".dlq"):
+        return topic[len(TASK_PREFIX):]
+    return None
+
+
+def partition_for(key: bytes, partitions: int) -> int:
+    """Kafka's default partitioner (murmur2, as the Java client and aiokafka place keys)."""
+    return (murmur2(key) & 0x7FFFFFFF) % partitions

@@ -1,0 +1,61 @@
+"""The commit watermark: per partition, the lowest offset whose outcome is not yet durable.
+
+Pure bookkeeping, no I/O. The ledger marks each message it has handled
+(``handled``) and keeps an offset open (``open``) for as long as something
+that message started is not durable — a dispatched task without a terminal
+outcome, a dead-letter or result send the broker has not confirmed. What the
+consumer commits for a partition is ``commit_offset``: never past an open
+offset, never past a message the ledger has not seen (FAUST-NOTES.md: Faust
+acks events it dropped on a rebalance, and its own bookkeeping commits past
+un-acked messages).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Hashable, Iterable
+
+
+class Watermark:
+    def __init__(self) -> None:
+        self._open: dict[Hashable, Counter[int]] = {}
+        self._next: dict[Hashable, int] = {}
+
+    def open(self, tp: Hashable, offset: int) -> None:
+        """Hold ``offset`` of ``tp``: nothing at or after it is committed until ``close``."""
+        self._open.setdefault(tp, Counter())[offset] += 1
+
+    def close(self, tp: Hashable, offset: int) -> None:
+        """Release one hold of ``offset`` (holds are counted: open twice, close twice)."""
+        held = self._open.get(tp)
+        if not held or offset not in held:
+            return  # the partition was revoked meanwhile: nothing to release
+        held[offset] -= 1
+        if held[offset] <= 0:
+            del held[offset]
+
+    def handled(self, tp: Hashable, offset: int) -> None:
+        """The ledger is done with ``offset`` (its effects are durable or held open)."""
+        if offset + 1 > self._next.get(tp, -1):
+            self._next[tp] = offset + 1
+
+    def commit_offset(self, tp: Hashable) -> int | None:
+        """The offset to commit for ``tp`` (Kafka's "next to read"), or None if nothing is known."""
+        held = self._open.get(tp)
+        if held:
+            return min(held)
+        return self._next.get(tp)
+
+    def open_count(self, tp: Hashable | None = None) -> int:
+        if tp is not None:
+            return sum(self._open.get(tp, Counter()).values())
+        return sum(sum(c.values()) for c in self._open.values())
+
+    def forget(self, tps: Iterable[Hashable]) -> None:
+        """Partitions revoked: their holds belong to the next owner, who restarts at the commit."""
+        for tp in tps:
+            self._open.pop(tp, None)
+            self._next.pop(tp, None)
+
+    def tracked(self) -> set[Hashable]:
+        return set(self._next) | set(self._open)

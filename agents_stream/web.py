@@ -1,0 +1,53 @@
+"""The worker's web views: health, readiness and a task's ledger record (issue 5 adds the rest)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from faust.web import Request, Response, View
+
+from tables.leases import TaskRecord
+
+
+def register(app: Any) -> None:
+    table = app.task_table
+
+    @app.page("/healthz")
+    class Healthz(View):
+        async def get(self, request: Request) -> Response:
+            return self.json({"status": "ok", "worker": app.runtime.worker_id})
+
+    @app.page("/readyz")
+    class Readyz(View):
+        async def get(self, request: Request) -> Response:
+            # The port opens only after table recovery; 503 once shutdown began.
+            if app.should_stop:
+                return self.json({"status": "stopping"}, status=503)
+            ex = app.runtime.executor
+            return self.json({
+                "status": "ready",
+                "worker": app.runtime.worker_id,
+                "in_flight": ex.running,
+                "queued": len(ex.jobs) - ex.running,
+                "providers_down": sorted(h.name for h in ex.health.values() if h.is_down),
+            })
+
+    @app.page("/tasks/{task_id}")
+    @app.table_route(table=table, match_info="task_id")
+    async def task(self: View, request: Request, task_id: str) -> Response:
+        data = table.get(task_id)
+        if not data:
+            return self.json({"error": f"unknown task_id {task_id!r}"}, status=404)
+        record = TaskRecord.from_json(data)
+        body: dict[str, Any] = {
+            "task_id": task_id,
+            "state": record.state,
+            "agent": record.agent,
+            "dispatch": record.dispatch,
+            "owner": record.owner,
+            "lease_until": record.lease_until,
+            "source": {"topic": record.topic, "partition": record.partition, "offset": record.offset},
+            "result": json.loads(record.result) if record.result else None,
+        }
+        return self.json(body)

@@ -1,0 +1,223 @@
+"""The task ledger's state machine: idempotency, leases and re-dispatch, pure and clock-free.
+
+A task_id's record moves RUNNING → SUCCEEDED | FAILED | DEAD_LETTERED and
+never back. Each transition function takes the stored record (or None) and an
+event and returns the new record plus the effects the ledger must carry out;
+no I/O happens here, so every path is unit-tested without a broker.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+RECORD_VERSION = 1
+
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+DEAD_LETTERED = "dead_lettered"
+TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED})
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """What the task table stores per task_id (as versioned JSON, never pickled)."""
+
+    state: str
+    agent: str
+    dispatch: int  # how many times the task was handed to a worker's executor
+    owner: str  # the worker instance that holds the lease
+    lease_until: float  # epoch seconds
+    payload: str  # the original message text: re-dispatch and dead letters need it
+    topic: str
+    partition: int
+    offset: int
+    received_at: float
+    result: str | None = None  # the stored TaskResult JSON, re-emitted byte for byte
+    finished_at: float | None = None
+    v: int = RECORD_VERSION
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> TaskRecord:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# Effects: what the ledger must do after a transition.
+@dataclass(frozen=True)
+class Dispatch:
+    """Run the task on this worker's executor (dispatch number ``dispatch``)."""
+
+    dispatch: int
+
+
+@dataclass(frozen=True)
+class EmitResult:
+    """Send this exact TaskResult JSON to ``agent.results``."""
+
+    result: str
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """Send the original payload to the agent's DLQ with these headers."""
+
+    reason: str
+    layer: str
+    attempts: int
+
+
+@dataclass(frozen=True)
+class Control:
+    """Publish a control event."""
+
+    event: str
+    details: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Track:
+    """Keep this message's offset uncommitted until the task reaches a terminal state."""
+
+
+@dataclass(frozen=True)
+class Settle:
+    """The task is terminal: release every offset tracked for it once the effects are durable."""
+
+
+Effect = Dispatch | EmitResult | DeadLetter | Control | Track | Settle
+
+
+def receive(
+    record: TaskRecord | None,
+    *,
+    agent: str,
+    payload: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    now: float,
+    me: str,
+    ttl: float,
+    max_attempts: int,
+    running_here: bool,
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """A task message arrived (first delivery, duplicate or redelivery after a crash)."""
+    if record is None:
+        new = TaskRecord(
+            state=RUNNING,
+            agent=agent,
+            dispatch=1,
+            owner=me,
+            lease_until=now + ttl,
+            payload=payload,
+            topic=topic,
+            partition=partition,
+            offset=offset,
+            received_at=now,
+        )
+        return new, [Track(), Dispatch(1)]
+    if record.terminal:
+        # A finished task never reaches a provider again; a redelivery re-emits its result.
+        if record.result is not None:
+            return record, [EmitResult(record.result)]
+        return record, []
+    if running_here:
+        # Our executor already has it; the first delivery's offset is tracked.
+        return record, []
+    # Running under a lease this process does not hold (we crashed and restarted,
+    # or the partition moved here): hold the offset and wait for the owner's
+    # outcome, or take the task over once the lease has lapsed.
+    taken, effects = expire(
+        record,
+        dispatch=record.dispatch,
+        now=now,
+        me=me,
+        ttl=ttl,
+        max_attempts=max_attempts,
+        running_here=False,
+    )
+    return taken, [Track(), *effects]
+
+
+def heartbeat(
+    record: TaskRecord | None, *, dispatch: int, owner: str, now: float, ttl: float
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """The executor running dispatch ``dispatch`` is alive: extend its lease."""
+    if record is None or record.terminal or record.dispatch != dispatch:
+        return record, []
+    return replace(record, owner=owner, lease_until=max(record.lease_until, now + ttl)), []
+
+
+def finish(
+    record: TaskRecord | None,
+    *,
+    status: str,
+    result: str,
+    reason: str | None,
+    now: float,
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """An executor reports a terminal outcome. The first one wins; later ones are dropped."""
+    if record is None or record.terminal:
+        return record, []
+    effects: list[Effect] = [EmitResult(result)]
+    if status == FAILED:
+        effects.append(DeadLetter(reason or "permanent_error", "downstream", record.dispatch))
+        effects.append(Control("task.failed", {"reason": reason}))
+    effects.append(Settle())
+    return replace(record, state=status, result=result, finished_at=now), effects
+
+
+def expire(
+    record: TaskRecord | None,
+    *,
+    dispatch: int,
+    now: float,
+    me: str,
+    ttl: float,
+    max_attempts: int,
+    running_here: bool,
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """The scanner saw the lease of ``dispatch`` lapse: re-dispatch, or give up after max_attempts."""
+    if record is None or record.terminal or record.dispatch != dispatch:
+        return record, []
+    if running_here:
+        # Our own executor holds it (queued or held): renew instead of duplicating the call.
+        return replace(record, owner=me, lease_until=now + ttl), []
+    if now < record.lease_until:
+        return record, []
+    if record.dispatch >= max_attempts:
+        return replace(record, state=DEAD_LETTERED, finished_at=now), [
+            DeadLetter(
+                f"max_attempts_exceeded: the lease lapsed {record.dispatch} times",
+                "recovery",
+                record.dispatch,
+            ),
+            Control("task.dead_lettered", {"layer": "recovery", "attempts": record.dispatch}),
+            Settle(),
+        ]
+    return _take_over(record, now=now, me=me, ttl=ttl)
+
+
+def _take_over(
+    record: TaskRecord, *, now: float, me: str, ttl: float
+) -> tuple[TaskRecord, list[Effect]]:
+    nxt = record.dispatch + 1
+    return replace(record, dispatch=nxt, owner=me, lease_until=now + ttl), [
+        Dispatch(nxt),
+        Control("task.redispatched", {"dispatch": nxt, "previous_owner": record.owner}),
+    ]
+
+
+def dump(record: TaskRecord) -> str:
+    """Compact JSON for logs and web views."""
+    return json.dumps(record.to_json(), separators=(",", ":"))

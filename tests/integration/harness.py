@@ -1,0 +1,274 @@
+"""Real-broker test harness: worker processes, Kafka reads and writes, committed offsets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import aiohttp
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+ROOT = Path(__file__).resolve().parents[2]
+BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
+PARTITIONS = 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:10]}"
+
+
+def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 2.0) -> Path:
+    lines = []
+    if fake_url:
+        lines += [
+            "[providers.fake]", 'kind = "openai"', f'base_url = "{fake_url}/v1"', 'model = "fake-model"', f"timeout_s = {timeout_s}", "",
+        ]
+    lines += ["[providers.local]", 'kind = "local"', ""]
+    for agent in agents:
+        lines += [f"[agents.{agent}]", f'providers = ["{"fake" if fake_url else "local"}"]', ""]
+    path.write_text("\n".join(lines))
+    return path
+
+
+@dataclass
+class Worker:
+    """One worker process (``python -m faust -A agents_stream.app worker``)."""
+
+    name: str
+    env: dict[str, str]
+    log_path: Path
+    web_port: int
+    proc: subprocess.Popen | None = None
+    _log: Any = None
+
+    def start(self) -> Worker:
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "faust", "-A", "agents_stream.app", "worker", "-l", "info"],
+            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+        )
+        return self
+
+    async def wait_ready(self, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        async with aiohttp.ClientSession() as session:
+            while time.monotonic() < deadline:
+                if self.proc and self.proc.poll() is not None:
+                    raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.tail()}")
+                try:
+                    async with session.get(f"http://127.0.0.1:{self.web_port}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        if r.status == 200:
+                            return
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    pass
+                await asyncio.sleep(0.3)
+        raise AssertionError(f"worker {self.name} not ready after {timeout}s:\n{self.tail()}")
+
+    async def readyz(self) -> dict[str, Any]:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{self.web_port}/readyz", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return await r.json()
+
+    def kill(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def terminate(self, timeout: float = 60.0) -> tuple[int, float]:
+        """SIGTERM; returns (exit code, seconds to exit)."""
+        assert self.proc is not None
+        started = time.monotonic()
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"worker {self.name} ignored SIGTERM for {timeout}s:\n{self.tail()}") from None
+        return code, time.monotonic() - started
+
+    def tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except FileNotFoundError:
+            return "(no log)"
+
+    def close(self) -> None:
+        self.kill()
+        if self._log:
+            self._log.close()
+
+
+@dataclass
+class Cluster:
+    """A test's own app id (consumer group), agents (topics), config and workers."""
+
+    tmp: Path
+    agents: list[str]
+    fake_url: str | None
+    app_id: str = field(default_factory=lambda: unique("it"))
+    settings: dict[str, str] = field(default_factory=dict)
+    workers: list[Worker] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.config = write_config(self.tmp / f"{self.app_id}.toml", self.agents, self.fake_url)
+
+    def worker(self, name: str | None = None, **overrides: str) -> Worker:
+        name = name or f"w{len(self.workers)}"
+        port = free_port()
+        env = {
+            **os.environ,
+            "KAFKA_BROKER": f"kafka://{BOOTSTRAP}",
+            "AGENTS_STREAM_APP_ID": self.app_id,
+            "AGENTS_STREAM_CONFIG": str(self.config),
+            "AGENTS_STREAM_DATA_DIR": str(self.tmp / f"data-{name}"),
+            "AGENTS_STREAM_PARTITIONS": str(PARTITIONS),
+            "WEB_PORT": str(port),
+            "AGENTS_STREAM_LEASE_TTL_S": "6",
+            "AGENTS_STREAM_SESSION_TIMEOUT_S": "6",
+            "AGENTS_STREAM_BACKOFF_BASE_S": "0.2",
+            "AGENTS_STREAM_BACKOFF_CAP_S": "1.0",
+            "AGENTS_STREAM_PROBE_INTERVAL_S": "1.0",
+            "AGENTS_STREAM_SHUTDOWN_GRACE_S": "8",
+            "PYTHONUNBUFFERED": "1",
+            **self.settings,
+            **overrides,
+        }
+        worker = Worker(name, env, self.tmp / f"{self.app_id}-{name}.log", port)
+        self.workers.append(worker)
+        return worker
+
+    def close(self) -> None:
+        for w in self.workers:
+            w.close()
+
+
+# -- Kafka I/O -------------------------------------------------------------------------
+
+
+async def create_topics(names: list[str], partitions: int = PARTITIONS) -> None:
+    admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        existing = set(await admin.list_topics())
+        new = [NewTopic(n, partitions, 1) for n in names if n not in existing]
+        if new:
+            await asyncio.wait_for(admin.create_topics(new), 30)
+    finally:
+        await admin.close()
+
+
+async def produce(topic: str, records: list[tuple[bytes | None, bytes | None]], *, partition: int | None = None) -> None:
+    producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
+    await asyncio.wait_for(producer.start(), 30)
+    try:
+        futs = [await producer.send(topic, value=v, key=k, partition=partition) for k, v in records]
+        await asyncio.wait_for(asyncio.gather(*futs), 30)
+    finally:
+        await producer.stop()
+
+
+def task(agent: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
+    return {"task_id": task_id or str(uuid.uuid4()), "agent_name": agent, "instruction": f"analyse {extra.pop('n', 0)}", "context_data": {}, **extra}
+
+
+def encode(t: dict[str, Any]) -> tuple[bytes, bytes]:
+    return t["task_id"].encode(), json.dumps(t).encode()
+
+
+async def read_topic(
+    topic: str,
+    *,
+    until: Callable[[list[Any]], bool],
+    timeout: float,
+    keep: Callable[[Any], bool] = lambda m: True,
+) -> list[Any]:
+    """All records of ``topic`` from the beginning that ``keep`` accepts, once ``until`` holds."""
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+    await asyncio.wait_for(consumer.start(), 30)
+    seen: list[Any] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for msgs in batch.values():
+                seen.extend(m for m in msgs if keep(m))
+            if until(seen):
+                # read a little longer to catch duplicates that would follow
+                batch = await consumer.getmany(timeout_ms=1500)
+                for msgs in batch.values():
+                    seen.extend(m for m in msgs if keep(m))
+                return seen
+        return seen
+    finally:
+        await consumer.stop()
+
+
+async def results_for(ids: set[str], timeout: float) -> dict[str, list[Any]]:
+    """agent.results records keyed by task_id, for these ids; waits until each has one."""
+    msgs = await read_topic(
+        "agent.results",
+        until=lambda seen: {m.key.decode() for m in seen} >= ids,
+        timeout=timeout,
+        keep=lambda m: m.key is not None and m.key.decode() in ids,
+    )
+    out: dict[str, list[Any]] = {}
+    for m in msgs:
+        out.setdefault(m.key.decode(), []).append(m)
+    return out
+
+
+async def committed(group: str, topic: str) -> dict[int, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        offsets = await asyncio.wait_for(admin.list_consumer_group_offsets(group), 30)
+    finally:
+        await admin.close()
+    return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+
+
+async def end_offsets(topic: str) -> dict[int, int]:
+    admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        described = await asyncio.wait_for(admin.describe_topics([topic]), 30)
+    finally:
+        await admin.close()
+    parts = [TopicPartition(topic, p["partition"]) for p in described[0]["partitions"]]
+    consumer = AIOKafkaConsumer(bootstrap_servers=BOOTSTRAP)
+    await asyncio.wait_for(consumer.start(), 30)
+    try:
+        ends = await asyncio.wait_for(consumer.end_offsets(parts), 30)
+        return {tp.partition: off for tp, off in ends.items()}
+    finally:
+        await consumer.stop()
+
+
+async def eventually(check: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if asyncio.iscoroutine(last):
+            last = await last
+        if last:
+            return last
+        await asyncio.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last value: {last!r}")

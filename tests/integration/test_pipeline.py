@@ -1,0 +1,121 @@
+"""Scenarios A and B of the seed, dedupe, and routing, on the real broker with real worker processes."""
+
+from __future__ import annotations
+
+import json
+
+from agents_stream import topics
+
+from .harness import PARTITIONS, committed, create_topics, encode, eventually, produce, read_topic, results_for, task, unique
+
+
+async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluster_factory, fake_llm):
+    """Scenario A: a task in → one `succeeded` result out; the group's committed offset moves past it."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    w = c.worker().start()
+    await w.wait_ready()
+    t = task(agent)
+    await produce(topics.task_topic(agent), [encode(t)])
+    results = await results_for({t["task_id"]}, timeout=60)
+    assert len(results[t["task_id"]]) == 1
+    body = json.loads(results[t["task_id"]][0].value)
+    assert body["status"] == "succeeded" and body["agent_name"] == agent and body["attempts"] == 1
+    assert body["usage"]["output_tokens"] > 0
+    offsets = await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent)), timeout=20, what="a committed offset")
+    assert offsets == 1
+    assert len([r for r in fake_llm.requests if r.task_id == t["task_id"]]) == 1
+
+
+async def test_keyless_task_is_routed_to_its_partition_and_answered_once(cluster_factory, fake_llm):
+    """Scenario A with the console producer's keyless messages: routed home, one result, offsets committed."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    await create_topics([topics.task_topic(agent)])
+    ts = [task(agent, n=i) for i in range(6)]
+    # Keyless and all on partition 0: most belong elsewhere.
+    await produce(topics.task_topic(agent), [(None, encode(t)[1]) for t in ts], partition=0)
+    w = c.worker().start()
+    await w.wait_ready()
+    ids = {t["task_id"] for t in ts}
+    results = await results_for(ids, timeout=60)
+    assert {k: len(v) for k, v in results.items()} == {i: 1 for i in ids}
+    for msgs in results.values():
+        assert json.loads(msgs[0].value)["status"] == "succeeded"
+    # Every record on the topic (the 6 originals + the re-routed copies) is committed.
+    async def all_committed():
+        from .harness import end_offsets
+        ends = await end_offsets(topics.task_topic(agent))
+        done = await committed(c.app_id, topics.task_topic(agent))
+        return all(done.get(p, 0) == end for p, end in ends.items()) and sum(ends.values()) > 6
+    await eventually(all_committed, timeout=20, what="every offset committed")
+
+
+async def test_same_task_three_times_calls_the_provider_once_and_reemits_the_stored_result(cluster_factory, fake_llm):
+    """Idempotency: a duplicate never reaches a provider; a re-emitted result is the stored record byte for byte."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    w = c.worker().start()
+    await w.wait_ready()
+    t = task(agent)
+    await produce(topics.task_topic(agent), [encode(t)])
+    first = await results_for({t["task_id"]}, timeout=60)
+    await produce(topics.task_topic(agent), [encode(t), encode(t)])
+    msgs = await read_topic(
+        "agent.results", until=lambda seen: len(seen) >= 3, timeout=30,
+        keep=lambda m: m.key == t["task_id"].encode(),
+    )
+    assert len({m.value for m in msgs}) == 1, "one distinct result"
+    assert msgs[0].value == first[t["task_id"]][0].value
+    assert len([r for r in fake_llm.requests if r.task_id == t["task_id"]]) == 1
+
+
+async def test_poison_messages_are_dead_lettered_with_headers_and_valid_tasks_still_flow(cluster_factory, fake_llm):
+    """Scenario B: each poison kind → one DLQ record with every header and the original bytes; neighbours succeed."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    w = c.worker().start()
+    await w.wait_ready()
+    poison = {
+        "null": None,
+        "utf8": b"\xff\xfe\x00bad",
+        "json": b"{not json",
+        "seed": b'{"task_id": "invalid-uuid-format", "agent_name": 12345, "instruction": null}',
+        "missing": json.dumps({"task_id": "m1", "agent_name": agent}).encode(),
+        "types": json.dumps({"task_id": "t1", "agent_name": agent, "instruction": ["x"], "context_data": "no"}).encode(),
+        "big": json.dumps({"task_id": "b1", "agent_name": agent, "instruction": "x" * 300_000}).encode(),
+    }
+    good = [task(agent, n=i) for i in range(4)]
+    records = [encode(good[0])] + [(f"poison-{k}".encode(), v) for k, v in poison.items()] + [encode(g) for g in good[1:]]
+    await produce(topics.task_topic(agent), records)
+    dlq = await read_topic(topics.dlq_topic(agent), until=lambda seen: len(seen) >= len(poison), timeout=60)
+    by_key = {m.key.decode(): m for m in dlq}
+    assert sorted(by_key) == sorted(f"poison-{k}" for k in poison) and len(dlq) == len(poison)
+    reasons = {}
+    for name, raw in poison.items():
+        m = by_key[f"poison-{name}"]
+        assert m.value == raw, f"{name}: original bytes unchanged"
+        headers = {k: v.decode() for k, v in m.headers}
+        assert set(headers) >= {"error_reason", "error_layer", "original_topic", "original_partition", "original_offset", "failed_at", "attempts"}
+        assert headers["error_layer"] == "schema" and headers["original_topic"] == topics.task_topic(agent)
+        reasons[name] = headers["error_reason"].split(":")[0]
+    assert reasons == {
+        "null": "null_value", "utf8": "invalid_utf8", "json": "not_json", "seed": "schema_violation",
+        "missing": "schema_violation", "types": "schema_violation", "big": "payload_too_large",
+    }
+    results = await results_for({g["task_id"] for g in good}, timeout=60)
+    assert all(len(v) == 1 and json.loads(v[0].value)["status"] == "succeeded" for v in results.values())
+    ends = await read_topic(topics.task_topic(agent), until=lambda s: len(s) >= len(records), timeout=10)
+    assert len(ends) == len(records)
+    await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent), want=len(records)), timeout=20, what="all offsets committed")
+
+
+async def _sum_committed(group: str, topic: str, want: int | None = None) -> int | None:
+    offs = await committed(group, topic)
+    total = sum(o for o in offs.values() if o > 0)
+    if want is not None:
+        return total if total == want else None
+    return total or None
+
+
+assert PARTITIONS >= 2

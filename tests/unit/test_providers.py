@@ -1,0 +1,353 @@
+"""Provider clients against the real fake LLM server over HTTP on 127.0.0.1 (no patched clients)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from datetime import UTC, datetime, timedelta
+from email.utils import format_datetime
+
+import pytest
+import pytest_asyncio
+
+from agents_stream.config import ProviderConfig
+from agents_stream.errors import (
+    PermanentError,
+    RateLimited,
+    SystemicError,
+    TaskError,
+    TransientError,
+)
+from agents_stream.fakellm import FakeLLM, hang, malformed, ok, refusal, status
+from agents_stream.providers import Prompt, Provider, Usage, build_provider, render_prompt
+from agents_stream.providers.http import parse_retry_after
+from agents_stream.providers.local import LocalProvider
+
+KEY = "sk-test-0f9e8d7c6b5a-not-a-real-key"
+ENV = {"gemini": "AGENTS_STREAM_TEST_GEMINI_KEY", "openai": "AGENTS_STREAM_TEST_OPENAI_KEY"}
+AUTH_HEADER = {"gemini": "x-goog-api-key", "openai": "authorization"}
+PROMPT = Prompt(instruction="Summarise task_id=t-42 please", system="Be brief.", context={"doc": "abc"})
+
+MakeProvider = Callable[..., Provider]
+
+
+@pytest_asyncio.fixture
+async def fake() -> AsyncIterator[FakeLLM]:
+    async with FakeLLM(api_key=KEY) as server:
+        yield server
+
+
+@pytest.fixture(params=["gemini", "openai"])
+def api(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest_asyncio.fixture
+async def make(fake: FakeLLM, api: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[MakeProvider]:
+    monkeypatch.setenv(ENV[api], KEY)
+    made: list[Provider] = []
+
+    def _make(**overrides: object) -> Provider:
+        # OpenAI-compatible base URLs carry the version; Gemini's API path adds its own
+        base_url = fake.url if api == "gemini" else f"{fake.url}/v1"
+        settings: dict[str, object] = {
+            "name": f"test-{api}",
+            "kind": api,
+            "base_url": base_url,
+            "model": "fake-model",
+            "api_key_env": ENV[api],
+            "timeout_s": 5.0,
+        }
+        settings.update(overrides)
+        provider = build_provider(ProviderConfig(**settings))
+        made.append(provider)
+        return provider
+
+    yield _make
+    for provider in made:
+        await provider.close()
+
+
+async def fails(provider: Provider, expected: type[TaskError]) -> TaskError:
+    """The error ``complete`` raised, checked for its type and for the key leaking into it."""
+    with pytest.raises(expected) as caught:
+        await asyncio.wait_for(provider.complete(PROMPT), 10)
+    error: BaseException | None = caught.value
+    while error is not None:  # the key must not ride along in a chained cause either
+        assert KEY not in str(error) and KEY not in repr(error)
+        error = error.__cause__ or error.__context__
+    return caught.value
+
+
+@pytest.mark.asyncio
+async def test_ok_returns_text_and_usage(fake: FakeLLM, make: MakeProvider, api: str) -> None:
+    """A 200 in the API's shape becomes a Completion with the text and the reported token usage."""
+    fake.enqueue(ok("hello there", input_tokens=11, output_tokens=2))
+    completion = await make().complete(PROMPT)
+    assert completion.text == "hello there"
+    assert completion.usage == Usage(input_tokens=11, output_tokens=2)
+    assert (completion.provider, completion.model) == (f"test-{api}", "fake-model")
+
+
+@pytest.mark.asyncio
+async def test_request_carries_prompt_system_and_max_tokens(fake: FakeLLM, make: MakeProvider, api: str) -> None:
+    """The instruction, JSON context, system text and token cap reach the API in its own fields."""
+    await make().complete(Prompt("Do it task_id=t-7", system="Sys.", context={"k": 1}, max_tokens=33))
+    (seen,) = fake.requests
+    assert seen.instruction == render_prompt(Prompt("Do it task_id=t-7", context={"k": 1}))
+    assert seen.system == "Sys."
+    assert seen.task_id == "t-7"
+    if api == "gemini":
+        assert seen.path == "/v1beta/models/fake-model:generateContent"
+        assert seen.body["generationConfig"]["maxOutputTokens"] == 33
+    else:
+        assert seen.path == "/v1/chat/completions"
+        assert seen.body["max_tokens"] == 33 and seen.body["model"] == "fake-model"
+
+
+@pytest.mark.asyncio
+async def test_429_is_rate_limited_with_retry_after(fake: FakeLLM, make: MakeProvider) -> None:
+    """A 429 with Retry-After: 3 becomes RateLimited carrying retry_after=3.0."""
+    fake.enqueue(status(429, retry_after=3))
+    error = await fails(make(), RateLimited)
+    assert error.retry_after == 3.0
+    assert error.retriable
+
+
+@pytest.mark.asyncio
+async def test_429_with_http_date_retry_after(fake: FakeLLM, make: MakeProvider) -> None:
+    """A Retry-After given as an HTTP-date is turned into seconds from now."""
+    later = datetime.now(UTC) + timedelta(seconds=30)
+    fake.enqueue(status(429, retry_after=format_datetime(later, usegmt=True)))
+    error = await fails(make(), RateLimited)
+    assert error.retry_after is not None and 25 <= error.retry_after <= 31
+
+
+@pytest.mark.asyncio
+async def test_429_without_retry_after(fake: FakeLLM, make: MakeProvider) -> None:
+    """A 429 that names no delay leaves retry_after None, so the backoff policy decides."""
+    fake.enqueue(status(429))
+    assert (await fails(make(), RateLimited)).retry_after is None
+
+
+def test_parse_retry_after_forms() -> None:
+    """Retry-After parses as seconds or HTTP-date; garbage and absence give None; the past gives 0."""
+    now = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
+    assert parse_retry_after("3", now=now) == 3.0
+    assert parse_retry_after(" 1.5 ", now=now) == 1.5
+    assert parse_retry_after("Wed, 01 Jan 2025 12:00:10 GMT", now=now) == 10.0
+    assert parse_retry_after("Wed, 01 Jan 2025 11:00:00 GMT", now=now) == 0.0
+    assert parse_retry_after("soon", now=now) is None
+    assert parse_retry_after(None) is None
+    assert parse_retry_after("") is None
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("code", [500, 502, 503, 504])
+async def test_5xx_is_transient(fake: FakeLLM, make: MakeProvider, code: int) -> None:
+    """A 5xx is a TransientError (retriable) and not a rate limit."""
+    fake.enqueue(status(code))
+    error = await fails(make(), TransientError)
+    assert not isinstance(error, RateLimited)
+    assert str(code) in str(error)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("code", [400, 404, 422])
+async def test_4xx_is_permanent(fake: FakeLLM, make: MakeProvider, code: int) -> None:
+    """400/404/422 are the task's own fault: PermanentError, not retriable."""
+    fake.enqueue(status(code, body={"error": {"message": "bad thing in the request"}}))
+    error = await fails(make(), PermanentError)
+    assert not error.retriable
+    assert "bad thing in the request" in str(error)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("code", [401, 403])
+async def test_auth_failure_is_systemic_and_names_the_variable(
+    fake: FakeLLM, make: MakeProvider, api: str, code: int
+) -> None:
+    """401/403 are SystemicError whose message says which environment variable to check."""
+    fake.enqueue(status(code))
+    error = await fails(make(), SystemicError)
+    assert ENV[api] in str(error)
+
+
+@pytest.mark.asyncio
+async def test_wrong_key_rejected_by_server_is_systemic(
+    fake: FakeLLM, make: MakeProvider, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key the server rejects (its own 401, not a scripted one) is a SystemicError."""
+    monkeypatch.setenv(ENV[api], "sk-wrong")
+    await fails(make(), SystemicError)
+    assert fake.requests[0].status == 401
+
+
+@pytest.mark.asyncio
+async def test_refusal_is_permanent(fake: FakeLLM, make: MakeProvider) -> None:
+    """A content-filter answer is a PermanentError: retrying the same prompt will not help."""
+    fake.enqueue(refusal())
+    error = await fails(make(), PermanentError)
+    assert "refused" in str(error)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("api", ["gemini"])
+async def test_gemini_blocked_prompt_is_permanent(fake: FakeLLM, make: MakeProvider) -> None:
+    """Gemini's promptFeedback.blockReason is a refusal: PermanentError."""
+    fake.enqueue(status(200, body={"promptFeedback": {"blockReason": "SAFETY"}}))
+    error = await fails(make(), PermanentError)
+    assert "SAFETY" in str(error)
+
+
+@pytest.mark.asyncio
+async def test_malformed_200_is_transient(fake: FakeLLM, make: MakeProvider) -> None:
+    """A 200 whose body is not the expected shape is a TransientError saying "malformed response"."""
+    fake.enqueue(malformed())
+    error = await fails(make(), TransientError)
+    assert "malformed response" in str(error)
+
+
+@pytest.mark.asyncio
+async def test_non_json_200_is_transient(fake: FakeLLM, make: MakeProvider) -> None:
+    """A 200 with a body that is not JSON at all is a malformed-response TransientError."""
+    fake.enqueue(status(200, body="<html>gateway says hi</html>"))
+    error = await fails(make(), TransientError)
+    assert "malformed response" in str(error)
+
+
+@pytest.mark.asyncio
+async def test_hang_past_timeout_is_transient_and_quick(fake: FakeLLM, make: MakeProvider) -> None:
+    """A server slower than timeout_s gives a TransientError after about timeout_s, not the hang."""
+    fake.enqueue(hang(10))
+    started = time.monotonic()
+    error = await fails(make(timeout_s=0.3), TransientError)
+    assert time.monotonic() - started < 2
+    assert "0.3s" in str(error)
+
+
+@pytest.mark.asyncio
+async def test_connection_refused_then_recovered(fake: FakeLLM, make: MakeProvider) -> None:
+    """A refused connection is a TransientError and probe() False; once the port reopens probe() is True."""
+    provider = make()
+    await provider.complete(PROMPT)  # a pooled keep-alive connection must not mask the outage
+    await fake.set_mode(outage="refuse")
+    await fails(provider, TransientError)
+    assert await provider.probe() is False
+    await fake.set_mode(outage=False)
+    assert await provider.probe() is True
+    assert (await provider.complete(PROMPT)).text
+
+
+@pytest.mark.asyncio
+async def test_probe_counts_any_http_answer(fake: FakeLLM, make: MakeProvider) -> None:
+    """probe() is True whenever an HTTP answer arrives, even during a 503 outage."""
+    await fake.set_mode(outage=True)
+    provider = make()
+    await fails(provider, TransientError)
+    assert await provider.probe() is True
+
+
+@pytest.mark.asyncio
+async def test_probe_false_when_nothing_listens(make: MakeProvider) -> None:
+    """probe() is False (quickly) when nothing listens at base_url."""
+    provider = make(base_url="http://127.0.0.1:9")  # discard port: nothing listens there
+    started = time.monotonic()
+    assert await provider.probe() is False
+    assert time.monotonic() - started < 3
+
+
+@pytest.mark.asyncio
+async def test_key_travels_only_in_its_header(
+    fake: FakeLLM, make: MakeProvider, api: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The key reaches the server in the API's header only: not in the URL, the logs or any error."""
+    caplog.set_level(logging.DEBUG)
+    provider = make()
+    await provider.complete(PROMPT)  # the fake answers 401 unless the key is in the right header
+    (seen,) = fake.requests
+    assert seen.status == 200
+    assert seen.key_present and seen.key_header == AUTH_HEADER[api]
+    assert not seen.key_in_url and KEY not in seen.url
+    assert KEY not in str(seen.headers)
+    for reply, expected in [
+        (status(400, body=f"echoing your key {KEY}"), PermanentError),
+        (status(401), SystemicError),
+        (status(429, retry_after=1), RateLimited),
+        (status(503), TransientError),
+        (malformed(), TransientError),
+        (refusal(), PermanentError),
+    ]:
+        fake.enqueue(reply)
+        await fails(provider, expected)
+    fake.enqueue(hang(5))
+    await fails(make(timeout_s=0.2), TransientError)
+    await fake.set_mode(outage="refuse")
+    await fails(provider, TransientError)
+    assert KEY not in caplog.text
+
+
+@pytest.mark.asyncio
+async def test_keyless_endpoint_sends_no_key(fake: FakeLLM, make: MakeProvider) -> None:
+    """With no api_key_env (vLLM, Ollama) the request carries no auth header at all."""
+    fake.api_key = None
+    await make(api_key_env=None).complete(PROMPT)
+    assert fake.requests[0].key_present is False
+
+
+@pytest.mark.asyncio
+async def test_unset_key_variable_is_systemic_without_a_call(
+    fake: FakeLLM, make: MakeProvider, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A provider whose key variable is unset fails as SystemicError naming it, before any request."""
+    monkeypatch.delenv(ENV[api])
+    error = await fails(make(), SystemicError)
+    assert ENV[api] in str(error)
+    assert fake.requests == []
+
+
+@pytest.mark.asyncio
+async def test_local_provider_is_deterministic_and_offline(fake: FakeLLM, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The local provider answers the same prompt with the same text, and never touches the network."""
+
+    async def no_network(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the local provider opened a connection")
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "create_connection", no_network)
+    provider = build_provider(ProviderConfig(name="local", kind="local", base_url=fake.url))
+    assert isinstance(provider, LocalProvider)
+    first = await provider.complete(PROMPT)
+    second = await provider.complete(Prompt(PROMPT.instruction, PROMPT.system, dict(PROMPT.context)))
+    other = await provider.complete(Prompt(PROMPT.instruction, PROMPT.system, {"doc": "xyz"}))
+    assert first == second
+    assert first.text.startswith("[local:local-echo] Summarise task_id=t-42 please")
+    assert other.text != first.text  # the context is part of the answer's identity
+    assert first.usage.input_tokens > 0 and first.usage.output_tokens == len(first.text.split())
+    assert await provider.probe() is True
+    await provider.close()
+    assert fake.requests == []
+
+
+@pytest.mark.asyncio
+async def test_local_provider_latency() -> None:
+    """config.latency_s delays the local answer, for demos of in-flight work."""
+    provider = build_provider(ProviderConfig(kind="local", latency_s=0.2))
+    started = time.monotonic()
+    await provider.complete(PROMPT)
+    assert time.monotonic() - started >= 0.19
+
+
+def test_anthropic_kind_is_not_built_yet() -> None:
+    """kind="anthropic" is refused with a clear ValueError until its client exists."""
+    with pytest.raises(ValueError, match="anthropic.*not implemented"):
+        build_provider(ProviderConfig(kind="anthropic", base_url="http://127.0.0.1:1"))
+
+
+def test_render_prompt_appends_context_as_json() -> None:
+    """The rendered prompt is the instruction, then the context as sorted JSON; no context, no suffix."""
+    assert render_prompt(Prompt("Just this")) == "Just this"
+    rendered = render_prompt(Prompt("Do it", context={"b": 2, "a": "é"}))
+    assert rendered.startswith("Do it\n\nContext (JSON):\n")
+    assert rendered.index('"a"') < rendered.index('"b"') and "é" in rendered
