@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from agents_stream.backoff import backoff
-from agents_stream.errors import PermanentError, RateLimited, TransientError, classify
+from agents_stream.errors import TransientError, classify
 from agents_stream.health import ProviderHealth
 from agents_stream.models import TaskPayload
 from agents_stream.providers.base import Completion, Prompt, Provider
@@ -168,7 +168,11 @@ class Executor:
         )
         retries = 0
         while True:
-            probing = await health.wait_turn() if health.is_down else False
+            probing = False
+            if health.is_down:
+                if not job.held:
+                    self._hold(job, provider, health, health.reason, alert=False)
+                probing = await health.wait_turn()
             try:
                 job.calls += 1
                 completion = await asyncio.wait_for(provider.complete(prompt), timeout=provider.config.timeout_s + 5.0)

@@ -1,0 +1,182 @@
+"""Provider outages, crashes, shutdowns, broker restarts and rebalances on the real broker.
+
+Each test here also stands for one of FAUST-NOTES.md's "where messages get
+lost" cases (named in its docstring) and shows it cannot happen here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import time
+from collections import Counter
+
+from agents_stream import topics
+
+from .harness import ROOT, BOOTSTRAP, committed, encode, eventually, produce, read_topic, results_for, task, unique
+
+
+def calls_per_task(fake, ids: set[str]) -> Counter:
+    return Counter(r.task_id for r in fake.requests if r.task_id in ids)
+
+
+def group_lag(group: str, topic: str) -> int:
+    """Total LAG of ``topic`` as Kafka's own kafka-consumer-groups tool reports it."""
+    out = subprocess.run(
+        [str(ROOT / "scripts" / "kafka-tool"), "consumer-groups", "--bootstrap-server", BOOTSTRAP, "--describe", "--group", group],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout
+    lag = 0
+    for line in out.splitlines():
+        cols = line.split()
+        if len(cols) >= 6 and cols[1] == topic and cols[5].isdigit():
+            lag += int(cols[5])
+    return lag
+
+
+def assert_one_distinct_success(results: dict, ids: set[str]) -> None:
+    assert set(results) == ids, f"missing results for {sorted(ids - set(results))[:5]}"
+    for task_id, msgs in results.items():
+        assert len({m.value for m in msgs}) == 1, f"{task_id} has conflicting results"
+        assert json.loads(msgs[0].value)["status"] == "succeeded"
+
+
+async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(cluster_factory, fake_llm):
+    """Scenario C: retries with growing delays → held (no DLQ, no failed result), lag visible; provider back → all complete."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_MAX_RETRIES="3")
+    w = c.worker().start()
+    await w.wait_ready()
+    await fake_llm.set_mode(outage=True)
+    ts = [task(agent, n=i) for i in range(5)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+
+    held = await read_topic(
+        topics.CONTROL, timeout=60,
+        until=lambda seen: {json.loads(m.value)["subject"] for m in seen} >= ids,
+        keep=lambda m: json.loads(m.value)["event"] == "task.held" and json.loads(m.value)["subject"] in ids,
+    )
+    assert {json.loads(m.value)["subject"] for m in held} == ids
+    # Growing delays: the gap before the last retry of a task exceeds the gap before its first.
+    first = calls_per_task(fake_llm, ids).most_common(1)[0][0]
+    stamps = [r.ts for r in fake_llm.requests if r.task_id == first]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    assert len(gaps) >= 3 and gaps[2] > gaps[0], gaps
+    ready = await w.readyz()
+    assert ready["providers_down"] == ["fake"]
+    await asyncio.sleep(3)  # a few commit intervals: nothing may be committed past the held tasks
+    lag = await asyncio.to_thread(group_lag, c.app_id, topics.task_topic(agent))
+    print(f"\nscenario C: lag while held = {lag} (kafka-consumer-groups)")
+    assert lag == len(ts)
+    early = await read_topic("agent.results", until=lambda s: False, timeout=2, keep=lambda m: m.key and m.key.decode() in ids)
+    assert early == [], "no result (failed or otherwise) while held"
+    dlq = await read_topic(topics.dlq_topic(agent), until=lambda s: False, timeout=2)
+    assert dlq == [], "held tasks are never dead-lettered"
+
+    await fake_llm.set_mode(outage=False)
+    results = await results_for(ids, timeout=60)
+    assert_one_distinct_success(results, ids)
+    await eventually(lambda: asyncio.to_thread(group_lag, c.app_id, topics.task_topic(agent)) if False else _lag_zero(c.app_id, agent), timeout=30, what="lag back to 0")
+
+
+async def _lag_zero(group: str, agent: str) -> bool:
+    return await asyncio.to_thread(group_lag, group, topics.task_topic(agent)) == 0
+
+
+async def test_sigkill_with_calls_in_flight_loses_nothing(cluster_factory, fake_llm):
+    """SIGKILL mid-call: nothing committed past in-flight tasks (Faust's concurrency>1 / noack loss); restart → every task answered."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    await fake_llm.set_mode(latency=4.0)
+    w = c.worker("a").start()
+    await w.wait_ready()
+    ts = [task(agent, n=i) for i in range(30)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    await eventually(lambda: fake_llm.in_flight >= 20, timeout=30, interval=0.1, what=">= 20 calls in flight")
+    await asyncio.sleep(2.5)  # more than two commit intervals with every call still open
+    offsets = await committed(c.app_id, topics.task_topic(agent))
+    assert all(o <= 0 for o in offsets.values()), f"committed past in-flight tasks: {offsets}"
+    in_flight_at_kill = {r.task_id for r in fake_llm.requests}
+    w.kill()
+    await fake_llm.set_mode(latency=0.2)
+    started = time.monotonic()
+    w2 = c.worker("a").start()  # same data dir: a restart on the same host
+    await w2.wait_ready()
+    results = await results_for(ids, timeout=120)
+    elapsed = time.monotonic() - started
+    assert_one_distinct_success(results, ids)
+    calls = calls_per_task(fake_llm, ids)
+    interrupted = {t: calls[t] for t in in_flight_at_kill}
+    rest = {t: calls[t] for t in ids - in_flight_at_kill}
+    print(
+        f"\nSIGKILL: {len(in_flight_at_kill)} calls in flight at kill; all {len(ids)} answered {elapsed:.1f}s after restart; "
+        f"calls per interrupted task max {max(interrupted.values())}, per other task max {max(rest.values(), default=0)}"
+    )
+    assert len(in_flight_at_kill) >= 20
+    assert max(interrupted.values()) <= 2
+    assert all(v == 1 for v in rest.values())
+
+
+async def test_sigterm_with_calls_in_flight_exits_cleanly_and_loses_nothing(cluster_factory, fake_llm):
+    """SIGTERM mid-call: clean exit within the grace period (Faust's wait_empty hang), nothing lost, nothing run twice after finishing."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_SHUTDOWN_GRACE_S="6")
+    await fake_llm.set_mode(latency=2.0)
+    w = c.worker("a").start()
+    await w.wait_ready()
+    ts = [task(agent, n=i) for i in range(20)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    await eventually(lambda: fake_llm.in_flight >= 10, timeout=30, interval=0.1, what="calls in flight")
+    code, took = await asyncio.to_thread(w.terminate, 40.0)
+    print(f"\nSIGTERM: exit code {code} after {took:.1f}s (grace 6s)")
+    assert code == 0, w.tail()
+    assert took < 6 + 15
+    w2 = c.worker("a").start()
+    await w2.wait_ready()
+    results = await results_for(ids, timeout=90)
+    assert_one_distinct_success(results, ids)
+    assert max(calls_per_task(fake_llm, ids).values()) <= 2
+
+
+async def test_broker_restart_with_tasks_in_flight_completes_every_task_once(cluster_factory, fake_llm):
+    """Layer 3: the broker goes away mid-work (failed sends and commits) and returns; the worker survives and loses nothing."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    await fake_llm.set_mode(latency=3.0)
+    w = c.worker().start()
+    await w.wait_ready()
+    ts = [task(agent, n=i) for i in range(10)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    await eventually(lambda: fake_llm.in_flight >= 5, timeout=30, interval=0.1, what="calls in flight")
+    broker = str(ROOT / "scripts" / "broker.sh")
+    await asyncio.to_thread(subprocess.run, ["bash", broker, "stop"], check=True, timeout=60)
+    await asyncio.sleep(4)
+    await asyncio.to_thread(subprocess.run, ["bash", broker, "start"], check=True, timeout=120)
+    results = await results_for(ids, timeout=120)
+    assert w.proc.poll() is None, "the worker survived the broker restart\n" + w.tail()
+    assert_one_distinct_success(results, ids)
+
+
+async def test_second_worker_joining_mid_run_loses_and_duplicates_nothing(cluster_factory, fake_llm):
+    """Rebalance (Faust drops and acks buffered events): scale from 1 to 2 workers mid-run; every task exactly one distinct result."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    await fake_llm.set_mode(latency=0.3)
+    w1 = c.worker("a").start()
+    await w1.wait_ready()
+    ts = [task(agent, n=i) for i in range(300)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    await eventually(lambda: len(fake_llm.requests) >= 30, timeout=30, interval=0.1, what="work under way")
+    w2 = c.worker("b").start()
+    await w2.wait_ready()
+    results = await results_for(ids, timeout=180)
+    assert_one_distinct_success(results, ids)
+    calls = calls_per_task(fake_llm, ids)
+    print(f"\nscale-out: {len(ids)} tasks, {sum(calls.values())} provider calls, max {max(calls.values())} per task")
+    assert max(calls.values()) <= 2
