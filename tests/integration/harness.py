@@ -34,7 +34,7 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 2.0) -> Path:
+def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0) -> Path:
     lines = []
     if fake_url:
         lines += [

@@ -1,0 +1,251 @@
+"""The TOML config (providers, agents, fallback chain) and the typed Settings object."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import fields
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from agents_stream.config import AppConfig, ProviderConfig, load_config
+from agents_stream.settings import Settings
+
+REMOTE_KEYS = ("GEMINI_API_KEY", "OPENAI_API_KEY")
+
+
+@pytest.fixture
+def no_keys(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    for name in REMOTE_KEYS:
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def config(agents: dict[str, Any], providers: dict[str, Any] | None = None) -> AppConfig:
+    return AppConfig.model_validate({
+        "providers": providers if providers is not None else {
+            "local": {"kind": "local"},
+            "gemini": {"kind": "gemini", "api_key_env": "AGENTS_STREAM_TEST_GEMINI"},
+            "openai": {"kind": "openai", "api_key_env": "AGENTS_STREAM_TEST_OPENAI"},
+            "vllm": {"kind": "openai", "base_url": "http://127.0.0.1:8000/v1"},
+        },
+        "agents": agents,
+    })
+
+
+# -- the packaged default ---------------------------------------------------------------
+
+
+def test_packaged_default_config_loads() -> None:
+    """A fresh install runs with no config file: the packaged default parses and names its agents."""
+    cfg = load_config(None)
+    assert set(cfg.agents) == {"analyzer", "summarizer"}
+    assert {"local", "gemini", "openai"} <= set(cfg.providers)
+    for name, provider in cfg.providers.items():
+        assert provider.name == name
+    for name, agent in cfg.agents.items():
+        assert agent.name == name
+        assert agent.providers and all(p in cfg.providers for p in agent.providers)
+        assert agent.system
+
+
+def test_default_config_keeps_keys_out_of_the_file() -> None:
+    """Remote providers name an environment variable for their key; the file holds none."""
+    cfg = load_config(None)
+    for provider in cfg.providers.values():
+        if provider.kind != "local":
+            assert provider.api_key_env and provider.api_key_env.endswith("_API_KEY")
+
+
+def test_empty_path_means_the_packaged_default() -> None:
+    """AGENTS_STREAM_CONFIG unset (empty string) falls back to the packaged file."""
+    assert load_config("") == load_config(None)
+
+
+# -- validation -----------------------------------------------------------------------
+
+
+def test_agent_naming_unknown_provider_is_rejected() -> None:
+    """A typo in an agent's provider list fails at start-up, naming the missing provider."""
+    with pytest.raises(ValueError, match="claude"):
+        config({"analyzer": {"providers": ["local", "claude"]}})
+
+
+def test_agent_needs_at_least_one_provider() -> None:
+    """An agent with an empty provider list is rejected rather than silently answering with local."""
+    with pytest.raises(ValidationError):
+        config({"analyzer": {"providers": []}})
+
+
+def test_config_needs_an_agent() -> None:
+    """A file with providers but no agents is rejected: the worker would consume nothing."""
+    with pytest.raises(ValidationError):
+        config({})
+
+
+@pytest.mark.parametrize("name", ["a.b", "a b", "tasks/x", "x*"])
+def test_agent_name_must_be_topic_safe(name: str) -> None:
+    """Agent names become topic names, so dots, spaces and slashes are rejected."""
+    with pytest.raises(ValueError, match="letters, digits"):
+        config({name: {"providers": ["local"]}})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="BUG config.py:74: str.isalnum() accepts non-ASCII letters/digits, which Kafka topic names "
+    "(agent.tasks.<name>) do not allow ([a-zA-Z0-9._-] only)",
+)
+@pytest.mark.parametrize("name", ["résumé", "x²", "анализ"])
+def test_agent_name_must_be_ascii_for_kafka(name: str) -> None:
+    """A non-ASCII agent name is rejected at load, not by the broker when its topic is created."""
+    with pytest.raises(ValueError):
+        config({name: {"providers": ["local"]}})
+
+
+def test_typo_in_config_keys_is_rejected() -> None:
+    """Unknown keys (a misspelt option) fail loudly instead of being ignored."""
+    with pytest.raises(ValidationError, match="api_key"):
+        config({"analyzer": {"providers": ["gemini"]}},
+               providers={"gemini": {"kind": "gemini", "api_key": "sk-in-the-file"}})
+
+
+def test_parses_a_toml_file_text() -> None:
+    """A user's TOML file becomes the same typed config as the dict form."""
+    text = """
+[providers.ollama]
+kind = "openai"
+base_url = "http://127.0.0.1:11434/v1"
+model = "llama3"
+timeout_s = 5
+
+[agents.triage]
+providers = ["ollama"]
+"""
+    cfg = AppConfig.model_validate(tomllib.loads(text))
+    (provider,) = cfg.chain("triage")
+    assert provider.name == "ollama" and provider.model == "llama3" and provider.timeout_s == 5.0
+
+
+# -- the fallback chain -----------------------------------------------------------------
+
+
+def test_chain_skips_providers_without_keys(no_keys: pytest.MonkeyPatch) -> None:
+    """With no API keys set, the default agents answer with the local provider only."""
+    cfg = load_config(None)
+    assert [p.name for p in cfg.chain("analyzer")] == ["local"]
+
+
+def test_chain_keeps_providers_with_keys_in_order(no_keys: pytest.MonkeyPatch) -> None:
+    """A provider whose key is set is used, in the order the agent lists it."""
+    no_keys.setenv("OPENAI_API_KEY", "sk-test")
+    cfg = load_config(None)
+    assert [p.name for p in cfg.chain("analyzer")] == ["openai", "local"]
+    no_keys.setenv("GEMINI_API_KEY", "g-test")
+    assert [p.name for p in cfg.chain("analyzer")] == ["gemini", "openai", "local"]
+
+
+def test_empty_key_counts_as_unset(no_keys: pytest.MonkeyPatch) -> None:
+    """An exported but empty key variable does not make a provider usable."""
+    no_keys.setenv("GEMINI_API_KEY", "")
+    cfg = load_config(None)
+    assert "gemini" not in [p.name for p in cfg.chain("analyzer")]
+    assert cfg.providers["gemini"].api_key() is None
+
+
+def test_chain_falls_back_to_local_when_nothing_is_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent whose every provider lacks its key still answers, with a built-in local provider."""
+    monkeypatch.delenv("AGENTS_STREAM_TEST_GEMINI", raising=False)
+    monkeypatch.delenv("AGENTS_STREAM_TEST_OPENAI", raising=False)
+    cfg = config({"analyzer": {"providers": ["gemini", "openai"]}})
+    (fallback,) = cfg.chain("analyzer")
+    assert fallback.kind == "local"
+    assert fallback.name == "local"
+
+
+def test_keyless_endpoint_is_usable(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A remote endpoint that needs no key (vLLM, Ollama) stays in the chain."""
+    monkeypatch.delenv("AGENTS_STREAM_TEST_GEMINI", raising=False)
+    cfg = config({"analyzer": {"providers": ["gemini", "vllm"]}})
+    assert [p.name for p in cfg.chain("analyzer")] == ["vllm"]
+
+
+def test_provider_key_is_read_from_its_env_var(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key comes from the variable the provider names, read at call time."""
+    provider = ProviderConfig(name="g", kind="gemini", api_key_env="AGENTS_STREAM_TEST_GEMINI")
+    monkeypatch.delenv("AGENTS_STREAM_TEST_GEMINI", raising=False)
+    assert provider.api_key() is None and not provider.usable()
+    monkeypatch.setenv("AGENTS_STREAM_TEST_GEMINI", "k-1")
+    assert provider.api_key() == "k-1" and provider.usable()
+
+
+# -- Settings -----------------------------------------------------------------------
+
+
+def test_settings_defaults_without_environment() -> None:
+    """An empty environment yields the documented defaults."""
+    assert Settings.from_env({}) == Settings()
+
+
+def test_settings_parse_numbers_from_strings() -> None:
+    """Environment strings become the field's type: ints stay ints, floats accept '30'."""
+    s = Settings.from_env({
+        "AGENTS_STREAM_PARTITIONS": "12",
+        "AGENTS_STREAM_LEASE_TTL_S": "2.5",
+        "AGENTS_STREAM_BACKOFF_CAP_S": "60",
+        "WEB_PORT": "8080",
+        "KAFKA_BROKER": "kafka://k1:9092,kafka://k2:9092",
+    })
+    assert s.partitions == 12 and type(s.partitions) is int
+    assert s.lease_ttl_s == 2.5
+    assert s.backoff_cap_s == 60.0 and type(s.backoff_cap_s) is float
+    assert s.web_port == 8080
+    assert s.broker == "kafka://k1:9092,kafka://k2:9092"
+
+
+def test_settings_empty_env_value_means_default() -> None:
+    """A variable exported empty keeps the default instead of failing to parse."""
+    assert Settings.from_env({"AGENTS_STREAM_PARTITIONS": "", "AGENTS_STREAM_APP_ID": ""}) == Settings()
+
+
+def test_settings_bad_number_fails_loudly() -> None:
+    """A non-numeric value for a numeric setting is an error at start-up, not a silent default."""
+    with pytest.raises(ValueError):
+        Settings.from_env({"AGENTS_STREAM_MAX_ATTEMPTS": "three"})
+
+
+def test_settings_explicit_overrides_win() -> None:
+    """Explicit overrides beat the environment, which beats the defaults."""
+    s = Settings.from_env({"AGENTS_STREAM_PARTITIONS": "12", "AGENTS_STREAM_MAX_ATTEMPTS": "7"}, partitions=3)
+    assert s.partitions == 3
+    assert s.max_attempts == 7
+
+
+def test_settings_read_process_environment_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without an explicit mapping, from_env reads os.environ."""
+    monkeypatch.setenv("AGENTS_STREAM_MAX_IN_FLIGHT", "5")
+    assert Settings.from_env().max_in_flight == 5
+
+
+def test_every_setting_has_a_unique_env_name_and_a_doc() -> None:
+    """Each setting can be set and is explained by `agents-stream settings`; no two share a variable."""
+    described = Settings.describe()
+    assert len(described) == len(fields(Settings))
+    for name, env, _default, doc in described:
+        assert env.strip() and env == env.upper(), name
+        assert doc.strip(), name
+    envs = [env for _, env, _, _ in described]
+    assert len(envs) == len(set(envs))
+
+
+def test_every_default_has_its_declared_type() -> None:
+    """from_env converts with type(default), so an int default on a float field would reject '2.5'."""
+    for f in fields(Settings):
+        declared = f.type if isinstance(f.type, str) else f.type.__name__
+        assert type(f.default).__name__ == declared, f.name
+
+
+def test_agent_filter_splits_and_trims() -> None:
+    """AGENTS_STREAM_AGENTS is a comma list; blanks and spaces are ignored, empty means all."""
+    assert Settings(agents=" analyzer, ,summarizer ").agent_filter() == {"analyzer", "summarizer"}
+    assert Settings().agent_filter() == set()
