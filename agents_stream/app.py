@@ -25,7 +25,6 @@ from agents_stream.config import AppConfig, load_config
 from agents_stream.consumer import WatermarkTransport
 from agents_stream.executor import Executor
 from agents_stream.ledger import Ledger
-from agents_stream.models import ControlEvent
 from agents_stream.providers import build_provider
 from agents_stream.settings import Settings
 from agents_stream.watermark import Watermark

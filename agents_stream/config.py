@@ -71,7 +71,7 @@ class AppConfig(BaseModel):
             unknown = [p for p in agent.providers if p not in self.providers]
             if unknown:
                 raise ValueError(f"agent {agent.name!r} names unknown providers {unknown}")
-            if not agent.name.replace("_", "").replace("-", "").isalnum():
+            if not (agent.name.isascii() and agent.name.replace("_", "").replace("-", "").isalnum()):
                 raise ValueError(f"agent name {agent.name!r} must be letters, digits, - or _")
         return self
 

@@ -11,13 +11,12 @@ and reported as an alert. Other partitions keep Faust's behaviour.
 from __future__ import annotations
 
 import logging
+from time import monotonic
 from typing import Any, Mapping, Optional
 
 from aiokafka.structs import OffsetAndMetadata
-from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
-from faust.transport.drivers.aiokafka import ensure_aiokafka_TP
-from time import monotonic
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 

@@ -58,6 +58,7 @@ class Ledger:
         self.open_tasks: dict[str, OpenTask] = {}
         self._deliveries: set[asyncio.Task] = set()
         self._send_failures = 0
+        self._topics: dict[str, Any] = {}
 
     # -- the stream loop -------------------------------------------------------
 
@@ -191,10 +192,10 @@ class Ledger:
         after: list[Callable[[], None]] = []
         if new is not None and new != old:
             self.table[task_id] = new.to_json()
-            partition = tp.partition
-            sends.append(lambda: self._changelog(partition, task_id))
-            self._index(task_id, tp, new)
+            sends.append(self._changelog_send(tp.partition, task_id, self.table.last_changelog))
         record = new or old
+        if record is not None:
+            self._index(task_id, record)
         for effect in effects:
             if isinstance(effect, leases.Track):
                 self.task_offsets.setdefault(task_id, []).append((tp, offset))
@@ -204,12 +205,11 @@ class Ledger:
                 dispatch = effect.dispatch
                 # Dispatch once the lease record is durable, so a crash cannot
                 # leave a provider call without a record of it.
-                after.append(lambda: self.executor.dispatch(payload, dispatch))
+                after.append(lambda p=payload, d=dispatch: self.executor.dispatch(p, d))
             elif isinstance(effect, leases.EmitResult):
                 result = effect.result.encode("utf-8")
-                sends.append(lambda: self._send(topics.RESULTS, task_id.encode(), result))
+                sends.append(lambda r=result: self._send(topics.RESULTS, task_id.encode(), r))
             elif isinstance(effect, leases.DeadLetter):
-                assert record is not None
                 source_tp = TP(record.topic, record.partition)
                 sends.append(self._dlq_send(
                     record.agent, task_id.encode(), record.payload.encode("utf-8"),
@@ -223,7 +223,7 @@ class Ledger:
         if sends or after:
             self._deliver(tp, offset, sends, after)
 
-    def _index(self, task_id: str, tp: TP, record: TaskRecord) -> None:
+    def _index(self, task_id: str, record: TaskRecord) -> None:
         if record.terminal:
             self.open_tasks.pop(task_id, None)
         else:
@@ -262,13 +262,22 @@ class Ledger:
         return TaskRecord.from_json(data) if data else None
 
     def _send(self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None, headers: Any = None) -> "asyncio.Future[Any]":
-        return self.app.topic(topic, key_serializer="raw", value_serializer="raw").send_soon(
-            key=key, value=value, partition=partition, headers=headers
-        )
+        channel = self._topics.get(topic)
+        if channel is None:
+            channel = self._topics[topic] = self.app.topic(topic, key_serializer="raw", value_serializer="raw")
+        return channel.send_soon(key=key, value=value, partition=partition, headers=headers)
 
-    def _changelog(self, partition: int, task_id: str) -> "asyncio.Future[Any]":
-        # Re-sending the key's current value is idempotent in a compacted changelog.
-        return self.table.send_changelog(partition, task_id, self.table.get(task_id))
+    def _changelog_send(self, partition: int, task_id: str, first: Any) -> Send:
+        """The table's own changelog send first; on a retry, re-send the key's current value
+        (idempotent in a compacted changelog)."""
+        pending = [first]
+
+        def send() -> Any:
+            if pending:
+                return pending.pop()
+            return self.table.send_changelog(partition, task_id, self.table.get(task_id))
+
+        return send
 
     def _deliver(self, tp: TP, offset: int, sends: list[Send], after: list[Callable[[], None]] | None = None) -> None:
         """Hold ``offset`` open until every send is confirmed, then run ``after``."""
@@ -280,7 +289,7 @@ class Ledger:
 
     async def _confirm(self, tp: TP, offset: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
         try:
-            for send, fut in zip(sends, started):
+            for send, fut in zip(sends, started, strict=True):
                 attempt = 0
                 while True:
                     try:

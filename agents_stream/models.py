@@ -98,6 +98,8 @@ def parse_task(raw: bytes | None, *, agent: str, max_bytes: int) -> TaskPayload:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PoisonMessage("not_json", str(exc)) from None
+    except RecursionError:
+        raise PoisonMessage("not_json", "nested too deeply to decode") from None
     if not isinstance(data, dict):
         raise PoisonMessage("schema_violation", f"expected a JSON object, got {type(data).__name__}")
     try:

@@ -71,5 +71,5 @@ class Provider(abc.ABC):
         """True when the endpoint answers at all (used to resume held tasks)."""
         return True
 
-    async def close(self) -> None:
+    async def close(self) -> None:  # noqa: B027  (optional hook, not abstract)
         """Release connections."""

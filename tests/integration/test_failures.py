@@ -14,7 +14,7 @@ from collections import Counter
 
 from agents_stream import topics
 
-from .harness import ROOT, BOOTSTRAP, committed, encode, eventually, produce, read_topic, results_for, task, unique
+from .harness import BOOTSTRAP, ROOT, committed, encode, eventually, produce, read_topic, results_for, task, unique
 
 
 def calls_per_task(fake, ids: set[str]) -> Counter:
@@ -62,7 +62,7 @@ async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(
     # Growing delays: the gap before the last retry of a task exceeds the gap before its first.
     first = calls_per_task(fake_llm, ids).most_common(1)[0][0]
     stamps = [r.ts for r in fake_llm.requests if r.task_id == first]
-    gaps = [b - a for a, b in zip(stamps, stamps[1:])]
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     assert len(gaps) >= 3 and gaps[2] > gaps[0], gaps
     ready = await w.readyz()
     assert ready["providers_down"] == ["fake"]
@@ -78,7 +78,7 @@ async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(
     await fake_llm.set_mode(outage=False)
     results = await results_for(ids, timeout=60)
     assert_one_distinct_success(results, ids)
-    await eventually(lambda: asyncio.to_thread(group_lag, c.app_id, topics.task_topic(agent)) if False else _lag_zero(c.app_id, agent), timeout=30, what="lag back to 0")
+    await eventually(lambda: _lag_zero(c.app_id, agent), timeout=30, what="lag back to 0")
 
 
 async def _lag_zero(group: str, agent: str) -> bool:
@@ -180,3 +180,44 @@ async def test_second_worker_joining_mid_run_loses_and_duplicates_nothing(cluste
     calls = calls_per_task(fake_llm, ids)
     print(f"\nscale-out: {len(ids)} tasks, {sum(calls.values())} provider calls, max {max(calls.values())} per task")
     assert max(calls.values()) <= 2
+
+
+async def test_permanent_provider_error_ends_failed_and_dead_lettered(cluster_factory, fake_llm):
+    """HTTP 400 is the task's own fault: one `failed` result and one DLQ record with error_layer=downstream, no retries."""
+    from agents_stream.fakellm import status
+
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    w = c.worker().start()
+    await w.wait_ready()
+    fake_llm.enqueue(status(400, body={"error": {"message": "bad request"}}))
+    t = task(agent)
+    await produce(topics.task_topic(agent), [encode(t)])
+    results = await results_for({t["task_id"]}, timeout=60)
+    body = json.loads(results[t["task_id"]][0].value)
+    assert body["status"] == "failed" and body["confidence"] == "failed" and body["error"]
+    dlq = await read_topic(topics.dlq_topic(agent), until=lambda s: len(s) >= 1, timeout=30)
+    assert len(dlq) == 1 and dlq[0].value == encode(t)[1]
+    headers = {k: v.decode() for k, v in dlq[0].headers}
+    assert headers["error_layer"] == "downstream" and headers["error_reason"].startswith("permanent_error")
+    assert calls_per_task(fake_llm, {t["task_id"]})[t["task_id"]] == 1
+
+
+async def test_task_whose_worker_keeps_dying_is_dead_lettered_for_recovery(cluster_factory, fake_llm):
+    """After max_attempts lease lapses the task goes to the DLQ with error_layer=recovery and its attempt count."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_MAX_ATTEMPTS="1")
+    await fake_llm.set_mode(latency=30.0)
+    w = c.worker("a").start()
+    await w.wait_ready()
+    t = task(agent)
+    await produce(topics.task_topic(agent), [encode(t)])
+    await eventually(lambda: fake_llm.in_flight >= 1, timeout=30, interval=0.1, what="the call in flight")
+    w.kill()
+    w2 = c.worker("a").start()
+    await w2.wait_ready()
+    dlq = await read_topic(topics.dlq_topic(agent), until=lambda s: len(s) >= 1, timeout=60)
+    assert len(dlq) == 1 and dlq[0].value == encode(t)[1]
+    headers = {k: v.decode() for k, v in dlq[0].headers}
+    assert headers["error_layer"] == "recovery" and headers["attempts"] == "1"
+    assert headers["original_topic"] == topics.task_topic(agent)

@@ -6,7 +6,18 @@ import json
 
 from agents_stream import topics
 
-from .harness import PARTITIONS, committed, create_topics, encode, eventually, produce, read_topic, results_for, task, unique
+from .harness import (
+    PARTITIONS,
+    committed,
+    create_topics,
+    encode,
+    eventually,
+    produce,
+    read_topic,
+    results_for,
+    task,
+    unique,
+)
 
 
 async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluster_factory, fake_llm):

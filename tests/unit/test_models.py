@@ -147,11 +147,6 @@ def test_agent_mismatch_is_poison() -> None:
     assert "summarizer" in exc.detail and AGENT in exc.detail
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG models.py:98: json.loads raises RecursionError on deeply nested JSON; "
-    "parse_task lets it escape instead of raising PoisonMessage",
-)
 @pytest.mark.parametrize("value", [b"[" * 5_000, b'{"a":' * 5_000], ids=["arrays", "objects"])
 def test_deeply_nested_json_is_poison(value: bytes) -> None:
     """A small but deeply nested payload is dead-lettered, not an exception that holds the partition for ever."""
