@@ -94,6 +94,7 @@ class Runtime:
         self.ledger = Ledger(app, settings, self.executor, self.worker_id)
         self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self._paused: set[TP] = set()
+        self.started = False  # output topics declared and executor running: /readyz says ready
 
     async def send_outcome(self, task_id: str, outcome: dict[str, Any]) -> None:
         """Executor → ledger. Outcomes are retried until the broker confirms them; heartbeats are not."""
@@ -250,6 +251,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         for topic in app.output_topics:
             await topic.maybe_declare()
         runtime.executor.start()
+        runtime.started = True
         log.info(
             "Worker %s ready: agents %s, %d call slots, lease %.0fs",
             runtime.worker_id, ", ".join(agents), settings.max_in_flight, settings.lease_ttl_s,

@@ -24,6 +24,8 @@ def register(app: Any) -> None:
             # The port opens only after table recovery; 503 once shutdown began.
             if app.should_stop:
                 return self.json({"status": "stopping"}, status=503)
+            if not app.runtime.started:
+                return self.json({"status": "starting"}, status=503)
             ex = app.runtime.executor
             return self.json({
                 "status": "ready",

@@ -200,6 +200,8 @@ async def read_topic(
     keep: Callable[[Any], bool] = lambda m: True,
 ) -> list[Any]:
     """All records of ``topic`` from the beginning that ``keep`` accepts, once ``until`` holds."""
+    # A consumer subscribed before its topic exists would not see it for minutes (metadata age).
+    await eventually(lambda: topic_exists(topic), timeout=min(timeout, 30), what=f"topic {topic}")
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
     await asyncio.wait_for(consumer.start(), 30)
     seen: list[Any] = []
@@ -242,6 +244,15 @@ async def committed(group: str, topic: str) -> dict[int, int]:
     finally:
         await admin.close()
     return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
+
+
+async def topic_exists(topic: str) -> bool:
+    admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+    await asyncio.wait_for(admin.start(), 30)
+    try:
+        return topic in await asyncio.wait_for(admin.list_topics(), 30)
+    finally:
+        await admin.close()
 
 
 async def end_offsets(topic: str) -> dict[int, int]:
