@@ -193,7 +193,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             name="tasks",
             default=None,
             partitions=n,
-            schema=faust.Schema(key_type=str, value_type=dict, key_serializer="raw", value_serializer="json"),
+            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),  # values: plain versioned JSON dicts
             beacon=app.tables.beacon,
             help="Task ledger: idempotency, leases and stored results, keyed by task_id.",
             options={

@@ -130,3 +130,28 @@ async def _sum_committed(group: str, topic: str, want: int | None = None) -> int
 
 
 assert PARTITIONS >= 2
+
+
+async def test_replacement_worker_recovers_the_table_from_the_changelog(cluster_factory, fake_llm):
+    """A worker on a new machine (empty data dir) rebuilds the task table from Kafka: finished tasks are not called again."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    w = c.worker("a").start()
+    await w.wait_ready()
+    ts = [task(agent, n=i) for i in range(5)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    first = await results_for(ids, timeout=60)
+    w.kill()
+    w2 = c.worker("b").start()  # its own, empty data dir
+    await w2.wait_ready()
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    msgs = await read_topic(
+        "agent.results", until=lambda seen: len(seen) >= 2 * len(ids), timeout=60,
+        keep=lambda m: m.key is not None and m.key.decode() in ids,
+    )
+    assert len(msgs) >= 2 * len(ids)
+    for m in msgs:
+        assert m.value == first[m.key.decode()][0].value, "re-emitted result is the stored record"
+    calls = [r.task_id for r in fake_llm.requests if r.task_id in ids]
+    assert sorted(calls) == sorted(ids), "one provider call per task, none after recovery"
