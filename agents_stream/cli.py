@@ -105,6 +105,12 @@ def main(argv: list[str] | None = None) -> int:
     settings = sub.add_parser("settings", help="print every setting, its environment name and value")
     settings.set_defaults(func=_cmd_settings)
 
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fake-llm"]:
+        # its own options (--port, --latency, ...) belong to fakellm.main
+        from agents_stream import fakellm
+
+        return fakellm.main(argv[1:]) or 0
     args = parser.parse_args(argv)
     return args.func(args)
 
