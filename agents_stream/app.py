@@ -20,9 +20,10 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from agents_stream import topics
+from agents_stream import topics, web
 from agents_stream.config import AppConfig, load_config
 from agents_stream.consumer import WatermarkTransport
+from agents_stream.delivery import confirmed
 from agents_stream.executor import Executor
 from agents_stream.ledger import Ledger
 from agents_stream.providers import build_provider
@@ -99,20 +100,18 @@ class Runtime:
     async def send_outcome(self, task_id: str, outcome: dict[str, Any]) -> None:
         """Executor → ledger. Outcomes are retried until the broker confirms them; heartbeats are not."""
         body = json.dumps({"schema_version": 1, "worker": self.worker_id, **outcome}).encode()
-        attempt = 0
-        while True:
-            fut = self.outcomes.send_soon(key=task_id.encode(), value=body)
-            if outcome.get("kind") == "heartbeat":
-                return
-            try:
-                await asyncio.wait_for(asyncio.shield(fut), timeout=30.0)
-                return
-            except Exception as exc:
-                attempt += 1
-                log.warning("Outcome of %s not confirmed by the broker (%r); retry %d in 1s", task_id, exc, attempt)
-                if attempt == 3:
-                    self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)})
-                await asyncio.sleep(min(10.0, attempt))
+
+        def send() -> Any:
+            return self.outcomes.send_soon(key=task_id.encode(), value=body)
+
+        if outcome.get("kind") == "heartbeat":
+            send()  # the lease has slack for a lost one; the next round sends again
+            return
+        await confirmed(
+            send,
+            what=f"the outcome of {task_id}",
+            alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
+        )
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         self.ledger.control(event, subject, agent, details)
@@ -137,6 +136,15 @@ class Runtime:
             consumer.resume_partitions(resume)
             log.info("Intake resumed on %d partitions", len(resume))
         self._paused = want
+
+    def on_revoked(self, revoked: set[TP]) -> None:
+        self.ledger.forget(revoked)
+        self._paused -= revoked
+
+    def on_assigned(self) -> None:
+        # Faust resumes every partition after a rebalance (FAUST-NOTES.md): re-apply our pauses.
+        self._paused = set()
+        self.update_flow()
 
     def scan_leases(self) -> None:
         now = time.time()
@@ -223,8 +231,6 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         # One event at a time: the ledger is the table's only writer (DESIGN.md).
         async for event in stream.events():
             runtime.ledger.handle(event)
-            if event.message.topic != outcomes:
-                runtime.update_flow()
 
     app.agent(channel, name="ledger", concurrency=1)(ledger_agent)
 
@@ -237,19 +243,17 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
 
     @app.on_partitions_revoked.connect
     async def _revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
-        runtime.ledger.forget(set(revoked))
-        runtime._paused -= set(revoked)
+        runtime.on_revoked(set(revoked))
 
     @app.on_partitions_assigned.connect
     async def _assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
-        # Faust resumes every partition after a rebalance: re-apply our pauses.
-        runtime._paused = set()
-        runtime.update_flow()
+        runtime.on_assigned()
 
     @app.task
     async def _start_executor() -> None:
         for topic in app.output_topics:
-            await topic.maybe_declare()
+            # Without its output topics the worker cannot work: a timeout here ends it, loudly.
+            await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
         runtime.executor.start()
         runtime.started = True
         log.info(
@@ -261,7 +265,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
 
     async def on_stop() -> None:
         await runtime.executor.stop(settings.shutdown_grace_s)
-        # Give the ledger a moment to apply outcomes that just arrived, then commit.
+        # Commit the watermark now: outcomes the ledger applied during the grace period count.
         try:
             await asyncio.wait_for(app.consumer.commit(), timeout=10.0)
         except Exception as exc:
@@ -270,8 +274,6 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         await original_on_stop()
 
     app.on_stop = on_stop  # type: ignore[method-assign]
-    from agents_stream import web  # noqa: F401  (registers the web views)
-
     web.register(app)
     return app
 

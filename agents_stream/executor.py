@@ -12,7 +12,6 @@ import asyncio
 import logging
 import random
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
@@ -62,8 +61,7 @@ class Executor:
         self.worker_id = worker_id
         self._rng = rng or random.Random()
         self.jobs: dict[str, Job] = {}  # task_id → job, queued or running
-        self._queue: deque[str] = deque()
-        self._wakeup = asyncio.Event()
+        self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._tasks: set[asyncio.Task] = set()
         self._accepting = True
         self.running = 0
@@ -78,15 +76,16 @@ class Executor:
         if task.task_id in self.jobs or not self._accepting:
             return
         self.jobs[task.task_id] = Job(task, dispatch, self.systems.get(task.agent_name, ""))
-        self._queue.append(task.task_id)
-        self._wakeup.set()
+        self._queue.put_nowait(task.task_id)
+        if self._queue.qsize() == self.settings.max_queued:
+            self._on_flow_change()  # the queue just filled: pause intake
 
     def blocked(self, agent: str) -> bool:
         """True while the agent should take no new tasks: its provider is down or the queue is full."""
         provider = self.providers.get(agent)
         if provider is not None and self.health[provider.name].is_down:
             return True
-        return len(self._queue) >= self.settings.max_queued
+        return self._queue.qsize() >= self.settings.max_queued
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -108,7 +107,8 @@ class Executor:
         worker (or this one, restarted) takes it over when the lease lapses.
         """
         self._accepting = False
-        self._queue.clear()
+        while not self._queue.empty():
+            self.jobs.pop(self._queue.get_nowait(), None)
         running = [j.done.wait() for j in self.jobs.values() if j.started is not None]
         if running:
             log.info("Shutdown: waiting up to %.1fs for %d provider calls in flight", grace, len(running))
@@ -135,14 +135,12 @@ class Executor:
 
     async def _slot(self) -> None:
         while True:
-            while not self._queue:
-                self._wakeup.clear()
-                await self._wakeup.wait()
-            task_id = self._queue.popleft()
+            task_id = await self._queue.get()  # idle slots wait here; stop() cancels them
             job = self.jobs.get(task_id)
             if job is None:
                 continue
-            self._on_flow_change()
+            if self._queue.qsize() == self.settings.max_queued - 1:
+                self._on_flow_change()  # room again: resume intake
             self.running += 1
             job.started = time.monotonic()
             try:

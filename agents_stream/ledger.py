@@ -20,7 +20,7 @@ from typing import Any, Callable
 from faust.types import TP
 
 from agents_stream import topics
-from agents_stream.backoff import backoff
+from agents_stream.delivery import Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
 from agents_stream.models import ControlEvent, TaskPayload, TaskResult, Usage, parse_task, utcnow_iso
@@ -30,10 +30,6 @@ from tables import leases
 from tables.leases import TaskRecord
 
 log = logging.getLogger(__name__)
-
-# A send to retry until the broker confirms it: called again on every attempt.
-Send = Callable[[], "asyncio.Future[Any]"]
-
 
 @dataclass
 class OpenTask:
@@ -57,7 +53,6 @@ class Ledger:
         self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
         self._deliveries: set[asyncio.Task] = set()
-        self._send_failures = 0
         self._topics: dict[str, Any] = {}
 
     # -- the stream loop -------------------------------------------------------
@@ -125,36 +120,39 @@ class Ledger:
     # -- outcome events ----------------------------------------------------------------
 
     def _on_outcome(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
-        if key is None or value is None:
-            log.warning("Ignoring malformed outcome event at %s[%d]@%d (no key or value)", tp.topic, tp.partition, offset)
+        try:
+            task_id = key.decode("utf-8")  # type: ignore[union-attr]
+            event = json.loads(value)  # type: ignore[arg-type]
+            kind, dispatch = event["kind"], event.get("dispatch")
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            # Internal events only our executors write: a broken one carries no work to lose.
+            log.warning("Skipping malformed outcome event at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
             return
-        task_id = key.decode("utf-8")
-        event = json.loads(value)
         record = self._get(task_id)
-        kind = event.get("kind")
         now = time.time()
+        ttl = self.settings.lease_ttl_s
         if kind == "heartbeat":
-            new, effects = leases.heartbeat(record, dispatch=event["dispatch"], owner=event["owner"], now=now, ttl=self.settings.lease_ttl_s)
+            new, effects = leases.heartbeat(record, dispatch=dispatch, owner=event.get("owner", ""), now=now, ttl=ttl)
             # Renewals are frequent: write only when the lease gained a third of its length.
-            if new is record or (record and new and new.lease_until - record.lease_until < self.settings.lease_ttl_s / 3):
+            if new is record or new.lease_until - record.lease_until < ttl / 3:
                 return
         elif kind in ("succeeded", "failed"):
-            result = None
-            if record is not None and not record.terminal:
-                result = self._result_json(task_id, record, event)
-            new, effects = leases.finish(record, status=kind, result=result or "", reason=event.get("reason"), now=now)
+            if record is None or record.terminal:
+                return  # the first outcome won; a later one (a re-dispatch racing) changes nothing
+            result = self._result_json(task_id, record, event)
+            new, effects = leases.finish(record, status=kind, result=result, reason=event.get("reason"), now=now)
         elif kind == "expired":
             new, effects = leases.expire(
                 record,
-                dispatch=event["dispatch"],
+                dispatch=dispatch,
                 now=now,
                 me=self.worker_id,
-                ttl=self.settings.lease_ttl_s,
+                ttl=ttl,
                 max_attempts=self.settings.max_attempts,
                 running_here=self.executor.has(task_id),
             )
         else:
-            log.warning("Ignoring outcome event of unknown kind %r for %s", kind, task_id)
+            log.warning("Skipping outcome event of unknown kind %r for %s (a newer worker's?)", kind, task_id)
             return
         self._apply(tp, offset, task_id, record, new, effects)
 
@@ -288,28 +286,15 @@ class Ledger:
         task.add_done_callback(self._deliveries.discard)
 
     async def _confirm(self, tp: TP, offset: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
+        where = f"{tp.topic}:{tp.partition}:{offset}"
         try:
             for send, fut in zip(sends, started, strict=True):
-                attempt = 0
-                while True:
-                    try:
-                        await asyncio.wait_for(asyncio.shield(fut), timeout=30.0)
-                        break
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as exc:
-                        attempt += 1
-                        self._send_failures += 1
-                        delay = backoff(attempt, base=0.5, cap=10.0)
-                        log.warning(
-                            "Send for %s[%d]@%d not confirmed (%r); offset stays uncommitted, retry %d in %.1fs. "
-                            "Check the broker if this repeats.",
-                            tp.topic, tp.partition, offset, exc, attempt, delay,
-                        )
-                        if attempt == 3:
-                            self.control("alert.broker_send_failing", f"{tp.topic}:{tp.partition}:{offset}", None, {"error": repr(exc)})
-                        await asyncio.sleep(delay)
-                        fut = send()
+                await confirmed(
+                    send,
+                    what=f"the effects of {where}",
+                    alert=lambda exc: self.control("alert.broker_send_failing", where, None, {"error": repr(exc)}),
+                    first=fut,
+                )
             for fn in after:
                 fn()
         finally:
@@ -339,15 +324,13 @@ class Ledger:
     def forget(self, tps: set[TP]) -> None:
         """Partitions revoked: their open tasks and held offsets now belong to the next owner."""
         self.watermark.forget(tps)
-        topics_parts = {(tp.topic, tp.partition) for tp in tps}
-        for task_id in [t for t, info in self.open_tasks.items() if (info.tp.topic, info.tp.partition) in topics_parts]:
-            self.open_tasks.pop(task_id, None)
+        self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
         for task_id, offs in list(self.task_offsets.items()):
             kept = [(t, o) for t, o in offs if t not in tps]
             if kept:
                 self.task_offsets[task_id] = kept
             else:
-                self.task_offsets.pop(task_id, None)
+                del self.task_offsets[task_id]
 
 
 def _log_control_failure(fut: "asyncio.Future[Any]") -> None:

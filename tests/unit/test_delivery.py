@@ -1,0 +1,41 @@
+"""Layer 3 retries of our own sends (agents_stream.delivery), without a broker."""
+
+from __future__ import annotations
+
+import asyncio
+
+from agents_stream.delivery import ALERT_AFTER, confirmed
+
+
+def scripted(outcomes: list[BaseException | None]):
+    """A send whose attempts fail or succeed in the order given; returns (send, attempts list)."""
+    attempts: list[int] = []
+
+    def send() -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        outcome = outcomes[len(attempts)]
+        attempts.append(1)
+        if outcome is None:
+            fut.set_result("ok")
+        else:
+            fut.set_exception(outcome)
+        return fut
+
+    return send, attempts
+
+
+async def test_a_failed_send_is_sent_again_until_confirmed_and_alerts_once():
+    """A send the broker refused is never counted done: it is retried until confirmed; operators are alerted once."""
+    send, attempts = scripted([ConnectionError("down")] * ALERT_AFTER + [None])
+    alerts: list[BaseException] = []
+    await asyncio.wait_for(confirmed(send, what="test", alert=alerts.append), timeout=20)
+    assert len(attempts) == ALERT_AFTER + 1
+    assert len(alerts) == 1 and isinstance(alerts[0], ConnectionError)
+
+
+async def test_an_attempt_already_started_is_awaited_not_repeated():
+    """With ``first`` given, a send that succeeds is not sent a second time."""
+    send, attempts = scripted([None])
+    first = send()
+    await confirmed(send, what="test", alert=lambda exc: None, first=first)
+    assert len(attempts) == 1
