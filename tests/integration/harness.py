@@ -154,6 +154,12 @@ class Cluster:
         self.workers.append(worker)
         return worker
 
+    async def started(self, name: str | None = None, **overrides: str) -> Worker:
+        """A worker process, started and answering /readyz."""
+        worker = self.worker(name, **overrides).start()
+        await worker.wait_ready()
+        return worker
+
     def close(self) -> None:
         for w in self.workers:
             w.close()

@@ -16,8 +16,7 @@ async def test_publish_command_sends_json_lines_that_get_results(cluster_factory
     """`agents-stream publish --agent NAME FILE` → one result per line; a bad line is reported, not sent."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker().start()
-    await w.wait_ready()
+    w = await c.started()
     ts = [task(agent, n=i) for i in range(3)]
     path = tmp_path / "tasks.jsonl"
     path.write_text("\n".join(json.dumps(t) for t in ts) + "\nnot json\n")
@@ -36,8 +35,7 @@ async def test_console_producer_example_from_the_readme_gets_a_result(cluster_fa
     """Kafka's console producer (no key) through scripts/kafka-tool → one succeeded result."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker().start()
-    await w.wait_ready()
+    await c.started()
     t = task(agent)
     proc = await asyncio.to_thread(
         subprocess.run,

@@ -46,8 +46,7 @@ async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(
     """Scenario C: retries with growing delays → held (no DLQ, no failed result), lag visible; provider back → all complete."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_MAX_RETRIES="3")
-    w = c.worker().start()
-    await w.wait_ready()
+    w = await c.started()
     await fake_llm.set_mode(outage=True)
     ts = [task(agent, n=i) for i in range(5)]
     ids = {t["task_id"] for t in ts}
@@ -90,8 +89,7 @@ async def test_sigkill_with_calls_in_flight_loses_nothing(cluster_factory, fake_
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=4.0)
-    w = c.worker("a").start()
-    await w.wait_ready()
+    w = await c.started("a")
     ts = [task(agent, n=i) for i in range(30)]
     ids = {t["task_id"] for t in ts}
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
@@ -103,8 +101,7 @@ async def test_sigkill_with_calls_in_flight_loses_nothing(cluster_factory, fake_
     w.kill()
     await fake_llm.set_mode(latency=0.2)
     started = time.monotonic()
-    w2 = c.worker("a").start()  # same data dir: a restart on the same host
-    await w2.wait_ready()
+    await c.started("a")  # same data dir: a restart on the same host
     results = await results_for(ids, timeout=120)
     elapsed = time.monotonic() - started
     assert_one_distinct_success(results, ids)
@@ -125,8 +122,7 @@ async def test_sigterm_with_calls_in_flight_exits_cleanly_and_loses_nothing(clus
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_SHUTDOWN_GRACE_S="6")
     await fake_llm.set_mode(latency=2.0)
-    w = c.worker("a").start()
-    await w.wait_ready()
+    w = await c.started("a")
     ts = [task(agent, n=i) for i in range(20)]
     ids = {t["task_id"] for t in ts}
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
@@ -135,8 +131,7 @@ async def test_sigterm_with_calls_in_flight_exits_cleanly_and_loses_nothing(clus
     print(f"\nSIGTERM: exit code {code} after {took:.1f}s (grace 6s)")
     assert code == 0, w.tail()
     assert took < 6 + 15
-    w2 = c.worker("a").start()
-    await w2.wait_ready()
+    await c.started("a")
     results = await results_for(ids, timeout=90)
     assert_one_distinct_success(results, ids)
     assert max(calls_per_task(fake_llm, ids).values()) <= 2
@@ -147,8 +142,7 @@ async def test_broker_restart_with_tasks_in_flight_completes_every_task_once(clu
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=3.0)
-    w = c.worker().start()
-    await w.wait_ready()
+    w = await c.started()
     ts = [task(agent, n=i) for i in range(10)]
     ids = {t["task_id"] for t in ts}
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
@@ -167,14 +161,12 @@ async def test_second_worker_joining_mid_run_loses_and_duplicates_nothing(cluste
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=0.3)
-    w1 = c.worker("a").start()
-    await w1.wait_ready()
+    await c.started("a")
     ts = [task(agent, n=i) for i in range(300)]
     ids = {t["task_id"] for t in ts}
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
     await eventually(lambda: len(fake_llm.requests) >= 30, timeout=30, interval=0.1, what="work under way")
-    w2 = c.worker("b").start()
-    await w2.wait_ready()
+    await c.started("b")
     results = await results_for(ids, timeout=180)
     assert_one_distinct_success(results, ids)
     calls = calls_per_task(fake_llm, ids)
@@ -188,8 +180,7 @@ async def test_permanent_provider_error_ends_failed_and_dead_lettered(cluster_fa
 
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker().start()
-    await w.wait_ready()
+    await c.started()
     fake_llm.enqueue(status(400, body={"error": {"message": "bad request"}}))
     t = task(agent)
     await produce(topics.task_topic(agent), [encode(t)])
@@ -208,14 +199,12 @@ async def test_task_whose_worker_keeps_dying_is_dead_lettered_for_recovery(clust
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_MAX_ATTEMPTS="1")
     await fake_llm.set_mode(latency=30.0)
-    w = c.worker("a").start()
-    await w.wait_ready()
+    w = await c.started("a")
     t = task(agent)
     await produce(topics.task_topic(agent), [encode(t)])
     await eventually(lambda: fake_llm.in_flight >= 1, timeout=30, interval=0.1, what="the call in flight")
     w.kill()
-    w2 = c.worker("a").start()
-    await w2.wait_ready()
+    await c.started("a")
     dlq = await read_topic(topics.dlq_topic(agent), until=lambda s: len(s) >= 1, timeout=60)
     assert len(dlq) == 1 and dlq[0].value == encode(t)[1]
     headers = {k: v.decode() for k, v in dlq[0].headers}

@@ -24,8 +24,7 @@ async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluste
     """Scenario A: a task in → one `succeeded` result out; the group's committed offset moves past it."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker().start()
-    await w.wait_ready()
+    await c.started()
     t = task(agent)
     await produce(topics.task_topic(agent), [encode(t)])
     results = await results_for({t["task_id"]}, timeout=60)
@@ -46,8 +45,7 @@ async def test_keyless_task_is_routed_to_its_partition_and_answered_once(cluster
     ts = [task(agent, n=i) for i in range(6)]
     # Keyless and all on partition 0: most belong elsewhere.
     await produce(topics.task_topic(agent), [(None, encode(t)[1]) for t in ts], partition=0)
-    w = c.worker().start()
-    await w.wait_ready()
+    await c.started()
     ids = {t["task_id"] for t in ts}
     results = await results_for(ids, timeout=60)
     assert {k: len(v) for k, v in results.items()} == {i: 1 for i in ids}
@@ -66,8 +64,7 @@ async def test_same_task_three_times_calls_the_provider_once_and_reemits_the_sto
     """Idempotency: a duplicate never reaches a provider; a re-emitted result is the stored record byte for byte."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker().start()
-    await w.wait_ready()
+    await c.started()
     t = task(agent)
     await produce(topics.task_topic(agent), [encode(t)])
     first = await results_for({t["task_id"]}, timeout=60)
@@ -85,8 +82,7 @@ async def test_poison_messages_are_dead_lettered_with_headers_and_valid_tasks_st
     """Scenario B: each poison kind → one DLQ record with every header and the original bytes; neighbours succeed."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker().start()
-    await w.wait_ready()
+    await c.started()
     poison = {
         "null": None,
         "utf8": b"\xff\xfe\x00bad",
@@ -136,15 +132,13 @@ async def test_replacement_worker_recovers_the_table_from_the_changelog(cluster_
     """A worker on a new machine (empty data dir) rebuilds the task table from Kafka: finished tasks are not called again."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
-    w = c.worker("a").start()
-    await w.wait_ready()
+    w = await c.started("a")
     ts = [task(agent, n=i) for i in range(5)]
     ids = {t["task_id"] for t in ts}
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
     first = await results_for(ids, timeout=60)
     w.kill()
-    w2 = c.worker("b").start()  # its own, empty data dir
-    await w2.wait_ready()
+    await c.started("b")  # its own, empty data dir
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
     msgs = await read_topic(
         "agent.results", until=lambda seen: len(seen) >= 2 * len(ids), timeout=60,
