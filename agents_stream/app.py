@@ -21,12 +21,14 @@ import faust
 from faust.types import TP
 
 from agents_stream import topics, web
-from agents_stream.config import AppConfig, load_config
+from agents_stream.breaker import Transition
+from agents_stream.circuits import Circuits, bootstrap_servers
+from agents_stream.config import AppConfig, ProviderConfig, load_config
 from agents_stream.consumer import WatermarkTransport
 from agents_stream.delivery import confirmed
-from agents_stream.executor import Executor
+from agents_stream.executor import AgentPlan, Executor
 from agents_stream.ledger import Ledger
-from agents_stream.providers import build_provider
+from agents_stream.providers import Provider, build_provider
 from agents_stream.settings import Settings
 from agents_stream.watermark import Watermark
 
@@ -76,24 +78,42 @@ class Runtime:
         self.settings = settings
         self.agents = agents
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        providers = {}
-        built: dict[str, Any] = {}
-        for agent in agents:
-            chosen = config.chain(agent)[0]
-            if chosen.name not in built:
-                built[chosen.name] = build_provider(chosen)
-            providers[agent] = built[chosen.name]
+        built: dict[str, Provider] = {}
+
+        def provider(name: str) -> Provider:
+            if name not in built:
+                built[name] = build_provider(config.providers[name] if name in config.providers else ProviderConfig(name=name, kind="local"))
+            return built[name]
+
+        plans = {a: AgentPlan.build(config, a, provider) for a in agents}
+        self.circuits_topic = app.topic(topics.CIRCUITS, key_serializer="raw", value_serializer="raw")
+        self.circuits = Circuits(
+            config,
+            list(built),
+            self.worker_id,
+            bootstrap=bootstrap_servers(settings.broker),
+            send=lambda key, value: self.circuits_topic.send_soon(key=key, value=value),
+            on_transition=self._on_breaker_transition,
+            on_change=self.update_flow,
+            spend_report=self.spend_report,
+            history_s=settings.circuits_history_s,
+            presence_s=settings.presence_interval_s,
+        )
+        self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
+        self.answers = app.topic(topics.answers_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self.executor = Executor(
             settings,
-            providers,
-            {a: config.agents[a].system for a in agents},
+            config,
+            plans,
+            self.circuits,
             send_outcome=self.send_outcome,
             send_control=self.send_control,
             on_flow_change=self.update_flow,
             worker_id=self.worker_id,
+            cache_lookup=self.cache_lookup,
         )
         self.ledger = Ledger(app, settings, self.executor, self.worker_id)
-        self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
+        self.ledger.cached_agents = {a for a, plan in plans.items() if plan.config.cache_max_age_s > 0}
         self._paused: set[TP] = set()
         self.started = False  # output topics declared and executor running: /readyz says ready
 
@@ -115,6 +135,27 @@ class Runtime:
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         self.ledger.control(event, subject, agent, details)
+
+    def _on_breaker_transition(self, provider: str, t: Transition, mine: bool) -> None:
+        if mine:  # the worker whose event caused the transition reports it, once for the cluster
+            self.send_control(
+                f"breaker.{t.to}", provider, None,
+                {"from": t.frm, "to": t.to, "reason": t.reason, "at": t.at},
+            )
+
+    def cache_lookup(self, task_id: str, fp: str, dispatch: int) -> None:
+        """Ask the cache's partition of ``fp`` for the last good answer; the reply comes as an outcome event."""
+        body = json.dumps({"schema_version": 1, "kind": "lookup", "task_id": task_id, "dispatch": dispatch}).encode()
+        self.answers.send_soon(key=fp.encode(), value=body)
+
+    def spend_report(self) -> dict[str, Any]:
+        try:
+            assigned = self.app.consumer.assignment()
+        except Exception:  # not started yet
+            return {}
+        outcomes = topics.outcomes_topic(self.settings.app_id)
+        partitions = {tp.partition for tp in assigned if tp.topic == outcomes}
+        return self.ledger.spend_report(partitions, self.agents, time.time())
 
     def update_flow(self) -> None:
         """Pause intake of agents whose provider is down or whose queue is full; resume the others."""
@@ -193,7 +234,8 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     app.watermark = Watermark()
     task_topics = [topics.task_topic(a) for a in agents]
     outcomes = topics.outcomes_topic(settings.app_id)
-    app.managed_topics = frozenset([*task_topics, outcomes])
+    answers = topics.answers_topic(settings.app_id)
+    app.managed_topics = frozenset([*task_topics, outcomes, answers])
 
     app.task_table = app.tables.add(
         LedgerTable(
@@ -212,6 +254,23 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             },
         )
     )
+    app.answers_table = app.tables.add(
+        LedgerTable(
+            app,
+            name="answers",
+            default=None,
+            partitions=n,
+            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
+            beacon=app.tables.beacon,
+            help="Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
+            options={
+                "driver": "rocksdict",
+                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
+                "write_buffer_size": 4 * 1024 * 1024,
+                "max_write_buffer_number": 2,
+            },
+        )
+    )
     # Output topics nobody in this app consumes: declared at start (auto-creation is off).
     app.output_topics = [
         app.topic(topics.RESULTS, partitions=n, internal=True),
@@ -220,8 +279,10 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             app.topic(topics.dlq_topic(a), partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))
             for a in agents
         ),
+        # One partition: every worker folds the whole log in one order (agents_stream.circuits).
+        app.topic(topics.CIRCUITS, partitions=1, internal=True, retention=timedelta(days=1)),
     ]
-    channel = app.topic(*task_topics, outcomes, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
+    channel = app.topic(*task_topics, outcomes, answers, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
 
     runtime = Runtime(app, settings, config, agents)
     app.runtime = runtime
@@ -238,6 +299,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     async def lease_scanner() -> None:
         try:
             runtime.scan_leases()
+            runtime.update_flow()  # a Retry-After or open_timeout that ran out changes no event: look again
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
 
@@ -254,6 +316,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         for topic in app.output_topics:
             # Without its output topics the worker cannot work: a timeout here ends it, loudly.
             await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
+        await runtime.circuits.start()
         runtime.executor.start()
         runtime.started = True
         log.info(
@@ -271,6 +334,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         except Exception as exc:
             log.warning("Final commit on shutdown failed (%r); the next worker resumes from the last commit", exc)
         await runtime.ledger.stop()
+        await runtime.circuits.stop()
         await original_on_stop()
 
     app.on_stop = on_stop  # type: ignore[method-assign]

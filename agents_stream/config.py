@@ -6,11 +6,42 @@ import os
 import tomllib
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ProviderKind = Literal["local", "gemini", "openai", "anthropic"]
+Confidence = Literal["high", "medium", "low", "failed"]
+#: best first; an agent's ``lowest`` cuts this ladder
+CONFIDENCE_ORDER: tuple[str, ...] = ("high", "medium", "low", "failed")
+
+
+class BreakerConfig(BaseModel):
+    """Circuit breaker of one provider (DESIGN.md "Resilience features"); shared by all workers."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: failures within ``window_s`` that open the breaker
+    failure_threshold: int = Field(default=5, ge=1)
+    #: probe successes in half-open that close it again
+    success_threshold: int = Field(default=2, ge=1)
+    #: how long it stays open before it lets probes through
+    open_timeout_s: float = Field(default=30.0, gt=0)
+    #: the sliding window failures are counted over
+    window_s: float = Field(default=60.0, gt=0)
+    #: probe calls in flight at once in half-open, cluster-wide
+    half_open_probes: int = Field(default=1, ge=1)
+    #: an admitted probe that reports nothing for this long frees its place (its worker died)
+    probe_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class Price(BaseModel):
+    """USD per million tokens of one model."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_per_mtok: float = Field(default=0.0, ge=0)
+    output_per_mtok: float = Field(default=0.0, ge=0)
 
 
 class ProviderConfig(BaseModel):
@@ -27,6 +58,14 @@ class ProviderConfig(BaseModel):
     max_tokens: int = Field(default=1024, gt=0)
     #: extra latency of the ``local`` provider, for demos (seconds)
     latency_s: float = Field(default=0.0, ge=0)
+    #: calls in flight at once, cluster-wide (split among live workers); None: no limit
+    max_concurrency: int | None = Field(default=None, ge=1)
+    #: calls started per second, cluster-wide (split among live workers); None: no limit
+    rps: float | None = Field(default=None, gt=0)
+    #: after the breaker closes, the concurrency limit grows from 1 to max_concurrency over this long
+    ramp_s: float = Field(default=10.0, ge=0)
+    #: overrides of the top-level ``[breaker]`` defaults for this provider
+    breaker: dict[str, Any] = Field(default_factory=dict)
 
     def api_key(self) -> str | None:
         """The key from the environment, or None when the variable is unset or empty."""
@@ -45,9 +84,36 @@ class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str = ""
+    #: the fallback chain: the first answers with confidence high, the others medium
     providers: list[str] = Field(min_length=1)
     system: str = ""
     description: str = ""
+    #: a lightweight provider; as a fallback it gets a simplified task and answers with confidence low
+    light: str | None = None
+    #: answer from the last good result of the same fingerprint, at most this old (confidence low); 0: off
+    cache_max_age_s: float = Field(default=0.0, ge=0)
+    #: the lowest confidence this agent may answer with; below it the task is held.
+    #: "failed" allows the explicit partial result when every tier is down.
+    lowest: Confidence = "medium"
+    #: JSON Schema every answer must match (the task's own output_schema wins)
+    output_schema: dict[str, Any] | None = None
+    #: or a pydantic model by import path, "package.module:Model"
+    output_model: str | None = None
+    #: corrective retries of an answer that does not validate, per tier
+    format_retries: int = Field(default=2, ge=0)
+    #: cheap-first routing: "off", "heuristic", or "classifier" (asks the ``classifier`` provider)
+    router: Literal["off", "heuristic", "classifier"] = "off"
+    classifier: str | None = None
+    #: heuristic complexity score (0..1) at or above which a task is hard
+    hard_threshold: float = Field(default=0.5, ge=0, le=1)
+    #: words that make a task hard for the heuristic
+    hard_words: list[str] = Field(default_factory=lambda: [
+        "analyze", "analyse", "compare", "explain why", "prove", "plan", "design", "derive", "step by step", "evaluate",
+    ])
+    #: spend (USD) per UTC day across all workers; None: no budget
+    budget_usd_per_day: float | None = Field(default=None, gt=0)
+    #: past the budget: "cheaper" sends tasks to the light tier only, "hold" holds them until the day turns
+    over_budget: Literal["cheaper", "hold"] = "cheaper"
 
 
 class AppConfig(BaseModel):
@@ -57,6 +123,10 @@ class AppConfig(BaseModel):
 
     providers: dict[str, ProviderConfig]
     agents: dict[str, AgentConfig] = Field(min_length=1)
+    #: breaker defaults for every provider (each may override them in its own ``breaker`` table)
+    breaker: BreakerConfig = Field(default_factory=BreakerConfig)
+    #: USD per million tokens, by model name
+    prices: dict[str, Price] = Field(default_factory=dict)
 
     @field_validator("providers", "agents", mode="before")
     @classmethod
@@ -73,7 +143,27 @@ class AppConfig(BaseModel):
                 raise ValueError(f"agent {agent.name!r} names unknown providers {unknown}")
             if not (agent.name.isascii() and agent.name.replace("_", "").replace("-", "").isalnum()):
                 raise ValueError(f"agent name {agent.name!r} must be letters, digits, - or _")
+            for role, name in (("light", agent.light), ("classifier", agent.classifier)):
+                if name is not None and name not in self.providers:
+                    raise ValueError(f"agent {agent.name!r} names unknown {role} provider {name!r}")
+            if agent.router == "classifier" and agent.classifier is None:
+                raise ValueError(f"agent {agent.name!r}: router = \"classifier\" needs classifier = \"<provider>\"")
+            if agent.output_schema is not None and agent.output_model is not None:
+                raise ValueError(f"agent {agent.name!r}: give output_schema or output_model, not both")
+        for provider in self.providers.values():
+            try:
+                self.breaker_for(provider.name)
+            except ValueError as exc:
+                raise ValueError(f"provider {provider.name!r}: bad breaker settings: {exc}") from None
         return self
+
+    def breaker_for(self, provider: str) -> BreakerConfig:
+        """The ``[breaker]`` defaults with the provider's own overrides applied."""
+        overrides = self.providers[provider].breaker if provider in self.providers else {}
+        return BreakerConfig.model_validate({**self.breaker.model_dump(), **overrides})
+
+    def price_of(self, model: str) -> Price | None:
+        return self.prices.get(model)
 
     def chain(self, agent: str) -> list[ProviderConfig]:
         """The agent's usable providers in order; ``local`` when none has its key."""

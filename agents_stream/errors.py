@@ -62,7 +62,13 @@ class SystemicError(TaskError):
 
 
 class CircuitOpen(TaskError):
-    """The provider's breaker is open: not retried, the caller falls back or holds."""
+    """The provider takes no call now (breaker open, no probe place, Retry-After pending):
+    not retried, the caller falls back or holds."""
+
+    def __init__(self, message: str, *, provider: str | None = None, retry_at: float | None = None) -> None:
+        super().__init__(message, provider=provider)
+        #: unix time the provider may take calls again, when known
+        self.retry_at = retry_at
 
 
 def classify(exc: BaseException) -> str:

@@ -1,9 +1,21 @@
-"""Supervised execution of dispatched tasks: many provider calls in flight, none touching a table.
+"""Supervised execution of dispatched tasks: the fallback ladder, format retries and routing; no table access.
 
 The ledger hands a task over with ``dispatch``; a pool of call slots runs it
-(retries with backoff, hold while the provider is down) and reports the
-outcome as an event on the outcomes topic, which the ledger applies. While a
-task is here its lease is renewed by heartbeat events.
+and reports the outcome as an event on the outcomes topic, which the ledger
+applies. While a task is here its lease is renewed by heartbeat events.
+
+A task climbs down its agent's ladder (DESIGN.md "Resilience features"):
+
+    primary (high) → alternates (medium) → light model, simplified task (low)
+      → last good answer of the same fingerprint (low) → partial result (failed)
+
+cut at the agent's ``lowest`` confidence; when nothing it may use is
+available the task is **held** here (no result, offset uncommitted) until a
+breaker lets a call through again. Every call goes through the shared
+circuits (agents_stream.circuits): breaker, Retry-After, concurrency and rate
+limits. The cheap-first router may put the light model first for an easy
+task; that tier escalates to the next when its answer fails the format check
+or says its confidence is low.
 """
 
 from __future__ import annotations
@@ -12,59 +24,147 @@ import asyncio
 import logging
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
+from agents_stream import pricing
 from agents_stream.backoff import backoff
-from agents_stream.errors import TransientError, classify
-from agents_stream.health import ProviderHealth
+from agents_stream.circuits import Circuits
+from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
+from agents_stream.errors import CircuitOpen, RateLimited, TransientError, classify
 from agents_stream.models import TaskPayload
+from agents_stream.outputs import (
+    FormatError,
+    OutputSpec,
+    corrective,
+    fingerprint,
+    self_reported_confidence,
+    simplify,
+    with_format,
+)
 from agents_stream.providers.base import Completion, Prompt, Provider
+from agents_stream.router import classifier_prompt, heuristic, parse_classification
 from agents_stream.settings import Settings
 
 log = logging.getLogger(__name__)
 
 SendOutcome = Callable[[str, dict[str, Any]], Awaitable[None]]
 SendControl = Callable[[str, str, str | None, dict[str, Any]], None]
+CacheLookup = Callable[[str, str, int], None]
+
+#: how long a task waits for the cache's answer before treating it as a miss
+CACHE_WAIT_S = 5.0
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One rung of an agent's ladder."""
+
+    role: str  # primary | alternate | light
+    provider: Provider
+    confidence: str
+    simplified: bool = False
+    #: chosen by the router as "adequate": a format failure or a low-confidence answer moves on
+    escalates: bool = False
+
+
+@dataclass
+class AgentPlan:
+    config: AgentConfig
+    tiers: list[Tier]  # the fallback ladder, cut at `lowest`
+    light: Provider | None
+    classifier: Provider | None
+    cache: bool  # may answer from the last good answer
+    partial: bool  # may answer with the explicit partial result
+
+    @classmethod
+    def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
+        cfg = config.agents[agent]
+        allowed = CONFIDENCE_ORDER.index(cfg.lowest)
+        chain = config.chain(agent)
+        tiers = [Tier("primary" if i == 0 else "alternate", provider(p.name), "high" if i == 0 else "medium") for i, p in enumerate(chain)]
+        light = provider(cfg.light) if cfg.light and config.providers[cfg.light].usable() else None
+        if light is not None and allowed >= CONFIDENCE_ORDER.index("low"):
+            tiers.append(Tier("light", light, "low", simplified=True))
+        tiers = [t for t in tiers if CONFIDENCE_ORDER.index(t.confidence) <= allowed]
+        classifier = provider(cfg.classifier) if cfg.classifier and config.providers[cfg.classifier].usable() else None
+        return cls(
+            config=cfg,
+            tiers=tiers,
+            light=light,
+            classifier=classifier,
+            cache=cfg.cache_max_age_s > 0 and allowed >= CONFIDENCE_ORDER.index("low"),
+            partial=cfg.lowest == "failed",
+        )
 
 
 @dataclass
 class Job:
     task: TaskPayload
     dispatch: int
-    system: str
     started: float | None = None
     held: bool = False
     calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    route: str = ""
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+# What one rung of the ladder came to.
+@dataclass
+class _Answer:
+    output: Any
+    confidence: str
+    source: str
+
+
+@dataclass
+class _Unavailable:
+    retry_at: float | None
+    why: str
+
+
+@dataclass
+class _Rejected:  # the task's own fault: failed result + dead letter
+    reason: str
+    error: str
+    source: str
 
 
 class Executor:
     def __init__(
         self,
         settings: Settings,
-        providers: dict[str, Provider],
-        systems: dict[str, str],
+        config: AppConfig,
+        plans: dict[str, AgentPlan],
+        circuits: Circuits,
         send_outcome: SendOutcome,
         send_control: SendControl,
         on_flow_change: Callable[[], None],
         worker_id: str,
+        cache_lookup: CacheLookup | None = None,
         rng: random.Random | None = None,
     ) -> None:
         self.settings = settings
-        self.providers = providers  # agent name → provider
-        self.systems = systems
-        self.health = {p.name: ProviderHealth(p.name, settings.probe_interval_s) for p in providers.values()}
+        self.config = config
+        self.plans = plans
+        self.circuits = circuits
         self._send_outcome = send_outcome
         self._send_control = send_control
         self._on_flow_change = on_flow_change
+        self._cache_lookup = cache_lookup
         self.worker_id = worker_id
         self._rng = rng or random.Random()
         self.jobs: dict[str, Job] = {}  # task_id → job, queued or running
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._tasks: set[asyncio.Task] = set()
         self._accepting = True
+        self._cache_waiters: dict[str, asyncio.Future] = {}
+        self._systemic: set[str] = set()  # providers this worker raised a systemic alert for
         self.running = 0
+        self.held = 0
 
     # -- the ledger's side ------------------------------------------------
 
@@ -75,17 +175,25 @@ class Executor:
         """Queue a task; a free call slot picks it up. Never blocks the ledger."""
         if task.task_id in self.jobs or not self._accepting:
             return
-        self.jobs[task.task_id] = Job(task, dispatch, self.systems.get(task.agent_name, ""))
+        self.jobs[task.task_id] = Job(task, dispatch)
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake
 
     def blocked(self, agent: str) -> bool:
-        """True while the agent should take no new tasks: its provider is down or the queue is full."""
-        provider = self.providers.get(agent)
-        if provider is not None and self.health[provider.name].is_down:
+        """True while the agent should take no new tasks: nothing it may use is available, or the queue is full."""
+        if self._queue.qsize() >= self.settings.max_queued:
             return True
-        return self._queue.qsize() >= self.settings.max_queued
+        plan = self.plans.get(agent)
+        if plan is None or plan.partial:
+            return False
+        return not any(self.circuits.available(t.provider.name)[0] for t in plan.tiers)
+
+    def cache_answer(self, task_id: str, answer: dict[str, Any] | None) -> None:
+        """The ledger relays the cache's reply to a lookup this worker made."""
+        waiter = self._cache_waiters.get(task_id)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(answer)
 
     # -- lifecycle ----------------------------------------------------------
 
@@ -109,7 +217,7 @@ class Executor:
         self._accepting = False
         while not self._queue.empty():
             self.jobs.pop(self._queue.get_nowait(), None)
-        running = [j.done.wait() for j in self.jobs.values() if j.started is not None]
+        running = [j.done.wait() for j in self.jobs.values() if j.started is not None and not j.held]
         if running:
             log.info("Shutdown: waiting up to %.1fs for %d provider calls in flight", grace, len(running))
             done, pending = await asyncio.wait([asyncio.ensure_future(w) for w in running], timeout=grace)
@@ -125,7 +233,9 @@ class Executor:
             task.cancel()
         if self._tasks:
             await asyncio.wait(list(self._tasks), timeout=5.0)
-        for provider in {p.name: p for p in self.providers.values()}.values():
+        providers = {t.provider.name: t.provider for plan in self.plans.values() for t in plan.tiers}
+        providers.update({p.name: p for plan in self.plans.values() for p in (plan.light, plan.classifier) if p})
+        for provider in providers.values():
             try:
                 await asyncio.wait_for(provider.close(), timeout=5.0)
             except Exception as exc:  # closing is best effort on the way out
@@ -152,104 +262,275 @@ class Executor:
                 log.exception("Executor failed on task %s (its lease will lapse and it will be re-dispatched): %r", task_id, exc)
             finally:
                 self.running -= 1
+                if job.held:
+                    self.held -= 1
                 job.done.set()
                 self.jobs.pop(task_id, None)
 
     async def _run(self, job: Job) -> dict[str, Any]:
         task = job.task
-        provider = self.providers[task.agent_name]
-        health = self.health[provider.name]
-        prompt = Prompt(
-            instruction=f"[task_id={task.task_id}]\n{task.instruction}",
-            system=job.system,
-            context=task.context_data,
-        )
-        retries = 0
+        plan = self.plans[task.agent_name]
+        try:
+            spec = OutputSpec.for_task(plan.config, task)
+        except ValueError as exc:
+            return self._rejected(job, _Rejected("invalid_output_schema", f"the task's output_schema is not a valid JSON Schema: {exc}", "none"))
         while True:
-            probing = False
-            if health.is_down:
-                if not job.held:
-                    self._hold(job, provider, health, health.reason, alert=False)
-                probing = await health.wait_turn()
+            tiers, retry_at = await self._tiers_for(job, plan)
+            outcome = None
+            if tiers:
+                outcome, retry_at = await self._climb(job, tiers, spec, plan)
+            if outcome is not None:
+                self._unhold(job)
+                return outcome
+            if plan.cache:
+                cached = await self._from_cache(job, plan)
+                if cached is not None:
+                    self._unhold(job)
+                    return cached
+            if plan.partial:
+                self._unhold(job)
+                return self._partial(job)
+            self._hold(job, "no provider of its ladder is available")
+            now = time.time()
+            wait = self.settings.probe_interval_s if retry_at is None else min(max(retry_at - now, 0.05), self.settings.probe_interval_s)
+            await self.circuits.wait_change(wait)
+
+    async def _climb(self, job: Job, tiers: list[Tier], spec: OutputSpec | None, plan: AgentPlan) -> tuple[dict[str, Any] | None, float | None]:
+        """Try each rung in order: an answer or a rejection ends the climb; unavailability moves down."""
+        earliest: float | None = None
+        for i, tier in enumerate(tiers):
+            result = await self._call_tier(job, tier, spec, plan)
+            last = i + 1 == len(tiers)
+            if isinstance(result, _Unavailable):
+                if result.retry_at is not None:
+                    earliest = result.retry_at if earliest is None else min(earliest, result.retry_at)
+                log.debug("Task %s: %s tier %s unavailable (%s)", job.task.task_id, tier.role, tier.provider.name, result.why)
+                continue
+            if tier.escalates and not last and (isinstance(result, _Rejected) or result.confidence == "low"):
+                why = result.error if isinstance(result, _Rejected) else "it answered with low confidence"
+                log.info("Task %s: escalating from %s (%s)", job.task.task_id, tier.provider.name, why)
+                job.route += f" escalated({tier.provider.name})"
+                continue
+            if isinstance(result, _Rejected):
+                return self._rejected(job, result), None
+            return self._succeeded(job, result), None
+        return None, earliest
+
+    async def _tiers_for(self, job: Job, plan: AgentPlan) -> tuple[list[Tier], float | None]:
+        """The rungs for this task: the ladder, the light model first for an easy task, or the budget's answer."""
+        cfg = plan.config
+        if cfg.budget_usd_per_day is not None:
+            now = time.time()
+            day = pricing.day_key(now)
+            spent = self.circuits.spend(cfg.name, day)
+            if spent >= cfg.budget_usd_per_day:
+                if cfg.over_budget == "cheaper" and plan.light is not None:
+                    job.route = f"over budget ({spent:.4f} >= {cfg.budget_usd_per_day:g} USD today): light tier only"
+                    return [Tier("light", plan.light, "medium")], None
+                job.route = f"over budget ({spent:.4f} >= {cfg.budget_usd_per_day:g} USD today): held until the UTC day turns"
+                next_day = (int(now // 86400) + 1) * 86400
+                return [], float(next_day)
+        if cfg.router == "off" or plan.light is None:
+            return plan.tiers, None
+        if not job.route:
+            hard, why = await self._estimate(job, plan)
+            job.route = ("hard: " if hard else "easy: ") + why
+        if job.route.startswith("easy"):
+            return [Tier("light", plan.light, "high", escalates=True), *plan.tiers], None
+        return plan.tiers, None
+
+    async def _estimate(self, job: Job, plan: AgentPlan) -> tuple[bool, str]:
+        cfg = plan.config
+        if cfg.router == "classifier" and plan.classifier is not None:
+            prompt = Prompt(instruction=f"[task_id={job.task.task_id}]\n{classifier_prompt(job.task)}", max_tokens=8)
             try:
-                job.calls += 1
-                completion = await asyncio.wait_for(provider.complete(prompt), timeout=provider.config.timeout_s + 5.0)
-            except Exception as exc:
-                if probing:
-                    health.probe_done()
+                permit = await self.circuits.acquire(plan.classifier.name)
+            except CircuitOpen as exc:
+                log.debug("Classifier unavailable (%s): using the heuristic", exc)
+            else:
+                completion = await self._call(job, plan.classifier, prompt, permit)
+                if isinstance(completion, Completion):
+                    verdict = parse_classification(completion.text)
+                    if verdict is not None:
+                        return verdict, f"classifier {plan.classifier.name} said {'hard' if verdict else 'easy'}"
+        est = heuristic(job.task, threshold=cfg.hard_threshold, hard_words=cfg.hard_words)
+        return est.hard, est.why
+
+    # -- one rung -----------------------------------------------------------------
+
+    async def _call_tier(self, job: Job, tier: Tier, spec: OutputSpec | None, plan: AgentPlan) -> _Answer | _Unavailable | _Rejected:
+        task, provider = job.task, tier.provider
+        instruction, context = task.instruction, task.context_data
+        max_tokens = None
+        if tier.simplified:
+            instruction, context = simplify(instruction, context)
+            max_tokens = max(64, provider.config.max_tokens // 4)
+        tag = f"[task_id={task.task_id}]\n"
+        prompt = Prompt(instruction=tag + with_format(instruction, spec), system=plan.config.system, context=context, max_tokens=max_tokens)
+        retries = format_retries = 0
+        while True:
+            try:
+                permit = await self.circuits.acquire(provider.name)
+            except CircuitOpen as exc:
+                return _Unavailable(exc.retry_at, str(exc))
+            completion = await self._call(job, provider, prompt, permit)
+            if isinstance(completion, BaseException):
+                exc = completion
                 kind = classify(exc)
                 if kind == "permanent":
-                    return self._failed(job, provider, exc)
+                    return _Rejected(f"permanent_error: {exc}", str(exc), provider.name)
                 if kind == "systemic":
-                    self._hold(job, provider, health, f"systemic: {exc}", alert=True)
-                    continue
-                if probing:
-                    continue  # still down: wait for the next probe turn
+                    if provider.name not in self._systemic:
+                        self._systemic.add(provider.name)
+                        log.error("Provider %s cannot be used (%s): its calls fall back or hold; fix its configuration", provider.name, exc)
+                        self._send_control("alert.provider_systemic", provider.name, task.agent_name, {"error": str(exc)})
+                    return _Unavailable(None, str(exc))
                 retries += 1
                 if retries > self.settings.max_retries:
-                    self._hold(job, provider, health, f"retries exhausted: {exc}", alert=False)
-                    retries = 0
-                    continue
+                    return _Unavailable(None, f"retries exhausted: {exc}")
+                if isinstance(exc, RateLimited):
+                    continue  # the circuits hold the Retry-After now: the next acquire waits or falls back
                 retry_after = exc.retry_after if isinstance(exc, TransientError) else None
-                delay = backoff(
-                    retries,
-                    base=self.settings.backoff_base_s,
-                    cap=self.settings.backoff_cap_s,
-                    retry_after=retry_after,
-                    rng=self._rng,
-                )
-                log.info(
-                    "Task %s: %s failed (%s), retry %d/%d in %.2fs",
-                    task.task_id, provider.name, exc, retries, self.settings.max_retries, delay,
-                )
+                delay = backoff(retries, base=self.settings.backoff_base_s, cap=self.settings.backoff_cap_s, retry_after=retry_after, rng=self._rng)
+                log.info("Task %s: %s failed (%s), retry %d/%d in %.2fs", task.task_id, provider.name, exc, retries, self.settings.max_retries, delay)
                 await asyncio.sleep(delay)
                 continue
-            if probing:
-                health.probe_done()
-            if health.mark_up():
-                log.warning("Provider %s answers again: held tasks resume", provider.name)
-                self._send_control("provider.recovered", provider.name, task.agent_name, {})
-                self._on_flow_change()
-            if job.held:
-                job.held = False
-                self._send_control("task.released", task.task_id, task.agent_name, {"provider": provider.name})
-            return self._succeeded(job, completion)
+            self._systemic.discard(provider.name)
+            if spec is None:
+                output: Any = completion.text
+            else:
+                try:
+                    output = spec.check(completion.text)
+                except FormatError as exc:
+                    format_retries += 1
+                    if format_retries > plan.config.format_retries:
+                        return _Rejected(f"invalid_output: {exc}", f"the answer never matched the output schema: {exc}", provider.name)
+                    log.info("Task %s: %s answered off-format (%s); corrective retry %d/%d", task.task_id, provider.name, exc, format_retries, plan.config.format_retries)
+                    prompt = replace(prompt, instruction=tag + corrective(instruction, str(exc), spec))
+                    continue
+            confidence = tier.confidence
+            said = self_reported_confidence(output)
+            if said is not None and CONFIDENCE_ORDER.index(said) > CONFIDENCE_ORDER.index(confidence):
+                confidence = said
+            return _Answer(output, confidence, f"{tier.role}:{provider.name}:{completion.model}")
 
-    def _hold(self, job: Job, provider: Provider, health: ProviderHealth, reason: str, *, alert: bool) -> None:
-        if health.mark_down(reason):
-            log.warning(
-                "Provider %s is unavailable (%s): its tasks are held and intake for its agents pauses "
-                "until a probe call succeeds (every %.1fs)",
-                provider.name, reason, health.probe_interval,
-            )
-            self._send_control(
-                "alert.provider_down" if alert else "provider.down",
-                provider.name, job.task.agent_name, {"reason": reason},
-            )
-            self._on_flow_change()
-        if not job.held:
-            job.held = True
-            self._send_control("task.held", job.task.task_id, job.task.agent_name, {"provider": provider.name, "reason": reason})
+    async def _call(self, job: Job, provider: Provider, prompt: Prompt, permit: Any) -> Completion | BaseException:
+        """One admitted call: its result goes back to the circuits and its usage onto the job."""
+        job.calls += 1
+        result = "failure"
+        retry_after = None
+        try:
+            completion = await asyncio.wait_for(provider.complete(prompt), timeout=provider.config.timeout_s + 5.0)
+        except asyncio.CancelledError:
+            result = "cancelled"
+            raise
+        except Exception as exc:
+            kind = classify(exc)
+            if isinstance(exc, RateLimited):
+                result, retry_after = "rate_limited", exc.retry_after
+            elif kind == "permanent":
+                result = "success"  # the provider answered; the task is at fault
+            return exc
+        else:
+            result = "success"
+            job.input_tokens += completion.usage.input_tokens
+            job.output_tokens += completion.usage.output_tokens
+            price = self.config.price_of(completion.model) or self.config.price_of(provider.model)
+            job.cost = pricing.add(job.cost, pricing.cost(price, completion.usage.input_tokens, completion.usage.output_tokens))
+            return completion
+        finally:
+            if result == "cancelled":
+                self.circuits.release(permit, "neutral")
+            else:
+                self.circuits.release(permit, result, retry_after=retry_after)
 
-    def _succeeded(self, job: Job, completion: Completion) -> dict[str, Any]:
+    # -- the bottom of the ladder ---------------------------------------------------
+
+    async def _from_cache(self, job: Job, plan: AgentPlan) -> dict[str, Any] | None:
+        if self._cache_lookup is None:
+            return None
+        task = job.task
+        fp = fingerprint(task.agent_name, task.instruction, task.context_data)
+        waiter: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._cache_waiters[task.task_id] = waiter
+        try:
+            self._cache_lookup(task.task_id, fp, job.dispatch)
+            answer = await asyncio.wait_for(waiter, CACHE_WAIT_S)
+        except asyncio.TimeoutError:
+            log.info("Task %s: no cache reply within %.0fs; treating it as a miss", task.task_id, CACHE_WAIT_S)
+            answer = None
+        finally:
+            self._cache_waiters.pop(task.task_id, None)
+        if not answer:
+            return None
+        age = time.time() - float(answer.get("at", 0))
+        if age > plan.config.cache_max_age_s:
+            log.info("Task %s: cached answer is %.0fs old (> %.0fs): not used", task.task_id, age, plan.config.cache_max_age_s)
+            return None
+        return self._succeeded(job, _Answer(answer.get("output"), "low", f"cache:{answer.get('task_id', '')}"), cached_at=answer.get("at"))
+
+    def _partial(self, job: Job) -> dict[str, Any]:
+        log.warning("Task %s: every tier unavailable; answering with the explicit partial result (lowest = failed)", job.task.task_id)
         return {
+            **self._common(job),
             "kind": "succeeded",
-            "dispatch": job.dispatch,
-            "output": completion.text,
-            "source": f"{completion.provider}:{completion.model}",
-            "usage": completion.usage.as_dict(),
-            "calls": job.calls,
+            "status": "partial",
+            "output": None,
+            "confidence": "failed",
+            "source": "none",
+            "partial": True,
+            "error": "every provider of the agent was unavailable",
         }
 
-    def _failed(self, job: Job, provider: Provider, exc: Exception) -> dict[str, Any]:
-        log.warning("Task %s failed permanently at %s: %s (dead-lettered)", job.task.task_id, provider.name, exc)
+    # -- holding -------------------------------------------------------------------
+
+    def _hold(self, job: Job, reason: str) -> None:
+        if job.held:
+            return
+        job.held = True
+        self.held += 1
+        log.warning("Task %s held: %s; it resumes when a breaker lets a call through", job.task.task_id, reason)
+        self._send_control("task.held", job.task.task_id, job.task.agent_name, {"reason": reason})
+        self._on_flow_change()
+
+    def _unhold(self, job: Job) -> None:
+        if job.held:
+            job.held = False
+            self.held -= 1
+            self._send_control("task.released", job.task.task_id, job.task.agent_name, {})
+
+    # -- outcomes ------------------------------------------------------------------
+
+    def _common(self, job: Job) -> dict[str, Any]:
         return {
-            "kind": "failed",
             "dispatch": job.dispatch,
-            "error": str(exc),
-            "reason": f"permanent_error: {exc}",
-            "source": provider.name,
             "calls": job.calls,
+            "usage": {"input_tokens": job.input_tokens, "output_tokens": job.output_tokens, "cost": job.cost},
+            "route": job.route.strip() or None,
+        }
+
+    def _succeeded(self, job: Job, answer: _Answer, cached_at: float | None = None) -> dict[str, Any]:
+        out = {
+            **self._common(job),
+            "kind": "succeeded",
+            "status": "succeeded",
+            "output": answer.output,
+            "confidence": answer.confidence,
+            "source": answer.source,
+            "partial": False,
+        }
+        if cached_at is not None:
+            out["cached_at"] = cached_at
+        return out
+
+    def _rejected(self, job: Job, rejected: _Rejected) -> dict[str, Any]:
+        log.warning("Task %s failed at %s: %s (dead-lettered, error_layer=downstream)", job.task.task_id, rejected.source, rejected.error)
+        return {
+            **self._common(job),
+            "kind": "failed",
+            "error": rejected.error,
+            "reason": rejected.reason,
+            "source": rejected.source,
         }
 
     async def _heartbeats(self) -> None:

@@ -19,11 +19,12 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from agents_stream import topics
+from agents_stream import pricing, topics
 from agents_stream.delivery import Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
 from agents_stream.models import ControlEvent, TaskPayload, TaskResult, Usage, parse_task, utcnow_iso
+from agents_stream.outputs import fingerprint
 from agents_stream.settings import Settings
 from agents_stream.watermark import Watermark
 from tables import leases
@@ -49,10 +50,15 @@ class Ledger:
         self.worker_id = worker_id
         self.watermark: Watermark = app.watermark
         self.table = app.task_table
+        self.answers = app.answers_table
         self.outcomes = topics.outcomes_topic(settings.app_id)
+        self.answers_topic = topics.answers_topic(settings.app_id)
+        #: agents whose good answers feed the last-good-answer cache
+        self.cached_agents: set[str] = set()
         self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
         self._deliveries: set[asyncio.Task] = set()
+        self._extra_sends: list[Send] = []  # sends the next _apply holds its offset for
         self._topics: dict[str, Any] = {}
 
     # -- the stream loop -------------------------------------------------------
@@ -61,9 +67,12 @@ class Ledger:
         """Apply one event. Never raises: an exception leaving the stream loop would ack it."""
         message = event.message
         tp = message.tp
+        self._extra_sends = []
         try:
             if message.topic == self.outcomes:
                 self._on_outcome(tp, message.offset, event.key, event.value)
+            elif message.topic == self.answers_topic:
+                self._on_answers(tp, message.offset, event.key, event.value)
             else:
                 self._on_task(tp, message.offset, event.key, event.value, message.headers)
         except Exception as exc:  # a bug must not lose the message: hold its offset, alert, carry on
@@ -141,6 +150,10 @@ class Ledger:
                 return  # the first outcome won; a later one (a re-dispatch racing) changes nothing
             result = self._result_json(task_id, record, event)
             new, effects = leases.finish(record, status=kind, result=result, reason=event.get("reason"), now=now)
+            self._account(tp, offset, record, event, now)
+        elif kind == "cache_reply":
+            self.executor.cache_answer(task_id, event.get("answer"))
+            return
         elif kind == "expired":
             new, effects = leases.expire(
                 record,
@@ -158,14 +171,15 @@ class Ledger:
 
     def _result_json(self, task_id: str, record: TaskRecord, event: dict[str, Any]) -> str:
         payload = json.loads(record.payload)
+        failed = event["kind"] == "failed"
         result = TaskResult(
             task_id=task_id,
             agent_name=record.agent,
-            status=event["kind"],
+            status="failed" if failed else event.get("status", "succeeded"),
             output=event.get("output"),
-            confidence="high" if event["kind"] == "succeeded" else "failed",
+            confidence="failed" if failed else event.get("confidence", "high"),
             source=event.get("source", ""),
-            partial=False,
+            partial=bool(event.get("partial", False)),
             attempts=record.dispatch,
             usage=Usage(**event.get("usage", {})),
             job_id=payload.get("job_id"),
@@ -173,6 +187,65 @@ class Ledger:
             completed_at=utcnow_iso(),
         )
         return result.model_dump_json()
+
+    # -- spend and the last-good-answer cache -----------------------------------------------
+
+    def _account(self, tp: TP, offset: int, record: TaskRecord, event: dict[str, Any], now: float) -> None:
+        """A finished task adds its cost to its partition's spend of the day, and a good answer feeds the cache."""
+        cost = (event.get("usage") or {}).get("cost")
+        if cost:
+            key = spend_key(record.agent, pricing.day_key(now), tp.partition)
+            before = self.table.get(key)
+            usd = (json.loads(before)["usd"] if before else 0.0) + float(cost)
+            self.table[key] = json.dumps({"usd": round(usd, 9)})
+            self._extra_sends.append(self._changelog_send(tp.partition, key, self.table.last_changelog))
+        if (
+            record.agent in self.cached_agents
+            and event["kind"] == "succeeded"
+            and event.get("status", "succeeded") == "succeeded"
+            and event.get("confidence") in ("high", "medium")
+        ):
+            payload = json.loads(record.payload)
+            fp = fingerprint(record.agent, payload.get("instruction", ""), payload.get("context_data") or {})
+            body = json.dumps({
+                "schema_version": 1, "kind": "store", "task_id": payload.get("task_id"), "output": event.get("output"),
+                "source": event.get("source", ""), "confidence": event.get("confidence"), "at": now,
+            }).encode()
+            self._extra_sends.append(lambda b=body, k=fp.encode(): self._send(self.answers_topic, k, b))
+
+    def spend_report(self, partitions: set[int], agents: list[str], now: float) -> dict[str, Any]:
+        """{agent: {day: {partition: usd}}} for this worker's partitions, for the circuits' presence events."""
+        day = pricing.day_key(now)
+        report: dict[str, Any] = {}
+        for agent in agents:
+            parts = {}
+            for p in partitions:
+                data = self.table.get(spend_key(agent, day, p))
+                if data:
+                    parts[str(p)] = json.loads(data)["usd"]
+            if parts:
+                report[agent] = {day: parts}
+        return report
+
+    def _on_answers(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+        """The cache's partition of a fingerprint: store good answers, answer lookups (best effort)."""
+        try:
+            fp = key.decode("utf-8")  # type: ignore[union-attr]
+            event = json.loads(value)  # type: ignore[arg-type]
+            kind = event["kind"]
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            log.warning("Skipping malformed cache event at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
+            return
+        if kind == "store":
+            self.answers[fp] = json.dumps({k: event.get(k) for k in ("task_id", "output", "source", "confidence", "at")})
+            self._deliver(tp, offset, [self._changelog_send(tp.partition, fp, self.answers.last_changelog, self.answers)])
+        elif kind == "lookup":
+            data = self.answers.get(fp)
+            reply = json.dumps({
+                "schema_version": 1, "kind": "cache_reply", "dispatch": event.get("dispatch"), "worker": self.worker_id,
+                "answer": json.loads(data) if data else None,
+            }).encode()
+            self._send(self.outcomes, str(event["task_id"]).encode(), reply)
 
     # -- applying a transition --------------------------------------------------------------
 
@@ -186,7 +259,8 @@ class Ledger:
         effects: list[leases.Effect],
         task: TaskPayload | None = None,
     ) -> None:
-        sends: list[Send] = []
+        sends: list[Send] = self._extra_sends
+        self._extra_sends = []
         after: list[Callable[[], None]] = []
         if new is not None and new != old:
             self.table[task_id] = new.to_json()
@@ -265,15 +339,16 @@ class Ledger:
             channel = self._topics[topic] = self.app.topic(topic, key_serializer="raw", value_serializer="raw")
         return channel.send_soon(key=key, value=value, partition=partition, headers=headers)
 
-    def _changelog_send(self, partition: int, task_id: str, first: Any) -> Send:
+    def _changelog_send(self, partition: int, key: str, first: Any, table: Any = None) -> Send:
         """The table's own changelog send first; on a retry, re-send the key's current value
         (idempotent in a compacted changelog)."""
         pending = [first]
+        table = self.table if table is None else table
 
         def send() -> Any:
             if pending:
                 return pending.pop()
-            return self.table.send_changelog(partition, task_id, self.table.get(task_id))
+            return table.send_changelog(partition, key, table.get(key))
 
         return send
 
@@ -331,6 +406,11 @@ class Ledger:
                 self.task_offsets[task_id] = kept
             else:
                 del self.task_offsets[task_id]
+
+
+def spend_key(agent: str, day: str, partition: int) -> str:
+    """Spend lives in the task table under one key per agent, day and partition: each partition sums its own."""
+    return f"\x00spend/{agent}/{day}/{partition}"
 
 
 def _log_control_failure(fut: "asyncio.Future[Any]") -> None:

@@ -38,6 +38,8 @@ class Settings:
     heartbeat_interval_s: float = _setting("AGENTS_STREAM_HEARTBEAT_INTERVAL_S", 1.0, "Kafka group heartbeat interval.")
     commit_interval_s: float = _setting("AGENTS_STREAM_COMMIT_INTERVAL_S", 1.0, "How often the commit watermark is committed.")
     rocksdb_cache_mb: int = _setting("AGENTS_STREAM_ROCKSDB_CACHE_MB", 8, "Block cache per RocksDB store (one per table partition).")
+    circuits_history_s: float = _setting("AGENTS_STREAM_CIRCUITS_HISTORY_S", 600.0, "How far back a starting worker reads the shared circuits log (breakers, Retry-After, presence).")
+    presence_interval_s: float = _setting("AGENTS_STREAM_PRESENCE_INTERVAL_S", 5.0, "How often a worker announces itself on the circuits log (shared limits are split among live workers).")
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
 
     @classmethod

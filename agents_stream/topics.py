@@ -7,6 +7,8 @@ from aiokafka.partitioner import murmur2
 RESULTS = "agent.results"
 CONTROL = "agent.control"
 JOBS = "agent.jobs"
+#: Internal, one partition, shared by every app id: breaker, Retry-After and presence events (agents_stream.circuits)
+CIRCUITS = "agent.circuits"
 TASK_PREFIX = "agent.tasks."
 
 
@@ -21,6 +23,11 @@ def dlq_topic(agent: str) -> str:
 def outcomes_topic(app_id: str) -> str:
     """Internal: executor → ledger outcome and heartbeat events, keyed by task_id."""
     return f"agent.outcomes.{app_id}"
+
+
+def answers_topic(app_id: str) -> str:
+    """Internal: last-good-answer cache stores and lookups, keyed by the task's fingerprint."""
+    return f"agent.answers.{app_id}"
 
 
 def agent_of(topic: str) -> str | None:

@@ -32,8 +32,15 @@ def register(app: Any) -> None:
                 "worker": app.runtime.worker_id,
                 "in_flight": ex.running,
                 "queued": len(ex.jobs) - ex.running,
-                "providers_down": sorted(h.name for h in ex.health.values() if h.is_down),
+                "held": ex.held,
+                "providers_down": sorted(p for p in app.runtime.circuits.circuits if not app.runtime.circuits.available(p)[0]),
             })
+
+    @app.page("/circuits")
+    class CircuitsView(View):
+        async def get(self, request: Request) -> Response:
+            # The same on every worker: all fold one log (agents_stream.circuits).
+            return self.json({"worker": app.runtime.worker_id, "providers": app.runtime.circuits.describe()})
 
     @app.page("/tasks/{task_id}")
     @app.table_route(table=table, match_info="task_id")

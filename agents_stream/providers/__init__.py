@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from agents_stream.config import ProviderConfig
+from agents_stream.providers.anthropic import AnthropicProvider
 from agents_stream.providers.base import Completion, Prompt, Provider, Usage, render_prompt
 from agents_stream.providers.gemini import GeminiProvider
 from agents_stream.providers.local import LocalProvider
@@ -21,6 +22,7 @@ _KINDS: dict[str, type[Provider]] = {
     "local": LocalProvider,
     "gemini": GeminiProvider,
     "openai": OpenAIProvider,
+    "anthropic": AnthropicProvider,
 }
 
 
@@ -28,10 +30,5 @@ def build_provider(config: ProviderConfig) -> Provider:
     """The client for one configured endpoint; ValueError for a kind this build cannot serve."""
     cls = _KINDS.get(config.kind)
     if cls is None:
-        if config.kind == "anthropic":
-            raise ValueError(
-                f"provider {config.name or config.kind!r}: kind 'anthropic' is not implemented yet; "
-                "use gemini, openai or local in its place"
-            )
         raise ValueError(f"provider {config.name!r}: unknown kind {config.kind!r}; known: {sorted(_KINDS)}")
     return cls(config)

@@ -44,8 +44,8 @@ async def fake_llm():
 def cluster_factory(tmp_path: Path):
     made: list[Cluster] = []
 
-    def make(agents: list[str], fake_url: str | None, **settings: str) -> Cluster:
-        c = Cluster(tmp_path, agents, fake_url, settings=dict(settings))
+    def make(agents: list[str], fake_url: str | None, toml: str | None = None, extra: str = "", **settings: str) -> Cluster:
+        c = Cluster(tmp_path, agents, fake_url, settings=dict(settings), toml=toml, extra=extra)
         made.append(c)
         return c
 

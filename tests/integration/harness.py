@@ -34,8 +34,8 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0) -> Path:
-    lines = []
+def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0, extra: str = "") -> Path:
+    lines = [extra] if extra else []
     if fake_url:
         lines += [
             "[providers.fake]", 'kind = "openai"', f'base_url = "{fake_url}/v1"', 'model = "fake-model"', f"timeout_s = {timeout_s}", "",
@@ -125,9 +125,15 @@ class Cluster:
     app_id: str = field(default_factory=lambda: unique("it"))
     settings: dict[str, str] = field(default_factory=dict)
     workers: list[Worker] = field(default_factory=list)
+    toml: str | None = None  # a whole config file instead of the generated one
+    extra: str = ""  # TOML put before the generated config (e.g. a [breaker] table)
 
     def __post_init__(self) -> None:
-        self.config = write_config(self.tmp / f"{self.app_id}.toml", self.agents, self.fake_url)
+        if self.toml is not None:
+            self.config = self.tmp / f"{self.app_id}.toml"
+            self.config.write_text(self.toml)
+        else:
+            self.config = write_config(self.tmp / f"{self.app_id}.toml", self.agents, self.fake_url, extra=self.extra)
 
     def worker(self, name: str | None = None, **overrides: str) -> Worker:
         name = name or f"w{len(self.workers)}"

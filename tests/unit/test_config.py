@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from agents_stream.config import AppConfig, ProviderConfig, load_config
 from agents_stream.settings import Settings
 
-REMOTE_KEYS = ("GEMINI_API_KEY", "OPENAI_API_KEY")
+REMOTE_KEYS = ("GEMINI_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
 
 
 @pytest.fixture
@@ -138,6 +138,8 @@ def test_chain_keeps_providers_with_keys_in_order(no_keys: pytest.MonkeyPatch) -
     assert [p.name for p in cfg.chain("analyzer")] == ["openai", "local"]
     no_keys.setenv("GEMINI_API_KEY", "g-test")
     assert [p.name for p in cfg.chain("analyzer")] == ["gemini", "openai", "local"]
+    no_keys.setenv("ANTHROPIC_API_KEY", "a-test")
+    assert [p.name for p in cfg.chain("analyzer")] == ["gemini", "openai", "anthropic", "local"]
 
 
 def test_empty_key_counts_as_unset(no_keys: pytest.MonkeyPatch) -> None:

@@ -22,12 +22,17 @@ from agents_stream.errors import (
 )
 from agents_stream.fakellm import FakeLLM, hang, malformed, ok, refusal, status
 from agents_stream.providers import Prompt, Provider, Usage, build_provider, render_prompt
+from agents_stream.providers.anthropic import ANTHROPIC_VERSION, AnthropicProvider
 from agents_stream.providers.http import parse_retry_after
 from agents_stream.providers.local import LocalProvider
 
 KEY = "sk-test-0f9e8d7c6b5a-not-a-real-key"
-ENV = {"gemini": "AGENTS_STREAM_TEST_GEMINI_KEY", "openai": "AGENTS_STREAM_TEST_OPENAI_KEY"}
-AUTH_HEADER = {"gemini": "x-goog-api-key", "openai": "authorization"}
+ENV = {
+    "gemini": "AGENTS_STREAM_TEST_GEMINI_KEY",
+    "openai": "AGENTS_STREAM_TEST_OPENAI_KEY",
+    "anthropic": "AGENTS_STREAM_TEST_ANTHROPIC_KEY",
+}
+AUTH_HEADER = {"gemini": "x-goog-api-key", "openai": "authorization", "anthropic": "x-api-key"}
 PROMPT = Prompt(instruction="Summarise task_id=t-42 please", system="Be brief.", context={"doc": "abc"})
 
 MakeProvider = Callable[..., Provider]
@@ -39,7 +44,7 @@ async def fake() -> AsyncIterator[FakeLLM]:
         yield server
 
 
-@pytest.fixture(params=["gemini", "openai"])
+@pytest.fixture(params=["gemini", "openai", "anthropic"])
 def api(request: pytest.FixtureRequest) -> str:
     return request.param
 
@@ -50,8 +55,8 @@ async def make(fake: FakeLLM, api: str, monkeypatch: pytest.MonkeyPatch) -> Asyn
     made: list[Provider] = []
 
     def _make(**overrides: object) -> Provider:
-        # OpenAI-compatible base URLs carry the version; Gemini's API path adds its own
-        base_url = fake.url if api == "gemini" else f"{fake.url}/v1"
+        # OpenAI-compatible base URLs carry the version; Gemini's and Anthropic's API paths add their own
+        base_url = f"{fake.url}/v1" if api == "openai" else fake.url
         settings: dict[str, object] = {
             "name": f"test-{api}",
             "kind": api,
@@ -102,6 +107,10 @@ async def test_request_carries_prompt_system_and_max_tokens(fake: FakeLLM, make:
     if api == "gemini":
         assert seen.path == "/v1beta/models/fake-model:generateContent"
         assert seen.body["generationConfig"]["maxOutputTokens"] == 33
+    elif api == "anthropic":
+        assert seen.path == "/v1/messages"
+        assert seen.body["max_tokens"] == 33 and seen.body["model"] == "fake-model"
+        assert seen.body["system"] == "Sys."
     else:
         assert seen.path == "/v1/chat/completions"
         assert seen.body["max_tokens"] == 33 and seen.body["model"] == "fake-model"
@@ -339,10 +348,87 @@ async def test_local_provider_latency() -> None:
     assert time.monotonic() - started >= 0.19
 
 
-def test_anthropic_kind_is_not_built_yet() -> None:
-    """kind="anthropic" is refused with a clear ValueError until its client exists."""
-    with pytest.raises(ValueError, match="anthropic.*not implemented"):
-        build_provider(ProviderConfig(kind="anthropic", base_url="http://127.0.0.1:1"))
+def test_anthropic_kind_is_built() -> None:
+    """kind="anthropic" builds the Messages client, defaulting to Anthropic's own host."""
+    provider = build_provider(ProviderConfig(kind="anthropic", model="claude-x"))
+    assert isinstance(provider, AnthropicProvider)
+    assert provider.base_url == "https://api.anthropic.com"
+
+
+def test_unknown_kind_is_a_value_error() -> None:
+    """A kind no client serves is refused at build time with the known kinds listed."""
+    config = ProviderConfig.model_construct(name="x", kind="cohere", base_url="", model="m")
+    with pytest.raises(ValueError, match="anthropic"):
+        build_provider(config)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("api", ["anthropic"])
+async def test_anthropic_sends_version_and_omits_empty_system(fake: FakeLLM, make: MakeProvider) -> None:
+    """Every Messages call names anthropic-version; a prompt without system text sends no system field."""
+    await make().complete(Prompt("No system here"))
+    (seen,) = fake.requests
+    headers = {k.lower(): v for k, v in seen.headers.items()}
+    assert headers["anthropic-version"] == ANTHROPIC_VERSION
+    assert "system" not in seen.body
+    assert seen.body["messages"] == [{"role": "user", "content": "No system here"}]
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("api", ["anthropic"])
+async def test_anthropic_joins_text_blocks_only(fake: FakeLLM, make: MakeProvider) -> None:
+    """The answer is the text blocks in order; thinking and tool_use blocks are left out."""
+    body = {
+        "type": "message",
+        "content": [
+            {"type": "thinking", "thinking": "hmm", "signature": "s"},
+            {"type": "text", "text": "first "},
+            {"type": "tool_use", "id": "t", "name": "f", "input": {}},
+            {"type": "text", "text": "second"},
+        ],
+        "stop_reason": "end_turn",
+        "usage": {"input_tokens": 7, "output_tokens": 3},
+    }
+    fake.enqueue(status(200, body=body))
+    completion = await make().complete(PROMPT)
+    assert completion.text == "first second"
+    assert completion.usage == Usage(input_tokens=7, output_tokens=3)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("api", ["anthropic"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"type": "message", "content": [], "stop_reason": "end_turn"},
+        {"type": "message", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": {}}]},
+        {"type": "message", "content": "not a list"},
+        {"type": "message", "content": [{"type": "text", "text": None}]},
+    ],
+)
+async def test_anthropic_odd_content_is_malformed(fake: FakeLLM, make: MakeProvider, body: dict) -> None:
+    """A 200 with no usable text block is a malformed-response TransientError, not an empty answer."""
+    fake.enqueue(status(200, body=body))
+    error = await fails(make(), TransientError)
+    assert "malformed response" in str(error)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("api", ["anthropic"])
+async def test_anthropic_refusal_with_partial_text_is_permanent(fake: FakeLLM, make: MakeProvider) -> None:
+    """stop_reason "refusal" wins over any text already streamed into the content: PermanentError."""
+    body = {"type": "message", "content": [{"type": "text", "text": "Sure, here"}], "stop_reason": "refusal"}
+    fake.enqueue(status(200, body=body))
+    error = await fails(make(), PermanentError)
+    assert "refusal" in str(error)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("api", ["anthropic"])
+async def test_anthropic_missing_usage_counts_zero(fake: FakeLLM, make: MakeProvider) -> None:
+    """An answer without usage still succeeds, with zero tokens rather than an error."""
+    fake.enqueue(status(200, body={"type": "message", "content": [{"type": "text", "text": "hi"}]}))
+    assert (await make().complete(PROMPT)).usage == Usage()
 
 
 def test_render_prompt_appends_context_as_json() -> None:

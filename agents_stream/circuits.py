@@ -1,0 +1,464 @@
+"""Provider circuits shared by every worker: breakers, Retry-After, concurrency and rate limits, folded from one Kafka log.
+
+Every worker appends what it learns about a provider (a failed call, a probe
+request or result, a 429's Retry-After, its own presence) to the
+single-partition topic ``agent.circuits``, and every worker folds that whole
+log, in the same order, through the pure state machine of
+``agents_stream.breaker``. So all workers hold the same breaker state, and a
+transition one worker causes is seen by the others within the log's
+propagation delay (tens of milliseconds on a healthy broker).
+
+Two rules keep the number of calls a failing provider receives bounded:
+
+* a worker starts no new call to a provider while one of its own failure
+  (or 429) events for it is not yet folded back, so by the time it calls
+  again it knows whether that failure opened the breaker;
+* in half-open, a probe is a call the log admitted: a worker asks with a
+  ``probe`` event and calls only if the fold admitted its id, so at most
+  ``half_open_probes`` probes are in flight cluster-wide.
+
+This module owns I/O and waiting; every decision is in ``breaker`` and
+``ratelimit``. Only executors call ``acquire``/``release``; tables are not
+touched here (the log itself is the changelog of this state).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Awaitable, Callable
+
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from agents_stream import breaker, topics
+from agents_stream.breaker import Breaker, Transition
+from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
+from agents_stream.errors import CircuitOpen
+from agents_stream.ratelimit import TokenBucket, ramp, share, take
+
+__all__ = ["Circuits", "Permit"]
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[bytes, bytes], Any]
+OnTransition = Callable[[str, Transition, bool], None]
+
+#: how long a worker waits for its own failure event to come back before calling anyway
+_UNFOLDED_WAIT_S = 2.0
+#: how long a probe request waits for the log's verdict
+_PROBE_VERDICT_S = 3.0
+#: Retry-After assumed for a 429 that did not say
+_DEFAULT_RETRY_AFTER_S = 1.0
+
+
+@dataclass(eq=False)
+class Permit:
+    """One admitted call; give it back with ``Circuits.release``."""
+
+    provider: str
+    probe_id: str | None = None
+    released: bool = False
+
+
+@dataclass
+class _Circuit:
+    id: str
+    config: ProviderConfig
+    breaker_config: BreakerConfig
+    breaker: Breaker = field(default_factory=Breaker)
+    blocked_until: float = 0.0  # Retry-After, from any worker
+    in_flight: int = 0  # this worker's calls
+    bucket: TokenBucket | None = None
+    unfolded: dict[str, float] = field(default_factory=dict)  # own failure/429 event id → sent at
+    probing: bool = False  # one local task at a time asks for a probe place
+    probe_waiters: dict[str, asyncio.Future] = field(default_factory=dict)
+
+
+class Circuits:
+    def __init__(
+        self,
+        config: AppConfig,
+        providers: list[str],
+        worker_id: str,
+        *,
+        bootstrap: str,
+        send: Send,
+        on_transition: OnTransition,
+        on_change: Callable[[], None],
+        spend_report: Callable[[], dict[str, Any]] = dict,
+        history_s: float = 600.0,
+        presence_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.worker_id = worker_id
+        #: provider name → its circuit; names that configure the same endpoint and model share one
+        self.circuits: dict[str, _Circuit] = {}
+        self._by_id: dict[str, _Circuit] = {}
+        for name in dict.fromkeys(providers):
+            pconf = config.providers[name] if name in config.providers else ProviderConfig(name=name, kind="local")
+            cid = circuit_id(pconf)
+            if cid not in self._by_id:
+                self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name) if name in config.providers else config.breaker)
+            self.circuits[name] = self._by_id[cid]
+        self._bootstrap = bootstrap
+        self._send = send
+        self._on_transition = on_transition
+        self._on_change = on_change
+        self._spend_report = spend_report
+        self.history_s = history_s
+        self.presence_s = presence_s
+        self._clock = clock
+        self._consumer: AIOKafkaConsumer | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._changed = asyncio.Event()
+        self._start_offset = 0
+        #: worker id → (last hello at, providers it calls)
+        self.presence: dict[str, tuple[float, frozenset[str]]] = {}
+        #: (agent, day, partition) → (reported at, USD): the newest report per partition wins
+        self._spend: dict[tuple[str, str, str], tuple[float, float]] = {}
+        self.folded = 0
+        self.lag_s = 0.0  # the last folded own event's round trip, for operators and tests
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    async def start(self, timeout: float = 60.0) -> None:
+        """Fold the recent log (``history_s``) up to its current end, then follow it."""
+        tp = TopicPartition(topics.CIRCUITS, 0)
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self._bootstrap,
+            group_id=None,
+            enable_auto_commit=False,
+            fetch_max_wait_ms=20,  # the fold's propagation delay: keep it short
+            client_id=f"circuits-{self.worker_id}",
+        )
+        await asyncio.wait_for(consumer.start(), timeout)
+        self._consumer = consumer
+        consumer.assign([tp])
+        since = int((self._clock() - self.history_s) * 1000)
+        found = await asyncio.wait_for(consumer.offsets_for_times({tp: since}), timeout)
+        end = (await asyncio.wait_for(consumer.end_offsets([tp]), timeout))[tp]
+        self._start_offset = found[tp].offset if found.get(tp) is not None else end
+        consumer.seek(tp, self._start_offset)
+        deadline = time.monotonic() + timeout
+        while await consumer.position(tp) < end:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"could not read {topics.CIRCUITS} up to offset {end} within {timeout:.0f}s")
+            self._fold_batch(await consumer.getmany(tp, timeout_ms=500, max_records=5000))
+        log.info(
+            "Circuits: folded %d events of %s (offsets %d..%d); providers %s",
+            self.folded, topics.CIRCUITS, self._start_offset, end, ", ".join(self.circuits),
+        )
+        self._spawn(self._follow(tp))
+        self._spawn(self._hello_loop())
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(list(self._tasks), timeout=5.0)
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            try:
+                await asyncio.wait_for(consumer.stop(), timeout=5.0)
+            except Exception as exc:  # best effort on the way out
+                log.warning("Circuits consumer did not stop cleanly: %r", exc)
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _follow(self, tp: TopicPartition) -> None:
+        assert self._consumer is not None
+        while True:
+            try:
+                batch = await self._consumer.getmany(tp, timeout_ms=500, max_records=1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # aiokafka reconnects by itself; keep following
+                log.warning("Circuits: reading %s failed (%r); retrying in 1s", topics.CIRCUITS, exc)
+                await asyncio.sleep(1.0)
+                continue
+            self._fold_batch(batch)
+
+    async def _hello_loop(self) -> None:
+        while True:
+            try:
+                self._publish("hello", None, providers=sorted(self._by_id), spend=self._spend_report())
+            except Exception as exc:  # presence is refreshed next round
+                log.warning("Circuits: presence not sent (%r)", exc)
+            await asyncio.sleep(self.presence_s)
+
+    # -- the fold ------------------------------------------------------------------------
+
+    def _fold_batch(self, batch: dict[Any, list[Any]]) -> None:
+        changed = False
+        for records in batch.values():
+            for record in records:
+                changed |= self._fold(record.offset, record.value)
+        if changed:
+            self._signal()
+
+    def _fold(self, offset: int, raw: bytes | None) -> bool:
+        self.folded += 1
+        try:
+            ev = json.loads(raw)  # type: ignore[arg-type]
+            kind, at, worker = ev["kind"], float(ev["at"]), ev["worker"]
+        except (TypeError, ValueError, KeyError) as exc:
+            log.warning("Circuits: skipping malformed event at offset %d: %r", offset, exc)
+            return False
+        if kind == "hello":
+            self.presence[worker] = (at, frozenset(ev.get("providers") or ()))
+            self._fold_spend(at, ev.get("spend") or {})
+            return False
+        c = self._by_id.get(ev.get("provider", ""))
+        if c is None:
+            return False  # an endpoint this worker does not call
+        mine = worker == self.worker_id
+        if mine:
+            sent = c.unfolded.pop(ev.get("id", ""), None)
+            if sent is not None:
+                self.lag_s = max(0.0, self._clock() - sent)
+        if kind == "rate_limited":
+            until = float(ev.get("until", 0))
+            if until > c.blocked_until:
+                c.blocked_until = until
+                return True
+            return mine
+        if kind == "transition":
+            # For a worker that joined after the cause: take over the state the log recorded.
+            if int(ev.get("cause", -1)) >= self._start_offset or ev.get("to") == c.breaker.state:
+                return False
+            try:
+                event: Any = breaker.Adopt(at=at, state=ev["to"], opened_at=ev.get("opened_at"), closed_at=ev.get("closed_at"))
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("Circuits: skipping unusable transition record at offset %d: %r", offset, exc)
+                return False
+        elif kind == "failure":
+            event = breaker.Failure(at=at, probe_id=ev.get("probe_id"))
+        elif kind == "success":
+            event = breaker.Success(at=at, probe_id=ev.get("probe_id"))
+        elif kind == "probe":
+            event = breaker.ProbeRequest(at=at, probe_id=ev["probe_id"])
+        else:
+            return False  # a newer worker's event kind
+        before = c.breaker
+        try:
+            c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
+        except (TypeError, ValueError) as exc:  # a newer worker's state name, or a broken record
+            log.warning("Circuits: skipping unusable %s event at offset %d: %r", kind, offset, exc)
+            return False
+        if kind == "probe":
+            waiter = c.probe_waiters.pop(ev["probe_id"], None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(breaker.admitted(c.breaker, ev["probe_id"]))
+        for t in transitions:
+            self._transition(c, t, mine and kind != "transition", offset)
+        return c.breaker != before or mine
+
+    def _transition(self, c: _Circuit, t: Transition, mine: bool, offset: int) -> None:
+        name = c.config.name or c.id
+        log_at = logging.WARNING if t.to == breaker.OPEN else logging.INFO
+        log.log(
+            log_at,
+            "Breaker %s: %s → %s (%s)%s", name, t.frm, t.to, t.reason,
+            "; calls to it fall back or hold until it half-opens" if t.to == breaker.OPEN else "",
+        )
+        if mine:
+            # The worker whose event caused it reports it once, and records it for joiners.
+            b = c.breaker
+            self._publish("transition", c.id, to=b.state, opened_at=b.opened_at, closed_at=b.closed_at, cause=offset)
+        try:
+            self._on_transition(name, t, mine)
+        except Exception as exc:  # a reporting bug must not stop the fold
+            log.exception("Circuits: transition callback failed: %r", exc)
+
+    def _fold_spend(self, at: float, spend: dict[str, Any]) -> None:
+        for agent, days in spend.items():
+            for day, parts in (days or {}).items():
+                for partition, usd in (parts or {}).items():
+                    key = (agent, day, str(partition))
+                    if key not in self._spend or self._spend[key][0] <= at:
+                        self._spend[key] = (at, float(usd))
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = asyncio.Event()
+        try:
+            self._on_change()
+        except Exception as exc:
+            log.exception("Circuits: change callback failed: %r", exc)
+
+    async def wait_change(self, timeout: float) -> None:
+        """Return when the fold changes anything, or after ``timeout``."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout)
+        except asyncio.TimeoutError:
+            pass
+
+    def _publish(self, kind: str, provider: str | None, **fields: Any) -> str:
+        event_id = uuid.uuid4().hex
+        body = {"v": 1, "id": event_id, "kind": kind, "provider": provider, "worker": self.worker_id, "at": self._clock(), **fields}
+        fut = self._send((provider or self.worker_id).encode(), json.dumps(body).encode())
+        if hasattr(fut, "add_done_callback"):
+            fut.add_done_callback(_log_send_failure)
+        return event_id
+
+    # -- what executors ask --------------------------------------------------------------
+
+    def state(self, provider: str) -> str:
+        c = self.circuits[provider]
+        return breaker.view(c.breaker, self._clock(), c.breaker_config)
+
+    def available(self, provider: str) -> tuple[bool, float | None]:
+        """Whether a call could be admitted now (closed, or half-open), and if not, from when."""
+        c = self.circuits[provider]
+        now = self._clock()
+        if c.blocked_until > now:
+            return False, c.blocked_until
+        state = breaker.view(c.breaker, now, c.breaker_config)
+        if state == breaker.OPEN:
+            return False, breaker.reopens_at(c.breaker, c.breaker_config)
+        return True, None
+
+    def live_workers(self, provider: str) -> int:
+        """Workers (this one included) that said within three presence intervals that they call this endpoint."""
+        cid = self.circuits[provider].id
+        horizon = self._clock() - 3 * self.presence_s
+        others = sum(1 for w, (at, ids) in self.presence.items() if w != self.worker_id and at >= horizon and cid in ids)
+        return 1 + others
+
+    def concurrency_limit(self, provider: str) -> float | None:
+        """This worker's share of the provider's cluster-wide max_concurrency, ramped after a close."""
+        c = self.circuits[provider]
+        if c.config.max_concurrency is None:
+            return None
+        limit = share(c.config.max_concurrency, self.live_workers(provider))
+        return ramp(limit, c.breaker.closed_at, self._clock(), c.config.ramp_s)
+
+    def spend(self, agent: str, day: str) -> float:
+        """Cluster-wide spend of an agent on a UTC day, as the workers last reported it."""
+        return sum(usd for (a, d, _), (_, usd) in self._spend.items() if a == agent and d == day)
+
+    async def acquire(self, provider: str) -> Permit:
+        """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
+        c = self.circuits[provider]
+        while True:
+            now = self._clock()
+            if c.blocked_until > now:
+                raise CircuitOpen(f"{provider} asked to wait (Retry-After) until {c.blocked_until:.3f}", provider=provider, retry_at=c.blocked_until)
+            state = breaker.view(c.breaker, now, c.breaker_config)
+            if state == breaker.OPEN:
+                raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=breaker.reopens_at(c.breaker, c.breaker_config))
+            if state == breaker.HALF_OPEN:
+                return await self._probe(c)
+            # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.
+            stale = [i for i, sent in c.unfolded.items() if now - sent > _UNFOLDED_WAIT_S]
+            for i in stale:
+                del c.unfolded[i]
+            if c.unfolded:
+                await self.wait_change(0.05)
+                continue
+            limit = self.concurrency_limit(provider)
+            if limit is not None and c.in_flight >= limit:
+                await self.wait_change(0.5)
+                continue
+            if c.config.rps is not None:
+                rate = share(c.config.rps, self.live_workers(provider), minimum=0.1)
+                if c.bucket is None:
+                    c.bucket = TokenBucket.full(rate, max(1.0, rate), now)
+                elif c.bucket.rate != rate:  # the number of live workers changed: a new share, tokens kept
+                    c.bucket = replace(c.bucket, rate=rate, burst=max(1.0, rate), tokens=min(c.bucket.tokens, max(1.0, rate)))
+                c.bucket, wait = take(c.bucket, now)
+                if wait > 0:
+                    await asyncio.sleep(min(wait, 0.5))
+                    continue
+            c.in_flight += 1
+            return Permit(provider)
+
+    async def _probe(self, c: _Circuit) -> Permit:
+        name = c.config.name
+        if c.probing:
+            raise CircuitOpen(f"{name}: half-open, a probe from this worker is under way", provider=name)
+        c.probing = True
+        probe_id = uuid.uuid4().hex
+        waiter: asyncio.Future = asyncio.get_running_loop().create_future()
+        c.probe_waiters[probe_id] = waiter
+        try:
+            self._publish("probe", c.id, probe_id=probe_id)
+            admitted = await asyncio.wait_for(waiter, _PROBE_VERDICT_S)
+        except asyncio.TimeoutError:
+            admitted = False
+        finally:
+            c.probe_waiters.pop(probe_id, None)
+        if not admitted:
+            c.probing = False
+            raise CircuitOpen(f"{name}: half-open, no probe place free", provider=name)
+        c.in_flight += 1
+        log.info("Breaker %s: half-open, probing with one real call", name)
+        return Permit(name, probe_id)
+
+    def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
+        """``result``: "success" (the provider answered), "failure" (it did not), "rate_limited", or "neutral"."""
+        if permit.released:
+            return
+        permit.released = True
+        c = self.circuits[permit.provider]
+        c.in_flight -= 1
+        if permit.probe_id is not None:
+            c.probing = False
+        if result == "failure":
+            event_id = self._publish("failure", c.id, probe_id=permit.probe_id)
+            c.unfolded[event_id] = self._clock()
+        elif result == "rate_limited":
+            until = self._clock() + (retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S)
+            c.blocked_until = max(c.blocked_until, until)  # this worker obeys at once; the others once folded
+            event_id = self._publish("rate_limited", c.id, until=until)
+            c.unfolded[event_id] = self._clock()
+            if permit.probe_id is not None:  # the provider answered: it is up, only busy
+                self._publish("success", c.id, probe_id=permit.probe_id)
+        elif result == "success" and permit.probe_id is not None:
+            # Successes matter to the breaker only in half-open; closed-state ones stay local.
+            self._publish("success", c.id, probe_id=permit.probe_id)
+        # "neutral" (a cancelled call): nothing is known; an admitted probe's place frees after probe_timeout_s
+        self._signal()
+
+    # -- for operators -----------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        now = self._clock()
+        out = {}
+        for name, c in self.circuits.items():
+            out[name] = {
+                "endpoint": c.id,
+                **breaker.as_dict(c.breaker, now, c.breaker_config),
+                "retry_after_until": c.blocked_until if c.blocked_until > now else None,
+                "in_flight_here": c.in_flight,
+                "concurrency_limit_here": self.concurrency_limit(name),
+                "live_workers": self.live_workers(name),
+                "config": c.breaker_config.model_dump(),
+            }
+        return out
+
+
+def circuit_id(config: ProviderConfig) -> str:
+    """What a breaker protects: one endpoint and model, whatever a config names it.
+
+    Workers of different app ids (or configs) calling the same endpoint share its breaker.
+    """
+    return f"{config.kind}|{config.base_url.rstrip('/') or 'default'}|{config.model}"
+
+
+def bootstrap_servers(broker_url: str) -> str:
+    """``kafka://a:9092,kafka://b:9092`` (Faust's form) → ``a:9092,b:9092`` (aiokafka's)."""
+    parts = [p.strip() for p in broker_url.split(",") if p.strip()]
+    return ",".join(p.split("://", 1)[-1] for p in parts)
+
+
+def _log_send_failure(fut: Any) -> None:
+    if not fut.cancelled() and fut.exception() is not None:
+        log.warning("Circuits: an event was not delivered (%r); other workers learn it from the next one", fut.exception())

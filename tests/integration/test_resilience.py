@@ -1,0 +1,338 @@
+"""Shared breakers, Retry-After, the fallback ladder, format retries, routing and cost on the real broker.
+
+Each test runs real worker processes against fake LLM servers over HTTP; the
+counts the issue asks for are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from typing import Any
+
+from agents_stream import pricing, topics
+from agents_stream.config import Price
+from agents_stream.fakellm import FakeLLM, ok, status
+from agents_stream.outputs import SIMPLIFY_PREFIX
+
+from .harness import encode, eventually, produce, read_topic, results_for, task, unique
+from .test_failures import group_lag
+
+
+def provider(name: str, fake: FakeLLM, *, kind: str = "openai", model: str | None = None, **extra: Any) -> str:
+    base = f"{fake.url}/v1" if kind == "openai" else fake.url
+    lines = [f"[providers.{name}]", f'kind = "{kind}"', f'base_url = "{base}"', f'model = "{model or name + "-model"}"', "timeout_s = 5"]
+    lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
+    return "\n".join(lines) + "\n\n"
+
+
+def agent_toml(name: str, **fields: Any) -> str:
+    lines = [f"[agents.{name}]"]
+    for k, v in fields.items():
+        lines.append(f"{k} = {_toml_value(v)}")
+    return "\n".join(lines) + "\n\n"
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, list):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    return json.dumps(v)
+
+
+def decoded(results: dict[str, list[Any]]) -> dict[str, dict[str, Any]]:
+    """One result per task_id, asserting that redeliveries (if any) were byte-identical."""
+    out = {}
+    for task_id, msgs in results.items():
+        assert len({m.value for m in msgs}) == 1, f"{task_id} has conflicting results"
+        out[task_id] = json.loads(msgs[0].value)
+    return out
+
+
+async def produce_paced(topic: str, tasks: list[dict[str, Any]], per_second: float) -> None:
+    batch = max(1, int(per_second / 4))
+    started = time.monotonic()
+    for i in range(0, len(tasks), batch):
+        await produce(topic, [encode(t) for t in tasks[i:i + batch]])
+        due = started + (i + batch) / per_second
+        await asyncio.sleep(max(0.0, due - time.monotonic()))
+
+
+async def test_breaker_shared_by_two_workers_bounds_calls_to_a_down_primary(cluster_factory):
+    """Primary down 30 s while 1,000 tasks flow through 2 workers: the primary gets a bounded number of calls,
+    the alternate answers with confidence=medium, the breaker closes afterwards and traffic returns to the primary."""
+    threshold, open_timeout, probes, max_conc = 5, 5.0, 1, 8
+    async with FakeLLM() as primary, FakeLLM() as alternate:
+        await primary.set_mode(latency=0.02)
+        await alternate.set_mode(latency=0.02)
+        agent = unique("analyzer")
+        toml = (
+            f"[breaker]\nfailure_threshold = {threshold}\nsuccess_threshold = 2\nopen_timeout_s = {open_timeout}\n"
+            f"window_s = 30\nhalf_open_probes = {probes}\n\n"
+            + provider("primary", primary, max_concurrency=max_conc)
+            + provider("alternate", alternate, kind="anthropic")
+            + agent_toml(agent, providers=["primary", "alternate"])
+        )
+        c = cluster_factory([agent], None, toml=toml)
+        await asyncio.gather(c.started("a"), c.started("b"))
+        ts = [task(agent, n=i) for i in range(1000)]
+        ids = [t["task_id"] for t in ts]
+        feeding = asyncio.ensure_future(produce_paced(topics.task_topic(agent), ts, per_second=20))  # ~50 s
+        await asyncio.sleep(5)
+        outage_start = time.time()
+        await primary.set_mode(outage=True, outage_for=30)
+        await asyncio.sleep(30)
+        outage_end = time.time()
+        await asyncio.wait_for(feeding, 60)
+        results = decoded(await results_for(set(ids), timeout=120))
+
+    assert set(results) == set(ids), "every task has one result"
+    during = [r for r in primary.requests if outage_start <= r.ts < outage_end]
+    windows = math.ceil(30 / open_timeout) + 1
+    bound = threshold + max_conc + probes * windows
+    by_source: dict[str, int] = {}
+    for r in results.values():
+        by_source[r["source"].split(":")[0]] = by_source.get(r["source"].split(":")[0], 0) + 1
+    print(
+        f"\nbreaker: primary got {len(during)} calls during its 30 s outage "
+        f"(bound {threshold} threshold + {max_conc} concurrency + {probes}x{windows} probes = {bound}); "
+        f"results by tier {by_source}"
+    )
+    assert len(during) <= bound
+    for r in results.values():
+        assert r["status"] == "succeeded"
+        if r["source"].startswith("alternate:"):
+            assert r["confidence"] == "medium"
+        else:
+            assert r["source"].startswith("primary:") and r["confidence"] == "high"
+    assert by_source.get("alternate", 0) >= 300, "tasks during the outage completed on the alternate"
+    # The breaker closed after recovery, and the last tasks went to the primary again.
+    assert all(results[i]["source"].startswith("primary:") for i in ids[-40:]), "traffic returned to the primary"
+    events = await read_topic(
+        topics.CONTROL, timeout=10, until=lambda seen: False,
+        keep=lambda m: json.loads(m.value)["event"].startswith("breaker.") and m.key == b"primary",
+    )
+    kinds = [json.loads(m.value)["event"] for m in events if outage_start - 1 <= _at(m) <= time.time()]
+    print(f"breaker transitions seen: {kinds}")
+    assert "breaker.open" in kinds and "breaker.closed" in kinds
+
+
+def _at(msg: Any) -> float:
+    return msg.timestamp / 1000.0
+
+
+async def test_every_provider_down_holds_then_recovers_with_a_bounded_ramp(cluster_factory):
+    """All providers down: tasks held and lag grows; on recovery all complete and the primary's concurrency stays within max_concurrency."""
+    max_conc = 4
+    async with FakeLLM() as primary, FakeLLM() as alternate:
+        agent = unique("analyzer")
+        toml = (
+            "[breaker]\nfailure_threshold = 3\nsuccess_threshold = 1\nopen_timeout_s = 2\nwindow_s = 30\n\n"
+            + provider("primary", primary, max_concurrency=max_conc, ramp_s=2.0)
+            + provider("alternate", alternate, max_concurrency=2)
+            + agent_toml(agent, providers=["primary", "alternate"])
+        )
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_PRESENCE_INTERVAL_S="1")
+        await asyncio.gather(c.started("a"), c.started("b"))
+        await primary.set_mode(outage=True)
+        await alternate.set_mode(outage=True)
+        ts = [task(agent, n=i) for i in range(200)]
+        ids = {t["task_id"] for t in ts}
+        await produce(topics.task_topic(agent), [encode(t) for t in ts])
+        await read_topic(
+            topics.CONTROL, timeout=60, until=lambda seen: len(seen) >= 1,
+            keep=lambda m: json.loads(m.value)["event"] == "task.held" and json.loads(m.value)["subject"] in ids,
+        )
+        await asyncio.sleep(4)
+        lag = await asyncio.to_thread(group_lag, c.app_id, topics.task_topic(agent))
+        calls_down = len(primary.requests) + len(alternate.requests)
+        print(f"\nall down: lag {lag} of {len(ts)}, {calls_down} calls to the two providers while down")
+        assert lag == len(ts), "no task committed while every provider is down"
+        early = await read_topic("agent.results", until=lambda s: False, timeout=1, keep=lambda m: m.key and m.key.decode() in ids)
+        assert early == [], "held tasks produce no result"
+
+        await primary.set_mode(latency=0.3)
+        await alternate.set_mode(latency=0.3)
+        primary.peak_in_flight = alternate.peak_in_flight = 0
+        await primary.set_mode(outage=False)
+        await alternate.set_mode(outage=False)
+        await asyncio.sleep(5)
+        first_peak = (primary.peak_in_flight, alternate.peak_in_flight)
+        results = decoded(await results_for(ids, timeout=120))
+    print(f"recovery: peak concurrency in the first 5 s primary {first_peak[0]} (limit {max_conc}), alternate {first_peak[1]} (limit 2)")
+    assert set(results) == ids
+    assert first_peak[0] <= max_conc and first_peak[1] <= 2
+    assert primary.peak_in_flight <= max_conc
+
+
+async def test_retry_after_is_honoured_by_every_worker(cluster_factory):
+    """A 429 with Retry-After seen by one worker stops new calls from both, apart from those started within the propagation delay."""
+    retry_after = 3.0
+    async with FakeLLM() as fake:
+        await fake.set_mode(latency=0.2)
+        agent = unique("analyzer")
+        toml = provider("fake", fake) + agent_toml(agent, providers=["fake"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_MAX_IN_FLIGHT="8")
+        await asyncio.gather(c.started("a"), c.started("b"))
+        ts = [task(agent, n=i) for i in range(400)]
+        feeding = asyncio.ensure_future(produce_paced(topics.task_topic(agent), ts, per_second=40))
+        await eventually(lambda: len(fake.requests) >= 40, timeout=60, what="steady traffic")
+        fake.enqueue(status(429, retry_after=retry_after))
+        await eventually(lambda: any(r.status == 429 for r in fake.requests), timeout=30, what="the 429")
+        await asyncio.wait_for(feeding, 60)
+        results = decoded(await results_for({t["task_id"] for t in ts}, timeout=120))
+    hit = next(r for r in fake.requests if r.status == 429)
+    t0 = hit.ts + 0.2  # when the 429 reached the worker
+    inside = [r.ts - t0 for r in fake.requests if t0 < r.ts < t0 + retry_after]
+    after = [r for r in fake.requests if r.ts >= t0 + retry_after]
+    propagation = max(inside, default=0.0)
+    print(f"\nRetry-After {retry_after:g}s: {len(inside)} calls started after the 429 and before it elapsed, "
+          f"the last {propagation * 1000:.0f} ms after it (propagation delay)")
+    assert propagation < 1.0, "calls inside the Retry-After window only within the propagation delay"
+    assert after, "calls resume once Retry-After elapsed"
+    assert len(results) == len(ts) and all(r["status"] == "succeeded" for r in results.values())
+
+
+async def test_format_retry_corrects_then_dead_letters_what_never_validates(cluster_factory, fake_llm):
+    """A malformed first answer gets one corrective retry; an answer that never validates ends failed and dead-lettered."""
+    agent = unique("analyzer")
+    schema = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
+    toml = provider("fake", fake_llm) + agent_toml(agent, providers=["fake"], output_schema=schema, format_retries=2)
+    c = cluster_factory([agent], None, toml=toml)
+    await c.started()
+
+    fake_llm.enqueue(ok("Sure! The answer is 42."), ok('{"answer": "42"}'))
+    good = task(agent)
+    await produce(topics.task_topic(agent), [encode(good)])
+    result = decoded(await results_for({good["task_id"]}, timeout=60))[good["task_id"]]
+    calls = [r for r in fake_llm.requests if r.task_id == good["task_id"]]
+    assert result["status"] == "succeeded" and result["output"] == {"answer": "42"}
+    assert len(calls) == 2, "exactly one corrective retry"
+    assert "not JSON" in calls[1].instruction and '"answer"' in calls[1].instruction, "the retry names the error and the schema"
+
+    fake_llm.enqueue(*[ok("still not JSON")] * 3)
+    bad = task(agent)
+    await produce(topics.task_topic(agent), [encode(bad)])
+    result = decoded(await results_for({bad["task_id"]}, timeout=60))[bad["task_id"]]
+    assert result["status"] == "failed" and result["confidence"] == "failed"
+    assert len([r for r in fake_llm.requests if r.task_id == bad["task_id"]]) == 3, "1 + format_retries calls"
+    dlq = await read_topic(topics.dlq_topic(agent), timeout=30, until=lambda s: len(s) >= 1)
+    headers = {k: v.decode() for k, v in dlq[0].headers}
+    assert headers["error_layer"] == "downstream" and headers["error_reason"].startswith("invalid_output")
+    assert dlq[0].value == encode(bad)[1], "the original bytes"
+    print(f"\nformat: corrective retry ok; exhausted → DLQ reason {headers['error_reason'][:80]!r}")
+
+
+EASY = ["Translate 'good morning' into French.", "What is the capital of Italy?", "Spell 'necessary' backwards.", "Give a synonym for 'happy'."]
+HARD = [
+    "Compare the three pricing proposals in the context step by step and explain why one of them is best.",
+    "Analyze the incident timeline and design a plan to prevent it from happening again.",
+    "Evaluate both architectures and derive the expected cost of each over three years.",
+]
+
+
+async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(cluster_factory):
+    """Cheap-first: easy tasks are answered by the light model, hard ones by the primary; a low-confidence light answer escalates; cost = tokens x price."""
+    async with FakeLLM(default=ok('{"answer": "from primary", "confidence": "high"}')) as primary, \
+            FakeLLM(default=ok('{"answer": "from light", "confidence": "high"}')) as light:
+        agent = unique("analyzer")
+        schema = {"type": "object", "required": ["answer"]}
+        toml = (
+            '[prices]\n"primary-model" = { input_per_mtok = 2.0, output_per_mtok = 8.0 }\n'
+            '"light-model" = { input_per_mtok = 0.1, output_per_mtok = 0.4 }\n\n'
+            + provider("primary", primary) + provider("light", light)
+            + agent_toml(agent, providers=["primary"], light="light", router="heuristic", output_schema=schema)
+        )
+        c = cluster_factory([agent], None, toml=toml)
+        await c.started()
+        easy = [task(agent, instruction=i) for i in EASY]
+        hard = [task(agent, instruction=i) for i in HARD]
+        await produce(topics.task_topic(agent), [encode(t) for t in easy + hard])
+        results = decoded(await results_for({t["task_id"] for t in easy + hard}, timeout=60))
+
+        light.default = ok('{"answer": "not sure", "confidence": "low"}')
+        doubtful = task(agent, instruction="What colour is the sky?")
+        await produce(topics.task_topic(agent), [encode(doubtful)])
+        escalated = decoded(await results_for({doubtful["task_id"]}, timeout=60))[doubtful["task_id"]]
+
+    for t in easy:
+        assert results[t["task_id"]]["source"].startswith("light:"), t["instruction"]
+    for t in hard:
+        assert results[t["task_id"]]["source"].startswith("primary:"), t["instruction"]
+    assert escalated["source"].startswith("primary:") and escalated["output"]["answer"] == "from primary"
+    assert [r.task_id for r in light.requests].count(doubtful["task_id"]) == 1
+    prices = {"primary": Price(input_per_mtok=2.0, output_per_mtok=8.0), "light": Price(input_per_mtok=0.1, output_per_mtok=0.4)}
+    for t in easy + hard:
+        r = results[t["task_id"]]
+        tier = r["source"].split(":")[0]
+        usage = r["usage"]
+        assert usage["input_tokens"] > 0
+        assert usage["cost"] == pricing.cost(prices[tier], usage["input_tokens"], usage["output_tokens"])
+    print(f"\nrouter: {len(easy)} easy → light, {len(hard)} hard → primary; escalated cost {escalated['usage']['cost']}")
+
+
+async def test_lower_rungs_light_cache_and_partial(cluster_factory):
+    """Primary down: a light-tier agent answers a simplified task (low), a cached agent answers from the last good answer (low),
+    and an agent allowed to go to the bottom answers with the explicit partial result (failed)."""
+    async with FakeLLM() as primary, FakeLLM() as light:
+        a_light, a_cache, a_partial = unique("lite"), unique("cached"), unique("partial")
+        toml = (
+            "[breaker]\nfailure_threshold = 2\nopen_timeout_s = 60\n\n"
+            + provider("primary", primary) + provider("light", light)
+            + agent_toml(a_light, providers=["primary"], light="light", lowest="low")
+            + agent_toml(a_cache, providers=["primary"], cache_max_age_s=3600, lowest="low")
+            + agent_toml(a_partial, providers=["primary"], lowest="failed")
+        )
+        c = cluster_factory([a_light, a_cache, a_partial], None, toml=toml)
+        await c.started()
+        first = task(a_cache, instruction="Summarise the quarter", context_data={"q": 3})
+        await produce(topics.task_topic(a_cache), [encode(first)])
+        stored = decoded(await results_for({first["task_id"]}, timeout=60))[first["task_id"]]
+        assert stored["source"].startswith("primary:") and stored["confidence"] == "high"
+
+        await primary.set_mode(outage=True)
+        again = task(a_cache, instruction="Summarise the quarter", context_data={"q": 3})
+        lite = task(a_light, instruction="Explain the report", context_data={"long": "x" * 3000})
+        part = task(a_partial)
+        await produce(topics.task_topic(a_cache), [encode(again)])
+        await produce(topics.task_topic(a_light), [encode(lite)])
+        await produce(topics.task_topic(a_partial), [encode(part)])
+        results = decoded(await results_for({again["task_id"], lite["task_id"], part["task_id"]}, timeout=90))
+
+    cached = results[again["task_id"]]
+    assert cached["source"] == f"cache:{first['task_id']}" and cached["confidence"] == "low"
+    assert cached["output"] == stored["output"]
+    lr = results[lite["task_id"]]
+    assert lr["source"].startswith("light:") and lr["confidence"] == "low" and lr["status"] == "succeeded"
+    sent = next(r for r in light.requests if r.task_id == lite["task_id"])
+    assert SIMPLIFY_PREFIX in sent.instruction and "x" * 600 not in json.dumps(sent.body), "the light tier gets a simplified task"
+    pr = results[part["task_id"]]
+    assert pr["status"] == "partial" and pr["partial"] is True and pr["confidence"] == "failed" and pr["output"] is None
+    print("\nlower rungs: cache → low, light (simplified) → low, partial → failed")
+
+
+async def test_budget_sends_work_to_the_cheaper_tier(cluster_factory):
+    """Past its daily budget an agent's tasks go to the light tier (over_budget = "cheaper")."""
+    async with FakeLLM() as primary, FakeLLM() as light:
+        agent = unique("analyzer")
+        toml = (
+            '[prices]\n"primary-model" = { input_per_mtok = 1000.0, output_per_mtok = 1000.0 }\n\n'
+            + provider("primary", primary) + provider("light", light)
+            + agent_toml(agent, providers=["primary"], light="light", budget_usd_per_day=0.001, over_budget="cheaper")
+        )
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_PRESENCE_INTERVAL_S="0.5")
+        w = await c.started()
+        first = task(agent)
+        await produce(topics.task_topic(agent), [encode(first)])
+        r1 = decoded(await results_for({first["task_id"]}, timeout=60))[first["task_id"]]
+        assert r1["source"].startswith("primary:") and r1["usage"]["cost"] > 0.001
+        await asyncio.sleep(2)  # the spend reaches the shared view with the next presence event
+        second = task(agent)
+        await produce(topics.task_topic(agent), [encode(second)])
+        r2 = decoded(await results_for({second["task_id"]}, timeout=60))[second["task_id"]]
+        del w
+    assert r2["source"].startswith("light:") and r2["confidence"] == "medium"
+    print(f"\nbudget: first task cost {r1['usage']['cost']} USD > 0.001 budget; next task went to {r2['source']}")
