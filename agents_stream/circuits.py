@@ -75,6 +75,8 @@ class _Circuit:
     bucket: TokenBucket | None = None
     unfolded: dict[str, float] = field(default_factory=dict)  # own failure/429 event id → sent at
     probing: bool = False  # one local task at a time asks for a probe place
+    #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
+    retry_after_propagation_s: float | None = None
     probe_waiters: dict[str, asyncio.Future] = field(default_factory=dict)
 
 
@@ -225,6 +227,8 @@ class Circuits:
                 self.lag_s = max(0.0, self._clock() - sent)
         if kind == "rate_limited":
             until = float(ev.get("until", 0))
+            if not mine:
+                c.retry_after_propagation_s = max(0.0, self._clock() - at)
             if until > c.blocked_until:
                 c.blocked_until = until
                 return True
@@ -437,6 +441,7 @@ class Circuits:
                 "endpoint": c.id,
                 **breaker.as_dict(c.breaker, now, c.breaker_config),
                 "retry_after_until": c.blocked_until if c.blocked_until > now else None,
+                "retry_after_propagation_s": c.retry_after_propagation_s,
                 "in_flight_here": c.in_flight,
                 "concurrency_limit_here": self.concurrency_limit(name),
                 "live_workers": self.live_workers(name),

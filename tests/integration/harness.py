@@ -86,6 +86,11 @@ class Worker:
             async with session.get(f"http://127.0.0.1:{self.web_port}/readyz", timeout=aiohttp.ClientTimeout(total=5)) as r:
                 return await r.json()
 
+    async def get(self, path: str) -> Any:
+        async with aiohttp.ClientSession() as session:
+            async with session.get(f"http://127.0.0.1:{self.web_port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as r:
+                return await r.json() if r.content_type == "application/json" else await r.text()
+
     def kill(self) -> None:
         if self.proc and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
