@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
-from agents_stream import pricing
+from agents_stream import metrics, pricing
 from agents_stream.backoff import backoff
 from agents_stream.circuits import Circuits
 from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
@@ -255,6 +255,10 @@ class Executor:
             job.started = time.monotonic()
             try:
                 outcome = await self._run(job)
+                metrics.answers.labels(
+                    job.task.agent_name, outcome.get("status", outcome["kind"]),
+                    str(outcome.get("source", "none")).split(":")[0], outcome.get("confidence", "failed"),
+                ).inc()
                 await self._send_outcome(task_id, outcome)
             except asyncio.CancelledError:
                 raise
@@ -378,7 +382,7 @@ class Executor:
                 exc = completion
                 kind = classify(exc)
                 if kind == "permanent":
-                    return _Rejected(f"permanent_error: {exc}", str(exc), provider.name)
+                    return _Rejected(f"permanent_error: {exc}", str(exc), f"{tier.role}:{provider.name}")
                 if kind == "systemic":
                     if provider.name not in self._systemic:
                         self._systemic.add(provider.name)
@@ -404,8 +408,9 @@ class Executor:
                 except FormatError as exc:
                     format_retries += 1
                     if format_retries > plan.config.format_retries:
-                        return _Rejected(f"invalid_output: {exc}", f"the answer never matched the output schema: {exc}", provider.name)
+                        return _Rejected(f"invalid_output: {exc}", f"the answer never matched the output schema: {exc}", f"{tier.role}:{provider.name}")
                     log.info("Task %s: %s answered off-format (%s); corrective retry %d/%d", task.task_id, provider.name, exc, format_retries, plan.config.format_retries)
+                    metrics.format_retries.labels(task.agent_name).inc()
                     prompt = replace(prompt, instruction=tag + corrective(instruction, str(exc), spec))
                     continue
             confidence = tier.confidence
@@ -417,32 +422,40 @@ class Executor:
     async def _call(self, job: Job, provider: Provider, prompt: Prompt, permit: Any) -> Completion | BaseException:
         """One admitted call: its result goes back to the circuits and its usage onto the job."""
         job.calls += 1
-        result = "failure"
+        result, outcome = "failure", "failure"
         retry_after = None
+        started = time.monotonic()
         try:
             completion = await asyncio.wait_for(provider.complete(prompt), timeout=provider.config.timeout_s + 5.0)
         except asyncio.CancelledError:
-            result = "cancelled"
+            result = outcome = "cancelled"
             raise
         except Exception as exc:
             kind = classify(exc)
             if isinstance(exc, RateLimited):
                 result, retry_after = "rate_limited", exc.retry_after
+                outcome = result
             elif kind == "permanent":
-                result = "success"  # the provider answered; the task is at fault
+                result, outcome = "success", "rejected"  # the provider answered; the task is at fault
             return exc
         else:
-            result = "success"
-            job.input_tokens += completion.usage.input_tokens
-            job.output_tokens += completion.usage.output_tokens
+            result = outcome = "success"
+            used_in, used_out = completion.usage.input_tokens, completion.usage.output_tokens
+            job.input_tokens += used_in
+            job.output_tokens += used_out
             price = self.config.price_of(completion.model) or self.config.price_of(provider.model)
-            job.cost = pricing.add(job.cost, pricing.cost(price, completion.usage.input_tokens, completion.usage.output_tokens))
+            spent = pricing.cost(price, used_in, used_out)
+            job.cost = pricing.add(job.cost, spent)
+            agent = job.task.agent_name
+            metrics.tokens.labels(agent, provider.name, "input").inc(used_in)
+            metrics.tokens.labels(agent, provider.name, "output").inc(used_out)
+            if spent:
+                metrics.cost.labels(agent, provider.name).inc(spent)
             return completion
         finally:
-            if result == "cancelled":
-                self.circuits.release(permit, "neutral")
-            else:
-                self.circuits.release(permit, result, retry_after=retry_after)
+            metrics.provider_calls.labels(provider.name, outcome).inc()
+            metrics.provider_latency.labels(provider.name).observe(time.monotonic() - started)
+            self.circuits.release(permit, "neutral" if result == "cancelled" else result, retry_after=retry_after)
 
     # -- the bottom of the ladder ---------------------------------------------------
 

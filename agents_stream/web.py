@@ -7,6 +7,7 @@ from typing import Any
 
 from faust.web import Request, Response, View
 
+from agents_stream import metrics
 from tables.leases import TaskRecord
 
 
@@ -35,6 +36,12 @@ def register(app: Any) -> None:
                 "held": ex.held,
                 "providers_down": sorted(p for p in app.runtime.circuits.circuits if not app.runtime.circuits.available(p)[0]),
             })
+
+    @app.page("/metrics")
+    class Metrics(View):
+        async def get(self, request: Request) -> Response:
+            body, content_type = metrics.render(app.runtime.circuits.describe(), app.runtime.executor.held)
+            return self.bytes(body, content_type=content_type.split(";")[0])
 
     @app.page("/circuits")
     class CircuitsView(View):

@@ -256,7 +256,7 @@ async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(c
             + agent_toml(agent, providers=["primary"], light="light", router="heuristic", output_schema=schema)
         )
         c = cluster_factory([agent], None, toml=toml)
-        await c.started()
+        w = await c.started()
         easy = [task(agent, instruction=i) for i in EASY]
         hard = [task(agent, instruction=i) for i in HARD]
         await produce(topics.task_topic(agent), [encode(t) for t in easy + hard])
@@ -266,6 +266,7 @@ async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(c
         doubtful = task(agent, instruction="What colour is the sky?")
         await produce(topics.task_topic(agent), [encode(doubtful)])
         escalated = decoded(await results_for({doubtful["task_id"]}, timeout=60))[doubtful["task_id"]]
+        scraped = await w.get("/metrics")
 
     for t in easy:
         assert results[t["task_id"]]["source"].startswith("light:"), t["instruction"]
@@ -280,7 +281,37 @@ async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(c
         usage = r["usage"]
         assert usage["input_tokens"] > 0
         assert usage["cost"] == pricing.cost(prices[tier], usage["input_tokens"], usage["output_tokens"])
-    print(f"\nrouter: {len(easy)} easy → light, {len(hard)} hard → primary; escalated cost {escalated['usage']['cost']}")
+    spent = sum(results[t["task_id"]]["usage"]["cost"] for t in easy + hard) + escalated["usage"]["cost"]
+    metric = sum(
+        float(line.rsplit(" ", 1)[1]) for line in scraped.splitlines()
+        if line.startswith("agents_stream_cost_usd_total{") and f'agent="{agent}"' in line
+    )
+    assert abs(metric - spent) < 1e-9, "the cost metric adds up the results' costs"
+    assert f'agents_stream_answers_total{{agent="{agent}",confidence="high",status="succeeded",tier="light"}} {float(len(easy))}' in scraped
+    print(f"\nrouter: {len(easy)} easy → light, {len(hard)} hard → primary; escalated cost {escalated['usage']['cost']}; "
+          f"agents_stream_cost_usd_total {metric:.6f}")
+
+
+async def test_classifier_router_asks_a_model_which_tier_a_task_needs(cluster_factory):
+    """router = "classifier": the classifier model's verdict, not the heuristic, picks the tier (one classifier call per task)."""
+    async with FakeLLM() as primary, FakeLLM() as light, FakeLLM(default=ok("Hard.")) as judge:
+        agent = unique("analyzer")
+        toml = (
+            provider("primary", primary) + provider("light", light) + provider("judge", judge)
+            + agent_toml(agent, providers=["primary"], light="light", router="classifier", classifier="judge")
+        )
+        c = cluster_factory([agent], None, toml=toml)
+        await c.started()
+        looks_easy = task(agent, instruction="What is 2 + 2?")  # the heuristic would call it easy
+        await produce(topics.task_topic(agent), [encode(looks_easy)])
+        r1 = decoded(await results_for({looks_easy["task_id"]}, timeout=60))[looks_easy["task_id"]]
+        judge.default = ok('{"complexity": "easy"}')
+        looks_hard = task(agent, instruction=HARD[0])  # the heuristic would call it hard
+        await produce(topics.task_topic(agent), [encode(looks_hard)])
+        r2 = decoded(await results_for({looks_hard["task_id"]}, timeout=60))[looks_hard["task_id"]]
+    assert r1["source"].startswith("primary:") and r2["source"].startswith("light:")
+    assert [r.task_id for r in judge.requests] == [looks_easy["task_id"], looks_hard["task_id"]]
+    assert HARD[0] in judge.requests[1].instruction, "the classifier sees the task"
 
 
 async def test_lower_rungs_light_cache_and_partial(cluster_factory):
