@@ -246,3 +246,45 @@ def test_agent_filter_splits_and_trims() -> None:
     """AGENTS_STREAM_AGENTS is a comma list; blanks and spaces are ignored, empty means all."""
     assert Settings(agents=" analyzer, ,summarizer ").agent_filter() == {"analyzer", "summarizer"}
     assert Settings().agent_filter() == set()
+
+
+# -- resilience settings (issue 3) ------------------------------------------------------
+
+
+def test_breaker_defaults_and_per_provider_overrides() -> None:
+    """A provider's own breaker table overrides the [breaker] defaults key by key."""
+    cfg = AppConfig.model_validate({
+        "breaker": {"failure_threshold": 7, "open_timeout_s": 10},
+        "providers": {"a": {"kind": "local", "breaker": {"open_timeout_s": 2}}, "b": {"kind": "local"}},
+        "agents": {"x": {"providers": ["a", "b"]}},
+    })
+    assert cfg.breaker_for("a").failure_threshold == 7 and cfg.breaker_for("a").open_timeout_s == 2
+    assert cfg.breaker_for("b").open_timeout_s == 10
+
+
+@pytest.mark.parametrize(
+    ("agent", "providers", "message"),
+    [
+        ({"providers": ["local"], "light": "nope"}, None, "unknown light provider 'nope'"),
+        ({"providers": ["local"], "router": "classifier"}, None, 'needs classifier = "<provider>"'),
+        ({"providers": ["local"], "output_schema": {"type": "object"}, "output_model": "m:M"}, None, "not both"),
+        ({"providers": ["local"], "lowest": "great"}, None, "lowest"),
+        ({"providers": ["local"]}, {"local": {"kind": "local", "breaker": {"failure_threshold": 0}}}, "bad breaker settings"),
+        ({"providers": ["local"]}, {"local": {"kind": "local", "max_concurrency": 0}}, "max_concurrency"),
+    ],
+)
+def test_bad_resilience_settings_are_refused_with_a_clear_message(agent: dict, providers: dict | None, message: str) -> None:
+    """A mistyped fallback, router, schema or breaker setting stops the worker at start with its name in the error."""
+    with pytest.raises(ValidationError, match=message):
+        config({"x": agent}, providers or {"local": {"kind": "local"}})
+
+
+def test_prices_by_model() -> None:
+    """The price table is keyed by model name; an unknown model has no price (unknown cost, not zero)."""
+    cfg = AppConfig.model_validate({
+        "providers": {"local": {"kind": "local"}},
+        "agents": {"x": {"providers": ["local"]}},
+        "prices": {"m1": {"input_per_mtok": 1.5, "output_per_mtok": 2}},
+    })
+    assert cfg.price_of("m1").output_per_mtok == 2
+    assert cfg.price_of("m2") is None
