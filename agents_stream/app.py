@@ -96,6 +96,7 @@ class Runtime:
             on_transition=self._on_breaker_transition,
             on_change=self.update_flow,
             spend_report=self.spend_report,
+            app_id=settings.app_id,
             history_s=settings.circuits_history_s,
             presence_s=settings.presence_interval_s,
         )
@@ -280,7 +281,11 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             for a in agents
         ),
         # One partition: every worker folds the whole log in one order (agents_stream.circuits).
-        app.topic(topics.CIRCUITS, partitions=1, internal=True, retention=timedelta(days=1)),
+        # LogAppendTime: the broker stamps every event, so the fold uses one clock for all workers.
+        app.topic(
+            topics.CIRCUITS, partitions=1, internal=True, retention=timedelta(days=1),
+            config={"message.timestamp.type": "LogAppendTime"},
+        ),
     ]
     channel = app.topic(*task_topics, outcomes, answers, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
 

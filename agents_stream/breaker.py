@@ -28,6 +28,7 @@ __all__ = [
     "Breaker",
     "Event",
     "Failure",
+    "ProbeCancel",
     "ProbeRequest",
     "Success",
     "Transition",
@@ -67,6 +68,14 @@ class ProbeRequest:
 
 
 @dataclass(frozen=True)
+class ProbeCancel:
+    """A worker gives back an admitted probe it will not send (its verdict came too late, or it stopped)."""
+
+    at: float
+    probe_id: str
+
+
+@dataclass(frozen=True)
 class Adopt:
     """Sync a joining worker to a transition another worker recorded."""
 
@@ -79,7 +88,7 @@ class Adopt:
         _check(self.state, self.opened_at)
 
 
-Event = Failure | Success | ProbeRequest | Adopt
+Event = Failure | Success | ProbeRequest | ProbeCancel | Adopt
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,7 @@ def step(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, list[Tr
     """
     if isinstance(event, Adopt):
         return _adopt(b, event)
-    if not isinstance(event, Failure | Success | ProbeRequest):
+    if not isinstance(event, Failure | Success | ProbeRequest | ProbeCancel):
         raise TypeError(f"not a breaker event: {event!r}")
     transitions: list[Transition] = []
     due = reopens_at(b, cfg)
@@ -139,6 +148,9 @@ def step(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, list[Tr
         # The timeout is not an event in the log; the first event past it carries it.
         b = replace(b, state=HALF_OPEN, successes=0, probes=())
         transitions.append(Transition(OPEN, HALF_OPEN, due, f"open_timeout {cfg.open_timeout_s:g}s elapsed"))
+    if isinstance(event, ProbeCancel):
+        # Only the place is freed: a cancelled probe says nothing about the provider.
+        return replace(b, probes=tuple(p for p in b.probes if p[0] != event.probe_id)), transitions
     if b.state == CLOSED:
         b, moved = _closed(b, event, cfg)
     elif b.state == OPEN:

@@ -75,6 +75,7 @@ class _Circuit:
     bucket: TokenBucket | None = None
     unfolded: dict[str, float] = field(default_factory=dict)  # own failure/429 event id → sent at
     probing: bool = False  # one local task at a time asks for a probe place
+    next_probe_at: float = 0.0  # after a refused request, when to ask again
     #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
     retry_after_propagation_s: float | None = None
     probe_waiters: dict[str, asyncio.Future] = field(default_factory=dict)
@@ -92,6 +93,7 @@ class Circuits:
         on_transition: OnTransition,
         on_change: Callable[[], None],
         spend_report: Callable[[], dict[str, Any]] = dict,
+        app_id: str = "",
         history_s: float = 600.0,
         presence_s: float = 5.0,
         clock: Callable[[], float] = time.time,
@@ -116,12 +118,14 @@ class Circuits:
         self._clock = clock
         self._consumer: AIOKafkaConsumer | None = None
         self._tasks: set[asyncio.Task] = set()
-        self._changed = asyncio.Event()
+        self.app_id = app_id
+        self._changed = asyncio.Event()  # breaker state, Retry-After or probe places changed
+        self._slot_freed = asyncio.Event()  # a call of this worker ended
         self._start_offset = 0
-        #: worker id → (last hello at, providers it calls)
+        #: worker id → (last hello at, endpoints it calls)
         self.presence: dict[str, tuple[float, frozenset[str]]] = {}
-        #: (agent, day, partition) → (reported at, USD): the newest report per partition wins
-        self._spend: dict[tuple[str, str, str], tuple[float, float]] = {}
+        #: (app id, agent, day, partition) → (reported at, USD): the newest report per partition wins
+        self._spend: dict[tuple[str, str, str, str], tuple[float, float]] = {}
         self.folded = 0
         self.lag_s = 0.0  # the last folded own event's round trip, for operators and tests
 
@@ -139,6 +143,12 @@ class Circuits:
         )
         await asyncio.wait_for(consumer.start(), timeout)
         self._consumer = consumer
+        partitions = consumer.partitions_for_topic(topics.CIRCUITS)
+        if partitions is not None and len(partitions) != 1:
+            raise RuntimeError(
+                f"{topics.CIRCUITS} has {len(partitions)} partitions; the circuits need exactly one "
+                "(one order for every worker): delete the topic and let a worker create it"
+            )
         consumer.assign([tp])
         since = int((self._clock() - self.history_s) * 1000)
         found = await asyncio.wait_for(consumer.offsets_for_times({tp: since}), timeout)
@@ -185,12 +195,15 @@ class Circuits:
                 log.warning("Circuits: reading %s failed (%r); retrying in 1s", topics.CIRCUITS, exc)
                 await asyncio.sleep(1.0)
                 continue
-            self._fold_batch(batch)
+            try:
+                self._fold_batch(batch)
+            except Exception as exc:  # _fold skips bad records; this is a bug, and the fold must go on
+                log.exception("Circuits: folding a batch failed (%r); continuing with the next", exc)
 
     async def _hello_loop(self) -> None:
         while True:
             try:
-                self._publish("hello", None, providers=sorted(self._by_id), spend=self._spend_report())
+                self._publish("hello", None, providers=sorted(self._by_id), app=self.app_id, spend=self._spend_report())
             except Exception as exc:  # presence is refreshed next round
                 log.warning("Circuits: presence not sent (%r)", exc)
             await asyncio.sleep(self.presence_s)
@@ -201,68 +214,73 @@ class Circuits:
         changed = False
         for records in batch.values():
             for record in records:
-                changed |= self._fold(record.offset, record.value)
+                self.folded += 1
+                try:
+                    changed |= self._fold(record)
+                except Exception as exc:  # one bad record (another version's, a bug) must not stop the fold
+                    log.warning("Circuits: skipping unusable event at offset %d: %r", record.offset, exc)
         if changed:
             self._signal()
 
-    def _fold(self, offset: int, raw: bytes | None) -> bool:
-        self.folded += 1
-        try:
-            ev = json.loads(raw)  # type: ignore[arg-type]
-            kind, at, worker = ev["kind"], float(ev["at"]), ev["worker"]
-        except (TypeError, ValueError, KeyError) as exc:
-            log.warning("Circuits: skipping malformed event at offset %d: %r", offset, exc)
-            return False
+    def _fold(self, record: Any) -> bool:
+        """Apply one record; True when what callers wait on changed (state, Retry-After, probe places)."""
+        offset = record.offset
+        ev = json.loads(record.value)
+        if not isinstance(ev, dict):
+            raise ValueError("not a JSON object")
+        kind, worker = str(ev["kind"]), str(ev["worker"])
+        # The broker's append time when the topic keeps it (LogAppendTime): one clock for
+        # every worker, so a worker with a skewed clock cannot move the window or the timeout.
+        at = record.timestamp / 1000.0 if record.timestamp_type == 1 else float(ev["at"])
         if kind == "hello":
-            self.presence[worker] = (at, frozenset(ev.get("providers") or ()))
-            self._fold_spend(at, ev.get("spend") or {})
+            self.presence[worker] = (at, frozenset(str(p) for p in ev.get("providers") or ()))
+            self._fold_spend(at, str(ev.get("app", "")), ev.get("spend") or {})
             return False
-        c = self._by_id.get(ev.get("provider", ""))
+        c = self._by_id.get(str(ev.get("provider", "")))
         if c is None:
             return False  # an endpoint this worker does not call
         mine = worker == self.worker_id
+        woke_gate = False
         if mine:
-            sent = c.unfolded.pop(ev.get("id", ""), None)
+            sent = c.unfolded.pop(str(ev.get("id", "")), None)
             if sent is not None:
                 self.lag_s = max(0.0, self._clock() - sent)
+                woke_gate = True  # the gate waits for its own failure to come back
         if kind == "rate_limited":
-            until = float(ev.get("until", 0))
+            until = at + float(ev["retry_after"]) if "retry_after" in ev else float(ev["until"])
             if not mine:
                 c.retry_after_propagation_s = max(0.0, self._clock() - at)
             if until > c.blocked_until:
                 c.blocked_until = until
                 return True
-            return mine
+            return woke_gate
         if kind == "transition":
             # For a worker that joined after the cause: take over the state the log recorded.
-            if int(ev.get("cause", -1)) >= self._start_offset or ev.get("to") == c.breaker.state:
+            if int(ev["cause"]) >= self._start_offset or ev["to"] == c.breaker.state:
                 return False
-            try:
-                event: Any = breaker.Adopt(at=at, state=ev["to"], opened_at=ev.get("opened_at"), closed_at=ev.get("closed_at"))
-            except (KeyError, TypeError, ValueError) as exc:
-                log.warning("Circuits: skipping unusable transition record at offset %d: %r", offset, exc)
-                return False
+            event: Any = breaker.Adopt(at=at, state=ev["to"], opened_at=ev.get("opened_at"), closed_at=ev.get("closed_at"))
         elif kind == "failure":
-            event = breaker.Failure(at=at, probe_id=ev.get("probe_id"))
+            event = breaker.Failure(at=at, probe_id=_opt_str(ev.get("probe_id")))
         elif kind == "success":
-            event = breaker.Success(at=at, probe_id=ev.get("probe_id"))
+            event = breaker.Success(at=at, probe_id=_opt_str(ev.get("probe_id")))
         elif kind == "probe":
-            event = breaker.ProbeRequest(at=at, probe_id=ev["probe_id"])
+            event = breaker.ProbeRequest(at=at, probe_id=str(ev["probe_id"]))
+        elif kind == "probe_cancel":
+            event = breaker.ProbeCancel(at=at, probe_id=str(ev["probe_id"]))
         else:
             return False  # a newer worker's event kind
         before = c.breaker
-        try:
-            c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
-        except (TypeError, ValueError) as exc:  # a newer worker's state name, or a broken record
-            log.warning("Circuits: skipping unusable %s event at offset %d: %r", kind, offset, exc)
-            return False
+        c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
         if kind == "probe":
-            waiter = c.probe_waiters.pop(ev["probe_id"], None)
+            waiter = c.probe_waiters.pop(str(ev["probe_id"]), None)
             if waiter is not None and not waiter.done():
-                waiter.set_result(breaker.admitted(c.breaker, ev["probe_id"]))
+                waiter.set_result(breaker.admitted(c.breaker, str(ev["probe_id"])))
         for t in transitions:
             self._transition(c, t, mine and kind != "transition", offset)
-        return c.breaker != before or mine
+        after = c.breaker
+        moved = (before.state, before.opened_at, before.successes, before.probes) != (after.state, after.opened_at, after.successes, after.probes)
+        # A probe request only adds a place (or is refused): nobody waiting can go on because of it.
+        return (moved and kind != "probe") or bool(transitions) or woke_gate
 
     def _transition(self, c: _Circuit, t: Transition, mine: bool, offset: int) -> None:
         name = c.config.name or c.id
@@ -281,11 +299,11 @@ class Circuits:
         except Exception as exc:  # a reporting bug must not stop the fold
             log.exception("Circuits: transition callback failed: %r", exc)
 
-    def _fold_spend(self, at: float, spend: dict[str, Any]) -> None:
+    def _fold_spend(self, at: float, app: str, spend: dict[str, Any]) -> None:
         for agent, days in spend.items():
-            for day, parts in (days or {}).items():
-                for partition, usd in (parts or {}).items():
-                    key = (agent, day, str(partition))
+            for day, parts in days.items():
+                for partition, usd in parts.items():
+                    key = (app, str(agent), str(day), str(partition))
                     if key not in self._spend or self._spend[key][0] <= at:
                         self._spend[key] = (at, float(usd))
 
@@ -298,11 +316,11 @@ class Circuits:
             log.exception("Circuits: change callback failed: %r", exc)
 
     async def wait_change(self, timeout: float) -> None:
-        """Return when the fold changes anything, or after ``timeout``."""
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
-        except asyncio.TimeoutError:
-            pass
+        """Return when a breaker, a Retry-After or a probe place changes, or after ``timeout``."""
+        await _wait(self._changed, timeout)
+
+    async def _wait_slot(self, timeout: float) -> None:
+        await _wait(self._slot_freed, timeout)
 
     def _publish(self, kind: str, provider: str | None, **fields: Any) -> str:
         event_id = uuid.uuid4().hex
@@ -345,8 +363,8 @@ class Circuits:
         return ramp(limit, c.breaker.closed_at, self._clock(), c.config.ramp_s)
 
     def spend(self, agent: str, day: str) -> float:
-        """Cluster-wide spend of an agent on a UTC day, as the workers last reported it."""
-        return sum(usd for (a, d, _), (_, usd) in self._spend.items() if a == agent and d == day)
+        """Cluster-wide spend of this app's agent on a UTC day, as the workers last reported it."""
+        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if app == self.app_id and a == agent and d == day)
 
     async def acquire(self, provider: str) -> Permit:
         """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
@@ -359,6 +377,8 @@ class Circuits:
             if state == breaker.OPEN:
                 raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=breaker.reopens_at(c.breaker, c.breaker_config))
             if state == breaker.HALF_OPEN:
+                if now < c.next_probe_at:
+                    raise CircuitOpen(f"{provider}: half-open, probe places taken", provider=provider, retry_at=c.next_probe_at)
                 return await self._probe(c)
             # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.
             stale = [i for i, sent in c.unfolded.items() if now - sent > _UNFOLDED_WAIT_S]
@@ -369,7 +389,7 @@ class Circuits:
                 continue
             limit = self.concurrency_limit(provider)
             if limit is not None and c.in_flight >= limit:
-                await self.wait_change(0.5)
+                await self._wait_slot(0.5)
                 continue
             if c.config.rps is not None:
                 rate = share(c.config.rps, self.live_workers(provider), minimum=0.1)
@@ -392,16 +412,21 @@ class Circuits:
         probe_id = uuid.uuid4().hex
         waiter: asyncio.Future = asyncio.get_running_loop().create_future()
         c.probe_waiters[probe_id] = waiter
+        admitted = False
         try:
             self._publish("probe", c.id, probe_id=probe_id)
             admitted = await asyncio.wait_for(waiter, _PROBE_VERDICT_S)
         except asyncio.TimeoutError:
-            admitted = False
+            # The verdict may still come, admitting a probe nobody sends: give the place back.
+            self._publish("probe_cancel", c.id, probe_id=probe_id)
         finally:
             c.probe_waiters.pop(probe_id, None)
+            if not admitted:
+                c.probing = False
         if not admitted:
-            c.probing = False
-            raise CircuitOpen(f"{name}: half-open, no probe place free", provider=name)
+            # Someone else probes: ask again only after a pause, not on every wake-up.
+            c.next_probe_at = self._clock() + min(1.0, c.breaker_config.open_timeout_s / 4)
+            raise CircuitOpen(f"{name}: half-open, no probe place free", provider=name, retry_at=c.next_probe_at)
         c.in_flight += 1
         log.info("Breaker %s: half-open, probing with one real call", name)
         return Permit(name, probe_id)
@@ -413,6 +438,8 @@ class Circuits:
         permit.released = True
         c = self.circuits[permit.provider]
         c.in_flight -= 1
+        self._slot_freed.set()
+        self._slot_freed = asyncio.Event()
         if permit.probe_id is not None:
             c.probing = False
         if result == "failure":
@@ -421,15 +448,17 @@ class Circuits:
         elif result == "rate_limited":
             until = self._clock() + (retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S)
             c.blocked_until = max(c.blocked_until, until)  # this worker obeys at once; the others once folded
-            event_id = self._publish("rate_limited", c.id, until=until)
+            event_id = self._publish("rate_limited", c.id, until=until, retry_after=until - self._clock())
             c.unfolded[event_id] = self._clock()
             if permit.probe_id is not None:  # the provider answered: it is up, only busy
                 self._publish("success", c.id, probe_id=permit.probe_id)
         elif result == "success" and permit.probe_id is not None:
             # Successes matter to the breaker only in half-open; closed-state ones stay local.
             self._publish("success", c.id, probe_id=permit.probe_id)
-        # "neutral" (a cancelled call): nothing is known; an admitted probe's place frees after probe_timeout_s
-        self._signal()
+        elif permit.probe_id is not None:  # "neutral", a cancelled call: nothing is known about the provider
+            self._publish("probe_cancel", c.id, probe_id=permit.probe_id)
+        if result == "rate_limited":
+            self._signal()  # this worker's own view changed at once
 
     # -- for operators -----------------------------------------------------------------------
 
@@ -451,11 +480,23 @@ class Circuits:
 
 
 def circuit_id(config: ProviderConfig) -> str:
-    """What a breaker protects: one endpoint and model, whatever a config names it.
+    """What a breaker protects: one endpoint, model and account (the key's variable name), whatever a config names it.
 
-    Workers of different app ids (or configs) calling the same endpoint share its breaker.
+    Workers of different app ids (or configs) calling the same endpoint share its
+    breaker; a second account (another key) is a separate circuit, so it can be a fallback.
     """
-    return f"{config.kind}|{config.base_url.rstrip('/') or 'default'}|{config.model}"
+    return f"{config.kind}|{config.base_url.rstrip('/') or 'default'}|{config.model}|{config.api_key_env or ''}"
+
+
+async def _wait(event: asyncio.Event, timeout: float) -> None:
+    try:
+        await asyncio.wait_for(event.wait(), timeout)
+    except asyncio.TimeoutError:
+        pass
+
+
+def _opt_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def bootstrap_servers(broker_url: str) -> str:

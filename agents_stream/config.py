@@ -152,9 +152,15 @@ class AppConfig(BaseModel):
                 raise ValueError(f"agent {agent.name!r}: give output_schema or output_model, not both")
         for provider in self.providers.values():
             try:
-                self.breaker_for(provider.name)
+                breaker = self.breaker_for(provider.name)
             except ValueError as exc:
                 raise ValueError(f"provider {provider.name!r}: bad breaker settings: {exc}") from None
+            if breaker.probe_timeout_s <= provider.timeout_s + 5:
+                # A probe still running when its place is freed would let a second one through.
+                raise ValueError(
+                    f"provider {provider.name!r}: breaker probe_timeout_s ({breaker.probe_timeout_s:g}) must exceed "
+                    f"timeout_s + 5 ({provider.timeout_s + 5:g})"
+                )
         return self
 
     def breaker_for(self, provider: str) -> BreakerConfig:

@@ -88,6 +88,14 @@ class AgentPlan:
             tiers.append(Tier("light", light, "low", simplified=True))
         tiers = [t for t in tiers if CONFIDENCE_ORDER.index(t.confidence) <= allowed]
         classifier = provider(cfg.classifier) if cfg.classifier and config.providers[cfg.classifier].usable() else None
+        # A bad agent-level schema or model is configuration: fail at start, not task by task.
+        try:
+            if cfg.output_schema is not None:
+                OutputSpec.from_schema(cfg.output_schema)
+            elif cfg.output_model is not None:
+                OutputSpec.from_model(cfg.output_model)
+        except ValueError as exc:
+            raise ValueError(f"agent {agent!r}: {exc}") from None
         return cls(
             config=cfg,
             tiers=tiers,
@@ -96,6 +104,10 @@ class AgentPlan:
             cache=cfg.cache_max_age_s > 0 and allowed >= CONFIDENCE_ORDER.index("low"),
             partial=cfg.lowest == "failed",
         )
+
+
+def at_least(confidence: str, lowest: str) -> bool:
+    return CONFIDENCE_ORDER.index(confidence) <= CONFIDENCE_ORDER.index(lowest)
 
 
 @dataclass
@@ -109,6 +121,10 @@ class Job:
     output_tokens: int = 0
     cost: float | None = None
     route: str = ""
+    #: an answer the router's tier gave before escalating: used if the rest of the ladder is down
+    escalated: Any = None
+    #: held: how long to stay parked before trying again (seconds)
+    wait: float = 0.0
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -185,9 +201,28 @@ class Executor:
         if self._queue.qsize() >= self.settings.max_queued:
             return True
         plan = self.plans.get(agent)
-        if plan is None or plan.partial:
+        if plan is None:
             return False
+        if self._budget_holds(plan):
+            return True
+        if plan.partial or plan.cache:
+            return False  # it can still answer, from the cache or with the partial result
         return not any(self.circuits.available(t.provider.name)[0] for t in plan.tiers)
+
+    def _over_budget(self, plan: AgentPlan) -> float | None:
+        """Today's cluster-wide spend when the agent is past its budget, else None."""
+        budget = plan.config.budget_usd_per_day
+        if budget is None:
+            return None
+        spent = self.circuits.spend(plan.config.name, pricing.day_key(time.time()))
+        return spent if spent >= budget else None
+
+    def _budget_holds(self, plan: AgentPlan) -> bool:
+        """Past the budget with nothing cheaper it may use: its tasks hold until the UTC day turns."""
+        if self._over_budget(plan) is None:
+            return False
+        cheaper = plan.config.over_budget == "cheaper" and plan.light is not None and at_least("medium", plan.config.lowest)
+        return not cheaper
 
     def cache_answer(self, task_id: str, answer: dict[str, Any] | None) -> None:
         """The ledger relays the cache's reply to a lookup this worker made."""
@@ -252,40 +287,62 @@ class Executor:
             if self._queue.qsize() == self.settings.max_queued - 1:
                 self._on_flow_change()  # room again: resume intake
             self.running += 1
-            job.started = time.monotonic()
+            if job.started is None:
+                job.started = time.monotonic()
+            parked = False
             try:
                 outcome = await self._run(job)
-                metrics.answers.labels(
-                    job.task.agent_name, outcome.get("status", outcome["kind"]),
-                    str(outcome.get("source", "none")).split(":")[0], outcome.get("confidence", "failed"),
-                ).inc()
-                await self._send_outcome(task_id, outcome)
+                if outcome is None:
+                    # Held: give the slot back to other work; come back when a circuit changes.
+                    parked = True
+                    self._spawn(self._park(job))
+                else:
+                    metrics.answers.labels(
+                        job.task.agent_name, outcome.get("status", outcome["kind"]),
+                        str(outcome.get("source", "none")).split(":")[0], outcome.get("confidence", "failed"),
+                    ).inc()
+                    await self._send_outcome(task_id, outcome)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a bug here must not kill the slot; the lease recovers the task
                 log.exception("Executor failed on task %s (its lease will lapse and it will be re-dispatched): %r", task_id, exc)
             finally:
                 self.running -= 1
-                if job.held:
-                    self.held -= 1
-                job.done.set()
-                self.jobs.pop(task_id, None)
+                if not parked:
+                    if job.held:
+                        self.held -= 1
+                    job.done.set()
+                    self.jobs.pop(task_id, None)
 
-    async def _run(self, job: Job) -> dict[str, Any]:
+    async def _park(self, job: Job) -> None:
+        """A held task waits here, off the call slots (its lease is still renewed), then queues again."""
+        await self.circuits.wait_change(job.wait)
+        if self._accepting and self.jobs.get(job.task.task_id) is job:
+            self._queue.put_nowait(job.task.task_id)
+
+    async def _run(self, job: Job) -> dict[str, Any] | None:
+        """The task's outcome, or None when it must hold (``job.wait`` says for how long at most)."""
         task = job.task
         plan = self.plans[task.agent_name]
         try:
             spec = OutputSpec.for_task(plan.config, task)
-        except ValueError as exc:
+        except ValueError as exc:  # only the task's own schema can be bad here: the agent's was checked at start
             return self._rejected(job, _Rejected("invalid_output_schema", f"the task's output_schema is not a valid JSON Schema: {exc}", "none"))
-        while True:
-            tiers, retry_at = await self._tiers_for(job, plan)
-            outcome = None
-            if tiers:
-                outcome, retry_at = await self._climb(job, tiers, spec, plan)
-            if outcome is not None:
-                self._unhold(job)
-                return outcome
+        tiers, retry_at, budget_hold = self._tiers_for(job, plan)
+        if tiers and not job.route and plan.config.router != "off" and plan.light is not None:
+            hard, why = await self._estimate(job, plan)
+            job.route = ("hard: " if hard else "easy: ") + why
+            tiers, retry_at, budget_hold = self._tiers_for(job, plan)
+        outcome = None
+        if tiers:
+            outcome, retry_at = await self._climb(job, tiers, spec, plan)
+        if outcome is not None:
+            self._unhold(job)
+            return outcome
+        if not budget_hold:
+            if job.escalated is not None and at_least(job.escalated.confidence, plan.config.lowest):
+                self._unhold(job)  # the router's tier did answer; nothing better is available
+                return self._succeeded(job, job.escalated)
             if plan.cache:
                 cached = await self._from_cache(job, plan)
                 if cached is not None:
@@ -294,15 +351,17 @@ class Executor:
             if plan.partial:
                 self._unhold(job)
                 return self._partial(job)
-            self._hold(job, "no provider of its ladder is available")
-            now = time.time()
-            wait = self.settings.probe_interval_s if retry_at is None else min(max(retry_at - now, 0.05), self.settings.probe_interval_s)
-            await self.circuits.wait_change(wait)
+        self._hold(job, job.route if budget_hold else "no provider of its ladder is available")
+        now = time.time()
+        job.wait = self.settings.probe_interval_s if retry_at is None else min(max(retry_at - now, 0.05), self.settings.probe_interval_s)
+        return None
 
     async def _climb(self, job: Job, tiers: list[Tier], spec: OutputSpec | None, plan: AgentPlan) -> tuple[dict[str, Any] | None, float | None]:
         """Try each rung in order: an answer or a rejection ends the climb; unavailability moves down."""
         earliest: float | None = None
         for i, tier in enumerate(tiers):
+            if tier.simplified and job.escalated is not None and job.escalated.source.startswith(f"light:{tier.provider.name}:"):
+                continue  # that model already answered the whole task: better than a simplified one
             result = await self._call_tier(job, tier, spec, plan)
             last = i + 1 == len(tiers)
             if isinstance(result, _Unavailable):
@@ -313,35 +372,30 @@ class Executor:
             if tier.escalates and not last and (isinstance(result, _Rejected) or result.confidence == "low"):
                 why = result.error if isinstance(result, _Rejected) else "it answered with low confidence"
                 log.info("Task %s: escalating from %s (%s)", job.task.task_id, tier.provider.name, why)
-                job.route += f" escalated({tier.provider.name})"
+                job.route += f"; escalated from {tier.provider.name}"
+                if isinstance(result, _Answer):
+                    job.escalated = result  # kept in case nothing above it answers
                 continue
             if isinstance(result, _Rejected):
                 return self._rejected(job, result), None
             return self._succeeded(job, result), None
         return None, earliest
 
-    async def _tiers_for(self, job: Job, plan: AgentPlan) -> tuple[list[Tier], float | None]:
-        """The rungs for this task: the ladder, the light model first for an easy task, or the budget's answer."""
+    def _tiers_for(self, job: Job, plan: AgentPlan) -> tuple[list[Tier], float | None, bool]:
+        """The rungs for this task, when to look again if there are none, and whether the budget holds it."""
         cfg = plan.config
-        if cfg.budget_usd_per_day is not None:
-            now = time.time()
-            day = pricing.day_key(now)
-            spent = self.circuits.spend(cfg.name, day)
-            if spent >= cfg.budget_usd_per_day:
-                if cfg.over_budget == "cheaper" and plan.light is not None:
-                    job.route = f"over budget ({spent:.4f} >= {cfg.budget_usd_per_day:g} USD today): light tier only"
-                    return [Tier("light", plan.light, "medium")], None
-                job.route = f"over budget ({spent:.4f} >= {cfg.budget_usd_per_day:g} USD today): held until the UTC day turns"
-                next_day = (int(now // 86400) + 1) * 86400
-                return [], float(next_day)
-        if cfg.router == "off" or plan.light is None:
-            return plan.tiers, None
-        if not job.route:
-            hard, why = await self._estimate(job, plan)
-            job.route = ("hard: " if hard else "easy: ") + why
-        if job.route.startswith("easy"):
-            return [Tier("light", plan.light, "high", escalates=True), *plan.tiers], None
-        return plan.tiers, None
+        spent = self._over_budget(plan)
+        if spent is not None:
+            if not self._budget_holds(plan):
+                job.route = f"over budget ({spent:.4f} >= {cfg.budget_usd_per_day:g} USD today): light tier only"
+                return [Tier("light", plan.light, "medium")], None, False  # type: ignore[arg-type]
+            job.route = f"over budget ({spent:.4f} >= {cfg.budget_usd_per_day:g} USD today): held until the UTC day turns"
+            return [], float((int(time.time() // 86400) + 1) * 86400), True
+        if job.route.startswith("over budget"):
+            job.route = ""  # the day turned
+        if job.route.startswith("easy") and plan.light is not None and job.escalated is None and "escalated" not in job.route:
+            return [Tier("light", plan.light, "high", escalates=True), *plan.tiers], None, False
+        return plan.tiers, None, False
 
     async def _estimate(self, job: Job, plan: AgentPlan) -> tuple[bool, str]:
         cfg = plan.config
@@ -453,9 +507,9 @@ class Executor:
                 metrics.cost.labels(agent, provider.name).inc(spent)
             return completion
         finally:
+            self.circuits.release(permit, "neutral" if result == "cancelled" else result, retry_after=retry_after)
             metrics.provider_calls.labels(provider.name, outcome).inc()
             metrics.provider_latency.labels(provider.name).observe(time.monotonic() - started)
-            self.circuits.release(permit, "neutral" if result == "cancelled" else result, retry_after=retry_after)
 
     # -- the bottom of the ladder ---------------------------------------------------
 
@@ -463,7 +517,7 @@ class Executor:
         if self._cache_lookup is None:
             return None
         task = job.task
-        fp = fingerprint(task.agent_name, task.instruction, task.context_data)
+        fp = fingerprint(task.agent_name, task.instruction, task.context_data, task.output_schema)
         waiter: asyncio.Future = asyncio.get_running_loop().create_future()
         self._cache_waiters[task.task_id] = waiter
         try:

@@ -206,7 +206,7 @@ class Ledger:
             and event.get("confidence") in ("high", "medium")
         ):
             payload = json.loads(record.payload)
-            fp = fingerprint(record.agent, payload.get("instruction", ""), payload.get("context_data") or {})
+            fp = fingerprint(record.agent, payload.get("instruction", ""), payload.get("context_data") or {}, payload.get("output_schema"))
             body = json.dumps({
                 "schema_version": 1, "kind": "store", "task_id": payload.get("task_id"), "output": event.get("output"),
                 "source": event.get("source", ""), "confidence": event.get("confidence"), "at": now,
@@ -239,13 +239,15 @@ class Ledger:
         if kind == "store":
             self.answers[fp] = json.dumps({k: event.get(k) for k in ("task_id", "output", "source", "confidence", "at")})
             self._deliver(tp, offset, [self._changelog_send(tp.partition, fp, self.answers.last_changelog, self.answers)])
-        elif kind == "lookup":
+        elif kind == "lookup" and isinstance(event.get("task_id"), str):
             data = self.answers.get(fp)
             reply = json.dumps({
                 "schema_version": 1, "kind": "cache_reply", "dispatch": event.get("dispatch"), "worker": self.worker_id,
                 "answer": json.loads(data) if data else None,
             }).encode()
-            self._send(self.outcomes, str(event["task_id"]).encode(), reply)
+            self._send(self.outcomes, event["task_id"].encode(), reply)
+        else:
+            log.warning("Skipping cache event of unknown kind %r at %s[%d]@%d", kind, tp.topic, tp.partition, offset)
 
     # -- applying a transition --------------------------------------------------------------
 

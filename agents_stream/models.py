@@ -27,7 +27,7 @@ class TaskPayload(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
-    task_id: str = Field(min_length=1, max_length=256)
+    task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")  # no control characters
     agent_name: str = Field(min_length=1)
     instruction: str
     context_data: dict[str, Any] = Field(default_factory=dict)

@@ -279,9 +279,11 @@ def simplify(instruction: str, context: dict, *, max_context_chars: int = 2000) 
     return f"{SIMPLIFY_PREFIX}\n\n{instruction}", trimmed
 
 
-def fingerprint(agent: str, instruction: str, context: dict) -> str:
-    """The key of the last-good-answer cache: the same agent, instruction and context, whatever the key order."""
-    blob = json.dumps(
-        [agent, instruction, context], sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str
-    )
+def fingerprint(agent: str, instruction: str, context: dict, output_schema: dict | None = None) -> str:
+    """The key of the last-good-answer cache: the same agent, instruction, context (and the task's own
+    output schema, when it has one), whatever the key order."""
+    parts: list[Any] = [agent, instruction, context]
+    if output_schema is not None:  # an answer to another shape is not an answer to this one
+        parts.append(output_schema)
+    blob = json.dumps(parts, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()

@@ -20,6 +20,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from agents_stream import breaker
 from agents_stream.breaker import (
     CLOSED,
     HALF_OPEN,
@@ -845,3 +846,17 @@ class BreakerMachine(RuleBasedStateMachine):
 def test_breaker_matches_a_reference_model() -> None:
     """step() behaves exactly like a naive reading of the spec, for any interleaving of events."""
     run_state_machine_as_test(BreakerMachine, settings=settings(max_examples=200, stateful_step_count=60))
+
+
+def test_a_cancelled_probe_frees_its_place_without_counting() -> None:
+    """A probe whose worker gave it back (verdict too late, shutdown) frees the half-open place at once and counts for nothing."""
+    cfg = BreakerConfig(failure_threshold=1, open_timeout_s=10, half_open_probes=1)
+    b, _ = breaker.step(breaker.Breaker(), breaker.Failure(at=0.0), cfg)
+    b, _ = breaker.step(b, breaker.ProbeRequest(at=11.0, probe_id="p1"), cfg)
+    assert breaker.admitted(b, "p1")
+    b, _ = breaker.step(b, breaker.ProbeRequest(at=11.5, probe_id="p2"), cfg)
+    assert not breaker.admitted(b, "p2"), "one place only"
+    b, moved = breaker.step(b, breaker.ProbeCancel(at=12.0, probe_id="p1"), cfg)
+    assert moved == [] and b.state == breaker.HALF_OPEN and b.successes == 0 and b.probes == ()
+    b, _ = breaker.step(b, breaker.ProbeRequest(at=12.1, probe_id="p2"), cfg)
+    assert breaker.admitted(b, "p2")

@@ -178,3 +178,11 @@ def test_control_event_round_trips_through_json() -> None:
     """A ControlEvent on agent.control reads back identical."""
     event = ControlEvent(event="task.failed", subject="t-1", agent_name=AGENT, worker="w-1", details={"reason": "x"})
     assert ControlEvent.model_validate_json(event.model_dump_json()) == event
+
+
+def test_task_id_with_control_characters_is_poison() -> None:
+    """A task_id with control characters (e.g. one posing as an internal table key) is dead-lettered, never stored."""
+    body = raw({**VALID, "task_id": "\x00spend/analyzer/2026-01-01/0"})
+    with pytest.raises(PoisonMessage) as info:
+        parse_task(body, agent=AGENT, max_bytes=LIMIT)
+    assert info.value.reason == "schema_violation" and "task_id" in str(info.value)

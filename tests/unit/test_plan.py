@@ -58,3 +58,11 @@ def test_providers_without_their_key_are_skipped(monkeypatch: pytest.MonkeyPatch
     p = plan({"providers": ["keyed", "alt"], "light": "keyed", "lowest": "low"})
     assert rungs(p) == [("primary", "alt", "high", False)]
     assert p.light is None
+
+
+def test_a_bad_agent_schema_or_model_stops_the_worker_at_start() -> None:
+    """An invalid agent-level output_schema or an unimportable output_model is configuration: refused when the plan is built."""
+    with pytest.raises(ValueError, match="agent 'x'"):
+        plan({"providers": ["p"], "output_schema": {"type": "no-such-type"}})
+    with pytest.raises(ValueError, match="agent 'x'.*nowhere"):
+        plan({"providers": ["p"], "output_model": "nowhere.at.all:Model"})

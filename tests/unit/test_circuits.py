@@ -1,0 +1,220 @@
+"""The circuits' fold and gate over an in-memory log (no Kafka): several workers share one ordered event list."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from agents_stream.circuits import Circuits, circuit_id
+from agents_stream.config import AppConfig
+from agents_stream.errors import CircuitOpen
+
+
+@dataclass
+class Record:
+    offset: int
+    value: bytes
+    timestamp: int
+    timestamp_type: int = 1  # LogAppendTime
+
+
+class Log:
+    """One partition: appends get the next offset and the "broker" time of the shared clock."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.records: list[Record] = []
+        self.clock = clock
+
+    def append(self, key: bytes, value: bytes) -> None:
+        self.records.append(Record(len(self.records), value, int(self.clock[0] * 1000)))
+
+
+def config(max_concurrency: int | None = None, **breaker: Any) -> AppConfig:
+    return AppConfig.model_validate({
+        "breaker": {"failure_threshold": 3, "open_timeout_s": 10, "success_threshold": 1, "half_open_probes": 1, **breaker},
+        "providers": {"p": {"kind": "openai", "base_url": "http://x/v1", "model": "m", "timeout_s": 5, "max_concurrency": max_concurrency}},
+        "agents": {"a": {"providers": ["p"]}},
+    })
+
+
+class Cluster:
+    """N workers' Circuits on one log; ``pump`` folds whatever each has not seen yet."""
+
+    def __init__(self, n: int, cfg: AppConfig | None = None) -> None:
+        self.clock = [1000.0]
+        self.log = Log(self.clock)
+        self.changes = [0] * n
+        self.seen = [0] * n
+        self.workers = []
+        for i in range(n):
+            c = Circuits(
+                cfg or config(), ["p"], f"w{i}", bootstrap="unused",
+                send=self.log.append, on_transition=lambda *a: None,
+                on_change=lambda i=i: self._changed(i), app_id="app", clock=lambda: self.clock[0],
+            )
+            self.workers.append(c)
+
+    def _changed(self, i: int) -> None:
+        self.changes[i] += 1
+
+    def pump(self) -> None:
+        for i, c in enumerate(self.workers):
+            new = self.log.records[self.seen[i]:]
+            self.seen[i] = len(self.log.records)
+            c._fold_batch({0: new})
+
+    async def pumping(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            self.pump()
+            await asyncio.sleep(0.001)
+
+
+def raw(kind: str, **fields: Any) -> bytes:
+    return json.dumps({"v": 1, "id": "x", "kind": kind, "worker": "other", "at": 0, **fields}).encode()
+
+
+def test_malformed_records_are_skipped_and_the_fold_goes_on() -> None:
+    """A broken or foreign record on the shared log is skipped; the valid events after it still apply."""
+    cl = Cluster(1)
+    c = cl.workers[0]
+    cid = circuit_id(config().providers["p"])
+    bad = [b"not json", b"[1,2]", raw("probe", provider=cid), raw("rate_limited", provider=cid), raw("hello", spend=[1]),
+           raw("transition", provider=cid, to="exploded", cause=-5), raw("failure", provider={"not": "hashable"})]
+    good = [raw("failure", provider=cid) for _ in range(3)]
+    records = [Record(i, v, 1_000_000) for i, v in enumerate(bad + good)]
+    c._fold_batch({0: records})
+    assert c.state("p") == "open", "the three good failures after the bad records opened the breaker"
+
+
+def test_the_broker_clock_is_used_not_the_senders() -> None:
+    """With LogAppendTime the fold uses the broker's timestamp: a sender whose clock is far ahead cannot move the open timeout."""
+    cl = Cluster(1)
+    c = cl.workers[0]
+    cid = circuit_id(config().providers["p"])
+    future = raw("failure", provider=cid) .replace(b'"at": 0', b'"at": 99999999')
+    c._fold_batch({0: [Record(i, future, 1_000_000) for i in range(3)]})
+    assert c.circuits["p"].breaker.opened_at == 1000.0
+    assert c.available("p") == (False, 1010.0)
+
+
+async def test_a_worker_waits_for_its_own_failure_before_calling_again() -> None:
+    """After a failure a worker starts no new call until its failure event came back through the log."""
+    cl = Cluster(1)
+    c = cl.workers[0]
+    permit = await c.acquire("p")
+    c.release(permit, "failure")
+    waiting = asyncio.ensure_future(c.acquire("p"))
+    await asyncio.sleep(0.2)
+    assert not waiting.done(), "blocked until the failure is folded"
+    cl.pump()
+    permit = await asyncio.wait_for(waiting, 1)
+    c.release(permit, "success")
+
+
+@pytest.mark.parametrize("max_concurrency", [None, 6])
+async def test_calls_to_a_dead_provider_are_bounded_across_workers(max_concurrency: int | None) -> None:
+    """Three workers with 20 callers each against a dead provider: at most failure_threshold failures
+    plus the calls in flight when the breaker opened (all 60 callers, or max_concurrency) reach it."""
+    cl = Cluster(3, config(max_concurrency=max_concurrency))
+    for w in cl.workers:
+        w._publish("hello", None, providers=sorted(w._by_id), app="app", spend={})
+    cl.pump()
+    assert all(w.live_workers("p") == 3 for w in cl.workers)
+    stop = asyncio.Event()
+    pump = asyncio.ensure_future(cl.pumping(stop))
+    calls = 0
+
+    async def caller(c: Circuits) -> None:
+        nonlocal calls
+        for _ in range(10):
+            try:
+                permit = await c.acquire("p")
+            except CircuitOpen:
+                return
+            calls += 1
+            await asyncio.sleep(0.002)  # the call fails after a moment
+            c.release(permit, "failure")
+
+    await asyncio.wait_for(asyncio.gather(*(caller(c) for c in cl.workers for _ in range(20))), 10)
+    stop.set()
+    await pump
+    in_flight = 60 if max_concurrency is None else max_concurrency
+    print(f"\ncalls to a dead provider from 3 workers x 20 callers, max_concurrency {max_concurrency}: {calls} (bound {3 + in_flight})")
+    assert all(c.state("p") == "open" for c in cl.workers)
+    assert calls <= 3 + in_flight
+
+
+async def test_half_open_admits_one_probe_cluster_wide_and_refusals_do_not_storm() -> None:
+    """In half-open exactly one probe is admitted among all workers; a refused worker does not ask again at once."""
+    cl = Cluster(3)
+    cid = circuit_id(config().providers["p"])
+    for w in cl.workers:
+        w._fold_batch({0: [Record(i, raw("failure", provider=cid), 1_000_000) for i in range(3)]})
+    cl.clock[0] += 11  # past open_timeout
+    stop = asyncio.Event()
+    pump = asyncio.ensure_future(cl.pumping(stop))
+    results = await asyncio.gather(*(w.acquire("p") for w in cl.workers), return_exceptions=True)
+    admitted = [r for r in results if not isinstance(r, BaseException)]
+    assert len(admitted) == 1 and all(isinstance(r, CircuitOpen) for r in results if r not in admitted)
+    probes_before = sum(1 for r in cl.log.records if json.loads(r.value)["kind"] == "probe")
+    refused = [w for w, r in zip(cl.workers, results, strict=True) if isinstance(r, CircuitOpen)]
+    for w in refused:
+        with pytest.raises(CircuitOpen):
+            await w.acquire("p")  # within the pause: no new probe request
+    probes_after = sum(1 for r in cl.log.records if json.loads(r.value)["kind"] == "probe")
+    assert probes_after == probes_before
+    owner = cl.workers[results.index(admitted[0])]
+    owner.release(admitted[0], "success")
+    await asyncio.sleep(0.05)
+    stop.set()
+    await pump
+    assert all(w.state("p") == "closed" for w in cl.workers), "one probe success (success_threshold 1) closed it everywhere"
+
+
+async def test_retry_after_from_one_worker_blocks_the_others_once_folded() -> None:
+    """A 429 one worker saw blocks new calls on every worker until Retry-After elapses."""
+    cl = Cluster(2)
+    a, b = cl.workers
+    permit = await a.acquire("p")
+    a.release(permit, "rate_limited", retry_after=5.0)
+    with pytest.raises(CircuitOpen):
+        await a.acquire("p")  # at once, on the worker that saw it
+    cl.pump()
+    with pytest.raises(CircuitOpen) as info:
+        await b.acquire("p")
+    assert info.value.retry_at == pytest.approx(1005.0)
+    assert b.circuits["p"].retry_after_propagation_s is not None
+    cl.clock[0] += 5.1
+    permit = await asyncio.wait_for(b.acquire("p"), 1)
+    b.release(permit, "success")
+
+
+def test_spend_is_summed_per_app_across_partitions() -> None:
+    """Budgets count this app's spend of the day over every partition's latest report; another app's spend is not ours."""
+    cl = Cluster(1)
+    c = cl.workers[0]
+    reports = [
+        raw("hello", worker="w1", app="app", spend={"a": {"2026-11-29": {"0": 1.5, "1": 2.0}}}),
+        raw("hello", worker="w2", app="app", spend={"a": {"2026-11-29": {"1": 2.5}}}),  # newer report for partition 1
+        raw("hello", worker="w3", app="other-app", spend={"a": {"2026-11-29": {"2": 100.0}}}),
+    ]
+    c._fold_batch({0: [Record(i, r, 1_000_000 + i) for i, r in enumerate(reports)]})
+    assert c.spend("a", "2026-11-29") == pytest.approx(4.0)
+
+
+def test_circuit_id_separates_accounts_and_shares_endpoints() -> None:
+    """Two names for one endpoint and key share a breaker; a second account (another key) is its own circuit."""
+    cfg = AppConfig.model_validate({
+        "providers": {
+            "a": {"kind": "openai", "base_url": "http://x/v1", "model": "m", "api_key_env": "K1"},
+            "b": {"kind": "openai", "base_url": "http://x/v1/", "model": "m", "api_key_env": "K1"},
+            "c": {"kind": "openai", "base_url": "http://x/v1", "model": "m", "api_key_env": "K2"},
+        },
+        "agents": {"x": {"providers": ["a"]}},
+    })
+    ids = {n: circuit_id(p) for n, p in cfg.providers.items()}
+    assert ids["a"] == ids["b"] != ids["c"]
