@@ -356,28 +356,37 @@ async def test_lower_rungs_light_cache_and_partial(cluster_factory):
     print("\nlower rungs: cache → low, light (simplified) → low, partial → failed")
 
 
-async def test_budget_sends_work_to_the_cheaper_tier(cluster_factory):
-    """Past its daily budget an agent's tasks go to the light tier (over_budget = "cheaper")."""
+async def test_budget_sends_work_to_the_cheaper_tier_or_holds_it(cluster_factory):
+    """Past its daily budget an agent's tasks go to the light tier (over_budget = "cheaper") or are held (over_budget = "hold")."""
     async with FakeLLM() as primary, FakeLLM() as light:
-        agent = unique("analyzer")
+        cheap, strict = unique("cheap"), unique("strict")
         toml = (
             '[prices]\n"primary-model" = { input_per_mtok = 1000.0, output_per_mtok = 1000.0 }\n\n'
             + provider("primary", primary) + provider("light", light)
-            + agent_toml(agent, providers=["primary"], light="light", budget_usd_per_day=0.001, over_budget="cheaper")
+            + agent_toml(cheap, providers=["primary"], light="light", budget_usd_per_day=0.001, over_budget="cheaper")
+            + agent_toml(strict, providers=["primary"], light="light", budget_usd_per_day=0.001, over_budget="hold")
         )
-        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_PRESENCE_INTERVAL_S="0.5")
-        w = await c.started()
-        first = task(agent)
-        await produce(topics.task_topic(agent), [encode(first)])
-        r1 = decoded(await results_for({first["task_id"]}, timeout=60))[first["task_id"]]
-        assert r1["source"].startswith("primary:") and r1["usage"]["cost"] > 0.001
+        c = cluster_factory([cheap, strict], None, toml=toml, AGENTS_STREAM_PRESENCE_INTERVAL_S="0.5")
+        await c.started()
+        first = [task(cheap), task(strict)]
+        await produce(topics.task_topic(cheap), [encode(first[0])])
+        await produce(topics.task_topic(strict), [encode(first[1])])
+        r1 = decoded(await results_for({t["task_id"] for t in first}, timeout=60))
+        assert all(r["source"].startswith("primary:") and r["usage"]["cost"] > 0.001 for r in r1.values())
         await asyncio.sleep(2)  # the spend reaches the shared view with the next presence event
-        second = task(agent)
-        await produce(topics.task_topic(agent), [encode(second)])
-        r2 = decoded(await results_for({second["task_id"]}, timeout=60))[second["task_id"]]
-        del w
+        second = [task(cheap), task(strict)]
+        await produce(topics.task_topic(cheap), [encode(second[0])])
+        await produce(topics.task_topic(strict), [encode(second[1])])
+        r2 = decoded(await results_for({second[0]["task_id"]}, timeout=60))[second[0]["task_id"]]
+        none = await read_topic("agent.results", until=lambda s: False, timeout=3, keep=lambda m: m.key == second[1]["task_id"].encode())
+        ends, done = await end_offsets(topics.task_topic(strict)), await committed(c.app_id, topics.task_topic(strict))
+        lag = sum(end - max(done.get(p, 0), 0) for p, end in ends.items())
     assert r2["source"].startswith("light:") and r2["confidence"] == "medium"
-    print(f"\nbudget: first task cost {r1['usage']['cost']} USD > 0.001 budget; next task went to {r2['source']}")
+    assert none == [], "a task held by its budget has no result"
+    assert lag == 1, "it waits as lag (intake of the over-budget agent is paused)"
+    assert not [r for r in primary.requests + light.requests if r.task_id == second[1]["task_id"]], "and made no call"
+    print(f"\nbudget: first tasks cost {r1[first[0]['task_id']]['usage']['cost']} USD > 0.001; "
+          f"next 'cheaper' task went to {r2['source']}, next 'hold' task held")
 
 
 async def test_requests_per_second_limit_is_shared_by_the_workers(cluster_factory):
