@@ -15,6 +15,7 @@ from time import monotonic
 from typing import Any, Mapping, Optional
 
 from aiokafka.structs import OffsetAndMetadata
+from faust.transport.consumer import ensure_TPset
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
@@ -48,6 +49,21 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
 
 class WatermarkConsumer(AIOKafkaConsumer):
     _last_commit_error: BaseException | None = None
+
+    def pause_partitions(self, tps: Any) -> None:
+        """Stop fetching ``tps`` without dropping the batch being delivered.
+
+        Faust's ``getmany`` checks every record of a fetched batch against the
+        live set of active partitions; removing a partition from that set in
+        place while a batch is delivered silently drops the rest of the batch,
+        whose offsets aiokafka has already passed, so nothing fetches them
+        again (found by the all-providers-down test; FAUST-NOTES.md says
+        buffered events still arrive, which holds only between batches). A new
+        set leaves the batch in delivery with the set it started with.
+        """
+        tpset = ensure_TPset(tps)
+        self._active_partitions = set(self._get_active_partitions()) - tpset
+        self._paused_partitions.update(tpset)
 
     def _new_consumer_thread(self) -> WatermarkConsumerThread:
         return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)

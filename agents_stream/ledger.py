@@ -83,7 +83,14 @@ class Ledger:
             self.watermark.open(tp, message.offset)
             self.control("alert.ledger_error", f"{tp.topic}:{tp.partition}:{message.offset}", None, {"error": repr(exc)})
         finally:
-            self.watermark.handled(tp, message.offset)
+            gap = self.watermark.handled(tp, message.offset)
+            if gap is not None:
+                log.error(
+                    "Offsets %d..%d of %s[%d] never reached the ledger (dropped by the consumer); nothing is committed "
+                    "past %d, so they are read again after a restart or rebalance: restart this worker",
+                    gap, message.offset - 1, tp.topic, tp.partition, gap,
+                )
+                self.control("alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None, {"first": gap, "next_seen": message.offset})
 
     # -- task messages ---------------------------------------------------------------
 

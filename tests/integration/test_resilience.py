@@ -135,7 +135,7 @@ async def test_every_provider_down_holds_then_recovers_with_a_bounded_ramp(clust
             + agent_toml(agent, providers=["primary", "alternate"])
         )
         c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_PRESENCE_INTERVAL_S="1")
-        await asyncio.gather(c.started("a"), c.started("b"))
+        workers = await asyncio.gather(c.started("a"), c.started("b"))
         await primary.set_mode(outage=True)
         await alternate.set_mode(outage=True)
         ts = [task(agent, n=i) for i in range(200)]
@@ -164,6 +164,10 @@ async def test_every_provider_down_holds_then_recovers_with_a_bounded_ramp(clust
         await asyncio.sleep(5)
         first_peak = (primary.peak_in_flight, alternate.peak_in_flight)
         results = decoded(await results_for(ids, timeout=120))
+        if set(results) != ids:  # say where the rest are before failing
+            for w in workers:
+                print("worker", w.name, await w.get("/readyz"), json.dumps(await w.get("/circuits")))
+            print("fake calls", len(primary.requests), len(alternate.requests), "in flight", primary.in_flight, alternate.in_flight)
     print(f"recovery: peak concurrency in the first 5 s primary {first_peak[0]} (limit {max_conc}), alternate {first_peak[1]} (limit 2)")
     assert set(results) == ids
     assert first_peak[0] <= max_conc and first_peak[1] <= 2

@@ -178,3 +178,15 @@ def test_commit_never_passes_open_or_unhandled(steps: list[tuple[int, list[int],
         else:
             assert commit == offset + 1
         assert wm.open_count(TP) == len(holds)
+
+
+def test_a_gap_in_handled_offsets_is_never_committed_past() -> None:
+    """If the consumer skips records, the commit stays at the first skipped offset (a restart reads them again)."""
+    w = Watermark()
+    assert w.handled("tp", 10) is None  # the first offset seen after assignment sets the start
+    assert w.handled("tp", 11) is None
+    assert w.handled("tp", 15) == 12, "12..14 never arrived"
+    assert w.commit_offset("tp") == 12
+    w.handled("tp", 16)
+    assert w.commit_offset("tp") == 12, "still held: nothing past what was never seen"
+    assert w.handled("tp", 13) is None, "a rewind (seek back) is not a gap"
