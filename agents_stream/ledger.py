@@ -103,7 +103,9 @@ class Ledger:
                 "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)",
                 tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
             )
-            self._dead_letter(tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1)
+            _, history = requeue_headers(headers)
+            extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
+            self._dead_letter(tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra)
             return
         task_key = task.task_id.encode("utf-8")
         home = topics.partition_for(task_key, self.settings.partitions)
@@ -113,11 +115,12 @@ class Ledger:
             reroute = list(headers or []) + [("agents_stream.rerouted_from", f"{tp.topic}:{tp.partition}:{offset}".encode())]
             self._deliver(tp, offset, [lambda: self._send(tp.topic, task_key, value, partition=home, headers=reroute)])
             return
-        self._apply_task(tp, offset, task, value)
+        self._apply_task(tp, offset, task, value, headers)
 
-    def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes) -> None:
+    def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None) -> None:
         now = time.time()
         record = self._get(task.task_id)
+        requeue_id, history = requeue_headers(headers)
         new, effects = leases.receive(
             record,
             agent=task.agent_name,
@@ -130,6 +133,8 @@ class Ledger:
             ttl=self.settings.lease_ttl_s,
             max_attempts=self.settings.max_attempts,
             running_here=self.executor.has(task.task_id),
+            requeue_id=requeue_id,
+            history=history,
         )
         self._apply(tp, offset, task.task_id, record, new, effects, task=task)
 
@@ -292,9 +297,12 @@ class Ledger:
                 sends.append(lambda r=result: self._send(topics.RESULTS, task_id.encode(), r))
             elif isinstance(effect, leases.DeadLetter):
                 source_tp = TP(record.topic, record.partition)
+                extra = [("agents_stream.requeues", str(record.requeues).encode())] if record.requeues else []
+                if record.history:
+                    extra.append((HISTORY_HEADER, record.history.encode("utf-8")))
                 sends.append(self._dlq_send(
                     record.agent, task_id.encode(), record.payload.encode("utf-8"),
-                    effect.reason, effect.layer, effect.attempts, source_tp, record.offset,
+                    effect.reason, effect.layer, effect.attempts, source_tp, record.offset, extra,
                 ))
             elif isinstance(effect, leases.Control):
                 self.control(effect.event, task_id, record.agent if record else None, effect.details)
@@ -312,12 +320,18 @@ class Ledger:
 
     # -- dead letters and control events -------------------------------------------------------
 
-    def _dead_letter(self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int) -> None:
-        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset)]
+    def _dead_letter(
+        self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str,
+        attempts: int, extra: list[tuple[str, bytes]] | None = None,
+    ) -> None:
+        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra)]
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
         self._deliver(tp, offset, sends)
 
-    def _dlq_send(self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int, source: TP, offset: int) -> Send:
+    def _dlq_send(
+        self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
+        source: TP, offset: int, extra: list[tuple[str, bytes]] | None = None,
+    ) -> Send:
         headers = [
             ("error_reason", reason.encode("utf-8")),
             ("error_layer", layer.encode()),
@@ -326,6 +340,7 @@ class Ledger:
             ("original_offset", str(offset).encode()),
             ("failed_at", utcnow_iso().encode()),
             ("attempts", str(attempts).encode()),
+            *(extra or []),
         ]
         topic = topics.dlq_topic(agent)
         return lambda: self._send(topic, key, value, headers=headers)
@@ -415,6 +430,23 @@ class Ledger:
                 self.task_offsets[task_id] = kept
             else:
                 del self.task_offsets[task_id]
+
+
+REQUEUE_HEADER, HISTORY_HEADER = topics.REQUEUE_HEADER, topics.HISTORY_HEADER
+
+
+def requeue_headers(headers: Any) -> tuple[str | None, str | None]:
+    """(requeue id, history JSON) from a task message's headers; (None, None) for an ordinary task."""
+    requeue_id = history = None
+    for name, value in headers or ():
+        try:
+            if name == REQUEUE_HEADER:
+                requeue_id = value.decode("utf-8")
+            elif name == HISTORY_HEADER:
+                history = value.decode("utf-8")
+        except (AttributeError, UnicodeDecodeError):
+            continue  # a header we cannot read is not ours
+    return requeue_id, history
 
 
 def spend_key(agent: str, day: str, partition: int) -> str:

@@ -10,6 +10,10 @@ JOBS = "agent.jobs"
 #: Internal, one partition, shared by every app id: breaker, Retry-After and presence events (agents_stream.circuits)
 CIRCUITS = "agent.circuits"
 TASK_PREFIX = "agent.tasks."
+#: headers of a task requeued from its dead-letter topic (agents_stream.dlq): the requeue's id,
+#: and the dead-letter headers of every earlier failure (JSON list, oldest first)
+REQUEUE_HEADER = "agents_stream.requeue_id"
+HISTORY_HEADER = "agents_stream.history"
 
 
 def task_topic(agent: str) -> str:

@@ -37,6 +37,11 @@ class TaskRecord:
     received_at: float
     result: str | None = None  # the stored TaskResult JSON, re-emitted byte for byte
     finished_at: float | None = None
+    #: the operator requeue (from the dead-letter topic) this run belongs to, and how many there were
+    requeue_id: str | None = None
+    requeues: int = 0
+    #: JSON list of the dead-letter headers of earlier failures, oldest first (kept as history)
+    history: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -110,9 +115,18 @@ def receive(
     ttl: float,
     max_attempts: int,
     running_here: bool,
+    requeue_id: str | None = None,
+    history: str | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
-    """A task message arrived (first delivery, duplicate or redelivery after a crash)."""
-    if record is None:
+    """A task message arrived (first delivery, duplicate, redelivery after a crash, or an operator's requeue).
+
+    A requeue (``requeue_id`` set, from ``agents-stream dlq requeue``) of a task
+    that failed or was dead-lettered starts it again with its attempt counter
+    reset; the same requeue delivered twice is an ordinary duplicate.
+    """
+    if record is None or (
+        requeue_id is not None and record.state in (FAILED, DEAD_LETTERED) and record.requeue_id != requeue_id
+    ):
         new = TaskRecord(
             state=RUNNING,
             agent=agent,
@@ -124,8 +138,14 @@ def receive(
             partition=partition,
             offset=offset,
             received_at=now,
+            requeue_id=requeue_id,
+            requeues=(record.requeues if record else 0) + (1 if requeue_id else 0),
+            history=history,
         )
-        return new, [Track(), Dispatch(1)]
+        effects: list[Effect] = [Track(), Dispatch(1)]
+        if requeue_id is not None:
+            effects.append(Control("task.requeued", {"requeue_id": requeue_id, "requeues": new.requeues}))
+        return new, effects
     if record.terminal:
         # A finished task never reaches a provider again; a redelivery re-emits its result.
         if record.result is not None:

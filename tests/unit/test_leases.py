@@ -429,3 +429,54 @@ class TaskLedgerMachine(RuleBasedStateMachine):
 
 TaskLedgerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
 test_task_ledger_state_machine = TaskLedgerMachine.TestCase
+
+
+# -- requeue from the dead-letter topic (agents-stream dlq requeue) ---------------------------
+
+
+def requeued(record: TaskRecord | None, requeue_id: str, *, history: str | None = '[{"attempts":"3"}]'):
+    return leases.receive(
+        record, agent=AGENT, payload=PAYLOAD, topic=TOPIC, partition=2, offset=40,
+        now=T0 + 100, me=ME, ttl=TTL, max_attempts=3, running_here=False, requeue_id=requeue_id, history=history,
+    )
+
+
+@pytest.mark.parametrize("state", [FAILED, DEAD_LETTERED])
+def test_requeue_restarts_a_failed_task_with_its_attempts_reset(state: str) -> None:
+    """A requeued task that had failed or been dead-lettered runs again from dispatch 1, with its history kept."""
+    old = replace(terminal(state, RESULT if state == FAILED else None), dispatch=3)
+    new, effects = requeued(old, "rq-1")
+    assert new.state == RUNNING and new.dispatch == 1 and new.offset == 40 and new.result is None
+    assert new.requeue_id == "rq-1" and new.requeues == 1 and new.history == '[{"attempts":"3"}]'
+    assert effects[:2] == [Track(), Dispatch(1)]
+    assert effects[2] == Control("task.requeued", {"requeue_id": "rq-1", "requeues": 1})
+
+
+def test_the_same_requeue_delivered_twice_runs_once() -> None:
+    """A redelivered requeue message is an ordinary duplicate: it neither restarts nor re-runs the task."""
+    first, _ = requeued(terminal(FAILED, RESULT), "rq-1")
+    done = replace(first, state=SUCCEEDED, result=RESULT, finished_at=T0 + 200)
+    again, effects = requeued(done, "rq-1")
+    assert again == done and effects == [EmitResult(RESULT)]
+
+
+def test_a_succeeded_task_is_not_restarted_by_a_requeue() -> None:
+    """Only failed or dead-lettered tasks restart; a task that succeeded re-emits its result."""
+    done = terminal(SUCCEEDED, RESULT)
+    assert requeued(done, "rq-9") == (done, [EmitResult(RESULT)])
+
+
+def test_a_second_requeue_counts_and_a_new_failure_dead_letters_with_its_attempts() -> None:
+    """Requeues are counted; a requeued task that fails again is dead-lettered with the attempts of its new run."""
+    first, _ = requeued(terminal(DEAD_LETTERED, None), "rq-1")
+    failed = replace(first, state=DEAD_LETTERED, finished_at=T0 + 300)
+    second, _ = requeued(failed, "rq-2")
+    assert second.requeues == 2 and second.dispatch == 1
+    _, effects = leases.finish(second, status=FAILED, result=RESULT, reason="permanent_error: 400", now=T0 + 400)
+    assert DeadLetter("permanent_error: 400", "downstream", 1) in effects
+
+
+def test_requeue_of_a_task_never_recorded_starts_it() -> None:
+    """A dead letter from layer 1 (never recorded) that is requeued after a fix is received as new, with its history."""
+    new, effects = requeued(None, "rq-1")
+    assert new.state == RUNNING and new.requeues == 1 and Dispatch(1) in effects
