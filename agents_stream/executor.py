@@ -21,6 +21,7 @@ or says its confidence is low.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 import time
@@ -125,6 +126,10 @@ class Job:
     escalated: Any = None
     #: held: how long to stay parked before trying again (seconds)
     wait: float = 0.0
+    #: a multi-step task: the outputs of the steps done (from the checkpoint, then this run)
+    steps_done: list[Any] = field(default_factory=list)
+    #: the lowest confidence and the last source over the steps done in this run
+    steps_confidence: str = "high"
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -187,11 +192,11 @@ class Executor:
     def has(self, task_id: str) -> bool:
         return task_id in self.jobs
 
-    def dispatch(self, task: TaskPayload, dispatch: int) -> None:
-        """Queue a task; a free call slot picks it up. Never blocks the ledger."""
+    def dispatch(self, task: TaskPayload, dispatch: int, steps_done: list[Any] | None = None) -> None:
+        """Queue a task (with the steps it has done, for a multi-step one); a free call slot picks it up. Never blocks the ledger."""
         if task.task_id in self.jobs or not self._accepting:
             return
-        self.jobs[task.task_id] = Job(task, dispatch)
+        self.jobs[task.task_id] = Job(task, dispatch, steps_done=list(steps_done or []))
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake
@@ -322,7 +327,43 @@ class Executor:
 
     async def _run(self, job: Job) -> dict[str, Any] | None:
         """The task's outcome, or None when it must hold (``job.wait`` says for how long at most)."""
+        if not job.task.steps:
+            return await self._answer(job, job.task)
+        return await self._run_steps(job)
+
+    async def _run_steps(self, job: Job) -> dict[str, Any] | None:
+        """A multi-step task: each step's output is checkpointed before the next starts, so a re-run
+        (after a crash, a redelivery or a hold) does only the steps not yet done."""
         task = job.task
+        steps = task.steps or []
+        outcome: dict[str, Any] | None = None
+        for index in range(len(job.steps_done), len(steps)):
+            job.escalated = None  # each step climbs its own ladder
+            outcome = await self._answer(job, self._step_task(task, index, job.steps_done))
+            if outcome is None:
+                return None  # held; the steps done so far are kept
+            if outcome["kind"] != "succeeded" or outcome.get("status") != "succeeded":
+                return outcome  # a failed or partial step ends the task
+            job.steps_done.append(outcome["output"])
+            if CONFIDENCE_ORDER.index(outcome["confidence"]) > CONFIDENCE_ORDER.index(job.steps_confidence):
+                job.steps_confidence = outcome["confidence"]
+            # Durable before the next step starts: a crash from here on does not repeat this one.
+            await self._send_outcome(task.task_id, {"kind": "step", "dispatch": job.dispatch, "index": index, "output": outcome["output"]})
+        final = {**self._common(job), "kind": "succeeded", "status": "succeeded", "partial": False}
+        final.update(output=list(job.steps_done), confidence=job.steps_confidence,
+                     source=(outcome or {}).get("source", "checkpoint"))
+        return final
+
+    @staticmethod
+    def _step_task(task: TaskPayload, index: int, done: list[Any]) -> TaskPayload:
+        step = (task.steps or [])[index]
+        text = step.get("instruction", json.dumps(step)) if isinstance(step, dict) else str(step)
+        instruction = f"{task.instruction}\n\nStep {index + 1} of {len(task.steps or [])}: {text}"
+        context = {**task.context_data, "previous_steps": done} if done else dict(task.context_data)
+        return task.model_copy(update={"instruction": instruction, "context_data": context, "steps": None})
+
+    async def _answer(self, job: Job, task: TaskPayload) -> dict[str, Any] | None:
+        """One answer through the ladder for ``task`` (the job's task, or one step of it)."""
         plan = self.plans[task.agent_name]
         try:
             spec = OutputSpec.for_task(plan.config, task)
@@ -335,7 +376,7 @@ class Executor:
             tiers, retry_at, budget_hold = self._tiers_for(job, plan)
         outcome = None
         if tiers:
-            outcome, retry_at = await self._climb(job, tiers, spec, plan)
+            outcome, retry_at = await self._climb(job, task, tiers, spec, plan)
         if outcome is not None:
             self._unhold(job)
             return outcome
@@ -343,7 +384,7 @@ class Executor:
             if job.escalated is not None and at_least(job.escalated.confidence, plan.config.lowest):
                 self._unhold(job)  # the router's tier did answer; nothing better is available
                 return self._succeeded(job, job.escalated)
-            if plan.cache:
+            if plan.cache and not job.task.steps:  # the cache keeps whole answers, not steps
                 cached = await self._from_cache(job, plan)
                 if cached is not None:
                     self._unhold(job)
@@ -356,13 +397,13 @@ class Executor:
         job.wait = self.settings.probe_interval_s if retry_at is None else min(max(retry_at - now, 0.05), self.settings.probe_interval_s)
         return None
 
-    async def _climb(self, job: Job, tiers: list[Tier], spec: OutputSpec | None, plan: AgentPlan) -> tuple[dict[str, Any] | None, float | None]:
+    async def _climb(self, job: Job, task: TaskPayload, tiers: list[Tier], spec: OutputSpec | None, plan: AgentPlan) -> tuple[dict[str, Any] | None, float | None]:
         """Try each rung in order: an answer or a rejection ends the climb; unavailability moves down."""
         earliest: float | None = None
         for i, tier in enumerate(tiers):
             if tier.simplified and job.escalated is not None and job.escalated.source.startswith(f"light:{tier.provider.name}:"):
                 continue  # that model already answered the whole task: better than a simplified one
-            result = await self._call_tier(job, tier, spec, plan)
+            result = await self._call_tier(job, task, tier, spec, plan)
             last = i + 1 == len(tiers)
             if isinstance(result, _Unavailable):
                 if result.retry_at is not None:
@@ -416,8 +457,8 @@ class Executor:
 
     # -- one rung -----------------------------------------------------------------
 
-    async def _call_tier(self, job: Job, tier: Tier, spec: OutputSpec | None, plan: AgentPlan) -> _Answer | _Unavailable | _Rejected:
-        task, provider = job.task, tier.provider
+    async def _call_tier(self, job: Job, task: TaskPayload, tier: Tier, spec: OutputSpec | None, plan: AgentPlan) -> _Answer | _Unavailable | _Rejected:
+        provider = tier.provider
         instruction, context = task.instruction, task.context_data
         max_tokens = None
         if tier.simplified:

@@ -163,6 +163,12 @@ class Ledger:
             result = self._result_json(task_id, record, event)
             new, effects = leases.finish(record, status=kind, result=result, reason=event.get("reason"), now=now)
             self._account(tp, offset, record, event, now)
+        elif kind == "step":
+            index = event.get("index")
+            if not isinstance(index, int):
+                log.warning("Skipping step event without an index for %s", task_id)
+                return
+            new, effects = leases.checkpoint(record, index=index, output=event.get("output"))
         elif kind == "cache_reply":
             self.executor.cache_answer(task_id, event.get("answer"))
             return
@@ -291,7 +297,8 @@ class Ledger:
                 dispatch = effect.dispatch
                 # Dispatch once the lease record is durable, so a crash cannot
                 # leave a provider call without a record of it.
-                after.append(lambda p=payload, d=dispatch: self.executor.dispatch(p, d))
+                done = leases.completed_steps(record)
+                after.append(lambda p=payload, d=dispatch, s=done: self.executor.dispatch(p, d, s))
             elif isinstance(effect, leases.EmitResult):
                 result = effect.result.encode("utf-8")
                 sends.append(lambda r=result: self._send(topics.RESULTS, task_id.encode(), r))

@@ -42,6 +42,8 @@ class TaskRecord:
     requeues: int = 0
     #: JSON list of the dead-letter headers of earlier failures, oldest first (kept as history)
     history: str | None = None
+    #: step checkpoint of a multi-step task: JSON list of the outputs of the steps done so far
+    steps_done: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -194,7 +196,27 @@ def finish(
         effects.append(DeadLetter(reason or "permanent_error", "downstream", record.dispatch))
         effects.append(Control("task.failed", {"reason": reason}))
     effects.append(Settle())
-    return replace(record, state=status, result=result, finished_at=now), effects
+    # The checkpoint has served: the result holds every step's output.
+    return replace(record, state=status, result=result, finished_at=now, steps_done=None), effects
+
+
+def checkpoint(record: TaskRecord | None, *, index: int, output: Any) -> tuple[TaskRecord | None, list[Effect]]:
+    """Step ``index`` of a multi-step task finished with ``output``: keep it, so a re-run starts after it.
+
+    Steps finish in order; a report for a step already recorded (a duplicate, or
+    a re-run racing the first) or out of order changes nothing.
+    """
+    if record is None or record.terminal:
+        return record, []
+    done = json.loads(record.steps_done) if record.steps_done else []
+    if index != len(done):
+        return record, []
+    return replace(record, steps_done=json.dumps([*done, output], separators=(",", ":"))), []
+
+
+def completed_steps(record: TaskRecord | None) -> list[Any]:
+    """The outputs of the steps a task has already done (empty for a fresh or single-step task)."""
+    return json.loads(record.steps_done) if record is not None and record.steps_done else []
 
 
 def expire(

@@ -480,3 +480,27 @@ def test_requeue_of_a_task_never_recorded_starts_it() -> None:
     """A dead letter from layer 1 (never recorded) that is requeued after a fix is received as new, with its history."""
     new, effects = requeued(None, "rq-1")
     assert new.state == RUNNING and new.requeues == 1 and Dispatch(1) in effects
+
+
+# -- step checkpoints ------------------------------------------------------------------------
+
+
+def test_step_outputs_are_checkpointed_in_order_and_duplicates_change_nothing() -> None:
+    """Each finished step is kept once, in order; a repeated or out-of-order report is ignored."""
+    r = running()
+    r, effects = leases.checkpoint(r, index=0, output="one")
+    assert effects == [] and leases.completed_steps(r) == ["one"]
+    assert leases.checkpoint(r, index=0, output="again")[0] == r, "a duplicate of step 0"
+    assert leases.checkpoint(r, index=2, output="skip")[0] == r, "step 1 must come first"
+    r, _ = leases.checkpoint(r, index=1, output={"two": 2})
+    assert leases.completed_steps(r) == ["one", {"two": 2}]
+
+
+def test_a_redispatch_carries_the_checkpoint_and_finishing_clears_it() -> None:
+    """A task taken over after a crash keeps its finished steps; when it ends the checkpoint is cleared (the result has them)."""
+    r, _ = leases.checkpoint(running(lease_until=T0), index=0, output="one")
+    taken, effects = expire(r, dispatch=1, now=T0 + 1)
+    assert Dispatch(2) in effects and leases.completed_steps(taken) == ["one"]
+    done, _ = leases.finish(taken, status=SUCCEEDED, result=RESULT, reason=None, now=T0 + 2)
+    assert done.steps_done is None and leases.completed_steps(done) == []
+    assert leases.checkpoint(done, index=1, output="late")[0] == done, "nothing changes once terminal"
