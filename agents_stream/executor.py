@@ -45,7 +45,9 @@ from agents_stream.outputs import (
 )
 from agents_stream.providers.base import Completion, Prompt, Provider
 from agents_stream.router import classifier_prompt, heuristic, parse_classification
+from agents_stream.sagas import SagaDefinition, StepContext, load_saga
 from agents_stream.settings import Settings
+from tables import sagas as saga_machine
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +79,7 @@ class AgentPlan:
     classifier: Provider | None
     cache: bool  # may answer from the last good answer
     partial: bool  # may answer with the explicit partial result
+    saga: SagaDefinition | None = None  # every task of the agent runs as this saga
 
     @classmethod
     def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
@@ -97,7 +100,12 @@ class AgentPlan:
                 OutputSpec.from_model(cfg.output_model)
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
+        try:
+            saga = load_saga(cfg.saga) if cfg.saga else None
+        except ValueError as exc:
+            raise ValueError(f"agent {agent!r}: {exc}") from None
         return cls(
+            saga=saga,
             config=cfg,
             tiers=tiers,
             light=light,
@@ -105,6 +113,16 @@ class AgentPlan:
             cache=cfg.cache_max_age_s > 0 and allowed >= CONFIDENCE_ORDER.index("low"),
             partial=cfg.lowest == "failed",
         )
+
+
+def _saga_event(report: dict[str, Any]) -> saga_machine.Event:
+    event, step, error = report["event"], report["step"], report.get("error", "")
+    return {
+        "action_succeeded": lambda: saga_machine.ActionSucceeded(step),
+        "action_failed": lambda: saga_machine.ActionFailed(step, error),
+        "compensation_succeeded": lambda: saga_machine.CompensationSucceeded(step),
+        "compensation_failed": lambda: saga_machine.CompensationFailed(step, error),
+    }[event]()
 
 
 def at_least(confidence: str, lowest: str) -> bool:
@@ -327,9 +345,60 @@ class Executor:
 
     async def _run(self, job: Job) -> dict[str, Any] | None:
         """The task's outcome, or None when it must hold (``job.wait`` says for how long at most)."""
+        plan = self.plans[job.task.agent_name]
+        if plan.saga is not None:
+            return await self._run_saga(job, plan.saga)
         if not job.task.steps:
             return await self._answer(job, job.task)
         return await self._run_steps(job)
+
+    async def _run_saga(self, job: Job, definition: SagaDefinition) -> dict[str, Any]:
+        """Run the task as a saga. Each report is checkpointed before the next call, so a re-run
+        replays the reports and continues; services get the same idempotency key on every attempt."""
+        task, shape = job.task, definition.shape
+        state, effects = saga_machine.start(shape, task.task_id)
+        outputs: dict[str, Any] = {}
+        for report in job.steps_done:  # the checkpoint: reports applied before a crash or hold
+            state, effects = saga_machine.step(shape, state, _saga_event(report))
+            if report["event"] == "action_succeeded":
+                outputs[report["step"]] = report.get("output")
+        announce = not job.steps_done  # the control events of a replay were sent the first time
+        while True:
+            if announce:
+                for effect in effects:
+                    if isinstance(effect, saga_machine.Control):
+                        self._send_control(effect.event, task.task_id, task.agent_name, {"saga": shape.name, **effect.details})
+            if state.terminal:
+                break
+            work = next(e for e in effects if not isinstance(e, saga_machine.Control))
+            compensating = isinstance(work, saga_machine.RunCompensation)
+            step = definition.step(work.step)
+            fn = step.compensate if compensating else step.action
+            if work.attempt > 1:
+                await asyncio.sleep(backoff(work.attempt - 1, base=self.settings.backoff_base_s, cap=self.settings.backoff_cap_s, rng=self._rng))
+            ctx = StepContext(task=task, step=work.step, key=work.key, attempt=work.attempt, outputs=dict(outputs))
+            kind = "compensation" if compensating else "action"
+            try:
+                output = await asyncio.wait_for(fn(ctx), definition.timeout_s) if fn is not None else None
+                report = {"event": f"{kind}_succeeded", "step": work.step, "output": output}
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the machine decides: compensate, or retry the same key
+                log.info("Task %s: saga %s %s %s failed (attempt %d): %s", task.task_id, shape.name, kind, work.step, work.attempt, exc)
+                report = {"event": f"{kind}_failed", "step": work.step, "error": str(exc)[:500]}
+            await self._send_outcome(task.task_id, {"kind": "step", "dispatch": job.dispatch, "index": len(job.steps_done), "output": report})
+            job.steps_done.append(report)
+            announce = True
+            if report["event"] == "action_succeeded":
+                outputs[work.step] = report["output"]
+            state, effects = saga_machine.step(shape, state, _saga_event(report))
+        if state.status == saga_machine.COMPLETED:
+            return {**self._common(job), "kind": "succeeded", "status": "succeeded", "partial": False,
+                    "output": outputs, "confidence": "high", "source": f"saga:{shape.name}"}
+        return self._rejected(job, _Rejected(
+            f"saga_compensated: {state.error}", f"saga {shape.name} failed before its pivot ({state.error}); undone: {list(state.undone)}",
+            f"saga:{shape.name}",
+        ))
 
     async def _run_steps(self, job: Job) -> dict[str, Any] | None:
         """A multi-step task: each step's output is checkpointed before the next starts, so a re-run

@@ -1,0 +1,92 @@
+"""Fake carrier, payment, mail and order services for the refund saga: real HTTP, idempotent by key, recording every call.
+
+    async with FakeServices() as services:
+        services.fail("payment.refund", times=1)      # the next refund call answers 503
+        ...
+        services.executed("carrier.label")            # idempotency keys that had an effect
+
+A call repeats the first answer for an idempotency key it already executed and
+records it as a replay, as a well-behaved payment API does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+OPERATIONS = (
+    "carrier.label", "carrier.cancel_label", "payment.refund", "mail.send", "orders.update",
+)
+
+
+@dataclass
+class Call:
+    operation: str
+    key: str
+    replay: bool  # the key had been executed before: no effect this time
+    failed: bool
+    at: float
+
+
+class FakeServices:
+    def __init__(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.host, self.port = host, port
+        self.calls: list[Call] = []
+        self._done: dict[tuple[str, str], dict[str, Any]] = {}
+        self._failures: dict[str, int] = {}
+        self._runner: web.AppRunner | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def fail(self, operation: str, times: int = 1) -> None:
+        """The next ``times`` calls of ``operation`` answer 503 (and have no effect)."""
+        self._failures[operation] = self._failures.get(operation, 0) + times
+
+    def executed(self, operation: str) -> list[str]:
+        """Keys whose call of ``operation`` had an effect, in order (a key twice here would be a double effect)."""
+        return [c.key for c in self.calls if c.operation == operation and not c.replay and not c.failed]
+
+    async def start(self) -> FakeServices:
+        app = web.Application()
+        app.add_routes([web.post("/{service}/{op}", self._call)])
+        self._runner = web.AppRunner(app, access_log=None)
+        await asyncio.wait_for(self._runner.setup(), 5)
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await asyncio.wait_for(site.start(), 5)
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await asyncio.wait_for(self._runner.cleanup(), 5)
+            self._runner = None
+
+    async def __aenter__(self) -> FakeServices:
+        return await self.start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def _call(self, request: web.Request) -> web.Response:
+        operation = f"{request.match_info['service']}.{request.match_info['op']}"
+        key = request.headers.get("Idempotency-Key", "")
+        if operation not in OPERATIONS or not key:
+            return web.json_response({"error": f"unknown operation {operation!r} or no Idempotency-Key"}, status=400)
+        body = await request.json() if request.can_read_body else {}
+        if (operation, key) in self._done:
+            self.calls.append(Call(operation, key, True, False, time.time()))
+            return web.json_response(self._done[(operation, key)])
+        if self._failures.get(operation, 0) > 0:
+            self._failures[operation] -= 1
+            self.calls.append(Call(operation, key, False, True, time.time()))
+            return web.json_response({"error": f"{operation} is unavailable (scripted)"}, status=503)
+        answer = {"operation": operation, "key": key, "id": f"{operation}-{len(self._done) + 1}", "request": body}
+        self._done[(operation, key)] = answer
+        self.calls.append(Call(operation, key, False, False, time.time()))
+        return web.json_response(answer)
