@@ -22,14 +22,14 @@ from faust.types import TP
 
 from agents_stream import topics, web
 from agents_stream.breaker import Transition
-from agents_stream.circuits import Circuits, bootstrap_servers
-from agents_stream.config import AppConfig, ProviderConfig, load_config
+from agents_stream.circuits import Circuits
+from agents_stream.config import AppConfig, load_config
 from agents_stream.consumer import WatermarkTransport
 from agents_stream.delivery import confirmed
 from agents_stream.executor import AgentPlan, Executor
 from agents_stream.ledger import Ledger
 from agents_stream.providers import Provider, build_provider
-from agents_stream.settings import Settings
+from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ class Runtime:
 
         def provider(name: str) -> Provider:
             if name not in built:
-                built[name] = build_provider(config.providers[name] if name in config.providers else ProviderConfig(name=name, kind="local"))
+                built[name] = build_provider(config.provider(name))
             return built[name]
 
         plans = {a: AgentPlan.build(config, a, provider) for a in agents}
@@ -195,6 +195,27 @@ class Runtime:
             self.outcomes.send_soon(key=task_id.encode(), value=body)
 
 
+def _ledger_table(app: AgentsStreamApp, settings: Settings, name: str, help: str) -> LedgerTable:
+    """A table the ledger owns: str keys, plain versioned JSON values (never pickled), RocksDB via rocksdict."""
+    return app.tables.add(
+        LedgerTable(
+            app,
+            name=name,
+            default=None,
+            partitions=settings.partitions,
+            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
+            beacon=app.tables.beacon,
+            help=help,
+            options={
+                "driver": "rocksdict",
+                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
+                "write_buffer_size": 4 * 1024 * 1024,
+                "max_write_buffer_number": 2,
+            },
+        )
+    )
+
+
 def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
     settings = settings or Settings.from_env()
     config = config or load_config(settings.config_path or None)
@@ -238,39 +259,9 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     answers = topics.answers_topic(settings.app_id)
     app.managed_topics = frozenset([*task_topics, outcomes, answers])
 
-    app.task_table = app.tables.add(
-        LedgerTable(
-            app,
-            name="tasks",
-            default=None,
-            partitions=n,
-            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),  # values: plain versioned JSON dicts
-            beacon=app.tables.beacon,
-            help="Task ledger: idempotency, leases and stored results, keyed by task_id.",
-            options={
-                "driver": "rocksdict",
-                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
-                "write_buffer_size": 4 * 1024 * 1024,
-                "max_write_buffer_number": 2,
-            },
-        )
-    )
-    app.answers_table = app.tables.add(
-        LedgerTable(
-            app,
-            name="answers",
-            default=None,
-            partitions=n,
-            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
-            beacon=app.tables.beacon,
-            help="Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
-            options={
-                "driver": "rocksdict",
-                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
-                "write_buffer_size": 4 * 1024 * 1024,
-                "max_write_buffer_number": 2,
-            },
-        )
+    app.task_table = _ledger_table(app, settings, "tasks", "Task ledger: idempotency, leases and stored results, keyed by task_id.")
+    app.answers_table = _ledger_table(
+        app, settings, "answers", "Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
     )
     # Output topics nobody in this app consumes: declared at start (auto-creation is off).
     app.output_topics = [

@@ -103,10 +103,10 @@ class Circuits:
         self.circuits: dict[str, _Circuit] = {}
         self._by_id: dict[str, _Circuit] = {}
         for name in dict.fromkeys(providers):
-            pconf = config.providers[name] if name in config.providers else ProviderConfig(name=name, kind="local")
+            pconf = config.provider(name)
             cid = circuit_id(pconf)
             if cid not in self._by_id:
-                self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name) if name in config.providers else config.breaker)
+                self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name))
             self.circuits[name] = self._by_id[cid]
         self._bootstrap = bootstrap
         self._send = send
@@ -127,7 +127,6 @@ class Circuits:
         #: (app id, agent, day, partition) → (reported at, USD): the newest report per partition wins
         self._spend: dict[tuple[str, str, str, str], tuple[float, float]] = {}
         self.folded = 0
-        self.lag_s = 0.0  # the last folded own event's round trip, for operators and tests
 
     # -- lifecycle ---------------------------------------------------------------------
 
@@ -156,7 +155,7 @@ class Circuits:
         self._start_offset = found[tp].offset if found.get(tp) is not None else end
         consumer.seek(tp, self._start_offset)
         deadline = time.monotonic() + timeout
-        while await consumer.position(tp) < end:
+        while await asyncio.wait_for(consumer.position(tp), timeout) < end:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"could not read {topics.CIRCUITS} up to offset {end} within {timeout:.0f}s")
             self._fold_batch(await consumer.getmany(tp, timeout_ms=500, max_records=5000))
@@ -242,9 +241,7 @@ class Circuits:
         mine = worker == self.worker_id
         woke_gate = False
         if mine:
-            sent = c.unfolded.pop(str(ev.get("id", "")), None)
-            if sent is not None:
-                self.lag_s = max(0.0, self._clock() - sent)
+            if c.unfolded.pop(str(ev.get("id", "")), None) is not None:
                 woke_gate = True  # the gate waits for its own failure to come back
         if kind == "rate_limited":
             until = at + float(ev["retry_after"]) if "retry_after" in ev else float(ev["until"])
@@ -497,12 +494,6 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
 
 def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
-
-
-def bootstrap_servers(broker_url: str) -> str:
-    """``kafka://a:9092,kafka://b:9092`` (Faust's form) → ``a:9092,b:9092`` (aiokafka's)."""
-    parts = [p.strip() for p in broker_url.split(",") if p.strip()]
-    return ",".join(p.split("://", 1)[-1] for p in parts)
 
 
 def _log_send_failure(fut: Any) -> None:

@@ -11,12 +11,7 @@ import uuid
 from typing import IO, Iterator
 
 from agents_stream import topics
-from agents_stream.settings import Settings
-
-
-def _bootstrap(broker: str) -> str:
-    """``kafka://host:9092,kafka://h2:9092`` → ``host:9092,h2:9092`` for aiokafka."""
-    return ",".join(part.strip().split("://", 1)[-1] for part in broker.split(",") if part.strip())
+from agents_stream.settings import Settings, bootstrap_servers
 
 
 def _cmd_worker(args: argparse.Namespace) -> int:
@@ -37,7 +32,7 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
 
     source = sys.stdin if args.file in (None, "-") else open(args.file, encoding="utf-8")
     topic = topics.task_topic(args.agent)
-    producer = AIOKafkaProducer(bootstrap_servers=_bootstrap(settings.broker), acks="all", linger_ms=5, compression_type="gzip")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(settings.broker), acks="all", linger_ms=5, compression_type="gzip")
     await asyncio.wait_for(producer.start(), timeout=30)
     sent = bad = 0
     try:

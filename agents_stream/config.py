@@ -165,6 +165,10 @@ class AppConfig(BaseModel):
                 )
         return self
 
+    def provider(self, name: str) -> ProviderConfig:
+        """A configured provider, or the key-less ``local`` one ``chain`` falls back to."""
+        return self.providers.get(name) or ProviderConfig(name=name, kind="local")
+
     def breaker_for(self, provider: str) -> BreakerConfig:
         """The ``[breaker]`` defaults with the provider's own overrides applied."""
         overrides = self.providers[provider].breaker if provider in self.providers else {}

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agents_stream import topics
+from agents_stream.settings import bootstrap_servers
 from agents_stream.topics import HISTORY_HEADER, REQUEUE_HEADER
 
 __all__ = ["DeadLetter", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue", "requeue_headers_for"]
@@ -123,17 +124,13 @@ def requeue_headers_for(dl: DeadLetter, requeue_id: str) -> list[tuple[str, byte
     ]
 
 
-def _bootstrap(broker: str) -> str:
-    return ",".join(part.strip().split("://", 1)[-1] for part in broker.split(",") if part.strip())
-
-
 async def dlq_topics(broker: str, agent: str | None, timeout: float = 30.0) -> list[str]:
     """The dead-letter topics to read: one agent's, or every ``agent.tasks.*.dlq`` on the broker."""
     if agent is not None:
         return [topics.dlq_topic(agent)]
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=_bootstrap(broker))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker))
     await asyncio.wait_for(admin.start(), timeout)
     try:
         names = await asyncio.wait_for(admin.list_topics(), timeout)
@@ -147,7 +144,7 @@ async def read_dead_letters(broker: str, names: list[str], timeout: float = 60.0
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=_bootstrap(broker))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker))
     await asyncio.wait_for(admin.start(), timeout)
     try:
         existing = set(await asyncio.wait_for(admin.list_topics(), timeout))
@@ -157,7 +154,7 @@ async def read_dead_letters(broker: str, names: list[str], timeout: float = 60.0
     parts = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
     if not parts:
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=_bootstrap(broker), group_id=None, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(broker), group_id=None, enable_auto_commit=False)
     await asyncio.wait_for(consumer.start(), timeout)
     out: list[DeadLetter] = []
     try:
@@ -176,7 +173,7 @@ async def read_dead_letters(broker: str, names: list[str], timeout: float = 60.0
                         headers = {k: v.decode("utf-8", "replace") for k, v in (r.headers or ())}
                         out.append(DeadLetter(tp.topic, tp.partition, r.offset, r.key, r.value, headers))
             for tp in list(remaining):
-                if await consumer.position(tp) >= ends[tp]:
+                if await asyncio.wait_for(consumer.position(tp), timeout) >= ends[tp]:
                     remaining.discard(tp)
     finally:
         await asyncio.wait_for(consumer.stop(), timeout)
@@ -187,7 +184,7 @@ async def requeue(broker: str, records: list[DeadLetter], timeout: float = 60.0)
     """Send each record's original bytes back to its original topic; returns (record, requeue id)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=_bootstrap(broker), acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(broker), acks="all")
     await asyncio.wait_for(producer.start(), timeout)
     done = []
     try:

@@ -58,7 +58,6 @@ class Ledger:
         self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
         self._deliveries: set[asyncio.Task] = set()
-        self._extra_sends: list[Send] = []  # sends the next _apply holds its offset for
         self._topics: dict[str, Any] = {}
 
     # -- the stream loop -------------------------------------------------------
@@ -67,7 +66,6 @@ class Ledger:
         """Apply one event. Never raises: an exception leaving the stream loop would ack it."""
         message = event.message
         tp = message.tp
-        self._extra_sends = []
         try:
             if message.topic == self.outcomes:
                 self._on_outcome(tp, message.offset, event.key, event.value)
@@ -152,6 +150,7 @@ class Ledger:
         record = self._get(task_id)
         now = time.time()
         ttl = self.settings.lease_ttl_s
+        extra: list[Send] = []
         if kind == "heartbeat":
             new, effects = leases.heartbeat(record, dispatch=dispatch, owner=event.get("owner", ""), now=now, ttl=ttl)
             # Renewals are frequent: write only when the lease gained a third of its length.
@@ -162,7 +161,7 @@ class Ledger:
                 return  # the first outcome won; a later one (a re-dispatch racing) changes nothing
             result = self._result_json(task_id, record, event)
             new, effects = leases.finish(record, status=kind, result=result, reason=event.get("reason"), now=now)
-            self._account(tp, offset, record, event, now)
+            extra = self._account(tp, record, event, now)
         elif kind == "step":
             index = event.get("index")
             if not isinstance(index, int):
@@ -185,7 +184,7 @@ class Ledger:
         else:
             log.warning("Skipping outcome event of unknown kind %r for %s (a newer worker's?)", kind, task_id)
             return
-        self._apply(tp, offset, task_id, record, new, effects)
+        self._apply(tp, offset, task_id, record, new, effects, extra=extra)
 
     def _result_json(self, task_id: str, record: TaskRecord, event: dict[str, Any]) -> str:
         payload = json.loads(record.payload)
@@ -208,15 +207,17 @@ class Ledger:
 
     # -- spend and the last-good-answer cache -----------------------------------------------
 
-    def _account(self, tp: TP, offset: int, record: TaskRecord, event: dict[str, Any], now: float) -> None:
-        """A finished task adds its cost to its partition's spend of the day, and a good answer feeds the cache."""
+    def _account(self, tp: TP, record: TaskRecord, event: dict[str, Any], now: float) -> list[Send]:
+        """A finished task adds its cost to its partition's spend of the day, and a good answer feeds the cache;
+        the sends returned are held with the outcome's offset."""
+        sends: list[Send] = []
         cost = (event.get("usage") or {}).get("cost")
         if cost:
             key = spend_key(record.agent, pricing.day_key(now), tp.partition)
             before = self.table.get(key)
             usd = (json.loads(before)["usd"] if before else 0.0) + float(cost)
             self.table[key] = json.dumps({"usd": round(usd, 9)})
-            self._extra_sends.append(self._changelog_send(tp.partition, key, self.table.last_changelog))
+            sends.append(self._changelog_send(tp.partition, key, self.table.last_changelog))
         if (
             record.agent in self.cached_agents
             and event["kind"] == "succeeded"
@@ -229,7 +230,8 @@ class Ledger:
                 "schema_version": 1, "kind": "store", "task_id": payload.get("task_id"), "output": event.get("output"),
                 "source": event.get("source", ""), "confidence": event.get("confidence"), "at": now,
             }).encode()
-            self._extra_sends.append(lambda b=body, k=fp.encode(): self._send(self.answers_topic, k, b))
+            sends.append(lambda b=body, k=fp.encode(): self._send(self.answers_topic, k, b))
+        return sends
 
     def spend_report(self, partitions: set[int], agents: list[str], now: float) -> dict[str, Any]:
         """{agent: {day: {partition: usd}}} for this worker's partitions, for the circuits' presence events."""
@@ -278,9 +280,9 @@ class Ledger:
         new: TaskRecord | None,
         effects: list[leases.Effect],
         task: TaskPayload | None = None,
+        extra: list[Send] | None = None,
     ) -> None:
-        sends: list[Send] = self._extra_sends
-        self._extra_sends = []
+        sends: list[Send] = list(extra or [])
         after: list[Callable[[], None]] = []
         if new is not None and new != old:
             self.table[task_id] = new.to_json()

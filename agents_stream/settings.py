@@ -7,6 +7,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 
+def bootstrap_servers(broker_url: str) -> str:
+    """``kafka://a:9092,kafka://b:9092`` (Faust's form, KAFKA_BROKER) → ``a:9092,b:9092`` (aiokafka's)."""
+    return ",".join(part.strip().split("://", 1)[-1] for part in broker_url.split(",") if part.strip())
+
+
 def _setting(env: str, default: Any, doc: str) -> Any:
     return field(default=default, metadata={"env": env, "doc": doc})
 

@@ -263,6 +263,13 @@ async def committed(group: str, topic: str) -> dict[int, int]:
     return {tp.partition: meta.offset for tp, meta in offsets.items() if tp.topic == topic}
 
 
+async def uncommitted(group: str, topic: str) -> int:
+    """Messages of ``topic`` the group has not committed; a partition with no commit at all counts from 0
+    (kafka-consumer-groups prints "-" there, e.g. when intake paused before the first fetch)."""
+    ends, done = await end_offsets(topic), await committed(group, topic)
+    return sum(end - max(done.get(p, 0), 0) for p, end in ends.items())
+
+
 async def topic_exists(topic: str) -> bool:
     admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     await asyncio.wait_for(admin.start(), 30)
