@@ -115,6 +115,8 @@ class Runtime:
         )
         self.ledger = Ledger(app, settings, self.executor, self.worker_id)
         self.ledger.cached_agents = {a for a, plan in plans.items() if plan.config.cache_max_age_s > 0}
+        self.ledger.policies = {a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None}
+        self.ledger.saga_flagged = {a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval}
         self._paused: set[TP] = set()
         self.started = False  # output topics declared and executor running: /readyz says ready
 
@@ -190,6 +192,9 @@ class Runtime:
 
     def scan_leases(self) -> None:
         now = time.time()
+        for task_id, level in self.ledger.scan_parked(now):
+            body = json.dumps({"schema_version": 1, "kind": "approval_timeout", "level": level, "worker": self.worker_id}).encode()
+            self.outcomes.send_soon(key=task_id.encode(), value=body)
         for task_id, dispatch in self.ledger.scan(now):
             body = json.dumps({"schema_version": 1, "kind": "expired", "dispatch": dispatch, "worker": self.worker_id}).encode()
             self.outcomes.send_soon(key=task_id.encode(), value=body)
@@ -257,19 +262,23 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     task_topics = [topics.task_topic(a) for a in agents]
     outcomes = topics.outcomes_topic(settings.app_id)
     answers = topics.answers_topic(settings.app_id)
-    app.managed_topics = frozenset([*task_topics, outcomes, answers])
+    inputs = [*task_topics, outcomes, answers, topics.APPROVALS]
+    app.managed_topics = frozenset(inputs)
 
     app.task_table = _ledger_table(app, settings, "tasks", "Task ledger: idempotency, leases and stored results, keyed by task_id.")
     app.answers_table = _ledger_table(
         app, settings, "answers", "Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
+    )
+    app.timers_table = _ledger_table(
+        app, settings, "timers", "Tasks awaiting approval or running after one, and running jobs: what the scanner watches.",
     )
     # Output topics nobody in this app consumes: declared at start (auto-creation is off).
     app.output_topics = [
         app.topic(topics.RESULTS, partitions=n, internal=True),
         app.topic(topics.CONTROL, partitions=n, internal=True),
         *(
-            app.topic(topics.dlq_topic(a), partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))
-            for a in agents
+            app.topic(name, partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))
+            for name in [*(topics.dlq_topic(a) for a in agents), topics.dlq_of(topics.APPROVALS)]
         ),
         # One partition: every worker folds the whole log in one order (agents_stream.circuits).
         # LogAppendTime: the broker stamps every event, so the fold uses one clock for all workers.
@@ -278,7 +287,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             config={"message.timestamp.type": "LogAppendTime"},
         ),
     ]
-    channel = app.topic(*task_topics, outcomes, answers, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
+    channel = app.topic(*inputs, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
 
     runtime = Runtime(app, settings, config, agents)
     app.runtime = runtime
@@ -290,6 +299,13 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             runtime.ledger.handle(event)
 
     app.agent(channel, name="ledger", concurrency=1)(ledger_agent)
+    if runtime.ledger.policies and not settings.api_token and not settings.api_open:
+        log.warning(
+            "Approvals are configured but AGENTS_STREAM_API_TOKEN is not set: POST /approvals/<task_id> refuses every "
+            "request (signed links, the CLI and agent.approvals events still work). Set a token to decide over HTTP."
+        )
+    if settings.api_open:
+        log.warning("AGENTS_STREAM_API_OPEN is set: mutating web endpoints accept requests without a token. Local demos only.")
 
     @app.timer(interval=max(0.5, settings.lease_ttl_s / 4))
     async def lease_scanner() -> None:

@@ -1,4 +1,4 @@
-"""The ``agents-stream`` command: worker, publish, dlq, fake-llm, settings."""
+"""The ``agents-stream`` command: worker, publish, approve, reject, jobs, dlq, fake-llm, settings."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import uuid
-from typing import IO, Iterator
+from typing import IO, Any, Iterator
 
 from agents_stream import topics
 from agents_stream.settings import Settings, bootstrap_servers
@@ -75,7 +75,10 @@ def _cmd_fake_llm(args: argparse.Namespace) -> int:
 def _cmd_settings(args: argparse.Namespace) -> int:
     current = Settings.from_env()
     for name, env, default, doc in Settings.describe():
-        print(f"{env}={getattr(current, name)!s:<28} # {doc} (default {default!r})")
+        value = getattr(current, name)
+        if name in Settings.SECRETS and value:
+            value = "<set, not shown>"
+        print(f"{env}={value!s:<28} # {doc} (default {default!r})")
     return 0
 
 
@@ -149,6 +152,46 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
         return 1
 
 
+async def _send_one(settings: Settings, topic: str, key: bytes, value: bytes) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(settings.broker), acks="all")
+    await asyncio.wait_for(producer.start(), timeout=30)
+    try:
+        await asyncio.wait_for(producer.send_and_wait(topic, value, key=key), timeout=30)
+    finally:
+        await asyncio.wait_for(producer.stop(), timeout=30)
+
+
+def _broker_call(settings: Settings, what: str, coro: Any) -> int:
+    from aiokafka.errors import KafkaError
+
+    try:
+        asyncio.run(coro)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        print(f"agents-stream {what}: cannot reach the broker at {settings.broker} ({exc}); check KAFKA_BROKER", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_decide(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agents_stream.models import ApprovalDecision
+
+    settings = Settings.from_env()
+    try:
+        decision = ApprovalDecision(task_id=args.task_id, decision=args.decision, by=args.by, via="cli", comment=args.comment)
+    except ValidationError as exc:
+        print(f"agents-stream {args.decision}: {exc.errors()[0]['loc'][0]}: {exc.errors()[0]['msg']}", file=sys.stderr)
+        return 2
+    code = _broker_call(settings, args.decision, _send_one(settings, topics.APPROVALS, args.task_id.encode(), decision.model_dump_json().encode()))
+    if code == 0:
+        print(f"{args.decision} of {args.task_id} by {args.by} sent to {topics.APPROVALS}; the task's worker applies it "
+              "(a task not awaiting approval ignores it, see agent.control)")
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agents-stream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -162,6 +205,13 @@ def main(argv: list[str] | None = None) -> int:
     publish.add_argument("file", nargs="?", default="-", help="JSON-lines file, or - for stdin")
     publish.add_argument("-q", "--quiet", action="store_true", help="do not print task ids")
     publish.set_defaults(func=_cmd_publish)
+
+    for verb, help_text in (("approve", "approve a task awaiting approval"), ("reject", "reject a task awaiting approval")):
+        p = sub.add_parser(verb, help=help_text)
+        p.add_argument("task_id")
+        p.add_argument("--by", default=f"{os.environ.get('USER', 'operator')}@cli", help="who decides (recorded with the decision)")
+        p.add_argument("--comment", help="why (recorded with the decision)")
+        p.set_defaults(func=_cmd_decide, decision=verb)
 
     fake = sub.add_parser("fake-llm", help="run the fake LLM server (Gemini, OpenAI and Anthropic APIs)", add_help=False)
     fake.add_argument("rest", nargs=argparse.REMAINDER)

@@ -78,6 +78,48 @@ class ProviderConfig(BaseModel):
         return self.kind == "local" or self.api_key_env is None or self.api_key() is not None
 
 
+class ApprovalLevel(BaseModel):
+    """One rung of an approval's escalation: who decides, for how long, and where they are told."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: who decides at this level (a person or a group, e.g. "team-lead"); recorded with link decisions
+    name: str = Field(min_length=1)
+    #: how long this level has to decide before the next one is asked (or, at the last, the task is rejected)
+    timeout_s: float = Field(gt=0)
+    #: Slack-compatible incoming webhook URL; or ``webhook_env``, the environment variable holding it
+    webhook: str | None = None
+    webhook_env: str | None = None
+
+    def webhook_url(self) -> str | None:
+        if self.webhook_env:
+            return os.environ.get(self.webhook_env) or None
+        return self.webhook
+
+
+class ApprovalPolicy(BaseModel):
+    """Which tasks of an agent wait for a human before they run (any rule that matches is enough)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    #: every task of the agent
+    always: bool = False
+    #: tasks whose ``risk_level`` is at least this
+    risk_at_least: Literal["low", "medium", "high", "critical"] | None = None
+    #: tasks whose ``context_data[amount_field]`` is a number above ``amount_above``
+    amount_field: str | None = None
+    amount_above: float | None = None
+    #: tasks of an agent whose saga has a step flagged ``approval=True``
+    saga_steps: bool = True
+    levels: list[ApprovalLevel] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _amount_pair(self) -> ApprovalPolicy:
+        if (self.amount_field is None) != (self.amount_above is None):
+            raise ValueError("approval: give amount_field and amount_above together")
+        return self
+
+
 class AgentConfig(BaseModel):
     """A sub-agent: its task topic is ``agent.tasks.<name>``."""
 
@@ -116,6 +158,8 @@ class AgentConfig(BaseModel):
     over_budget: Literal["cheaper", "hold"] = "cheaper"
     #: run every task of this agent as a saga: "package.module:NAME" of an agents_stream.sagas.SagaDefinition
     saga: str | None = None
+    #: human approval before a task runs (tables/approvals.py)
+    approval: ApprovalPolicy | None = None
 
 
 class AppConfig(BaseModel):

@@ -20,15 +20,26 @@ from typing import Any, Callable
 from faust.types import TP
 
 from agents_stream import pricing, topics
+from agents_stream.approvals import Notifier, link, slack_message
+from agents_stream.config import ApprovalPolicy
 from agents_stream.delivery import Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
-from agents_stream.models import ControlEvent, TaskPayload, TaskResult, Usage, parse_task, utcnow_iso
+from agents_stream.models import (
+    ApprovalDecision,
+    ControlEvent,
+    TaskPayload,
+    TaskResult,
+    Usage,
+    parse_json_model,
+    parse_task,
+    utcnow_iso,
+)
 from agents_stream.outputs import fingerprint
 from agents_stream.settings import Settings
 from agents_stream.watermark import Watermark
-from tables import leases
-from tables.leases import TaskRecord
+from tables import approvals, leases
+from tables.leases import AWAITING_APPROVAL, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +66,19 @@ class Ledger:
         self.answers_topic = topics.answers_topic(settings.app_id)
         #: agents whose good answers feed the last-good-answer cache
         self.cached_agents: set[str] = set()
+        #: tasks parked for a decision or running after one: their offsets are committed, so the
+        #: scanner finds them here (a small table) rather than through a redelivery
+        self.timers = app.timers_table
+        #: approval policies by agent, and the agents whose saga has a step flagged for approval
+        self.policies: dict[str, ApprovalPolicy] = {}
+        self.saga_flagged: set[str] = set()
+        self.notifier = Notifier()
+        #: the job orchestrator (agents_stream.jobs) when this app runs it; it shares this loop
+        self.orchestrator: Any = None
         self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
         self._deliveries: set[asyncio.Task] = set()
+        self._timer_asked: dict[str, float] = {}
         self._topics: dict[str, Any] = {}
 
     # -- the stream loop -------------------------------------------------------
@@ -71,6 +92,10 @@ class Ledger:
                 self._on_outcome(tp, message.offset, event.key, event.value)
             elif message.topic == self.answers_topic:
                 self._on_answers(tp, message.offset, event.key, event.value)
+            elif message.topic == topics.APPROVALS:
+                self._on_decision(tp, message.offset, event.key, event.value, message.headers)
+            elif self.orchestrator is not None and message.topic in self.orchestrator.topics:
+                self.orchestrator.handle(tp, message.offset, event.key, event.value)
             else:
                 self._on_task(tp, message.offset, event.key, event.value, message.headers)
         except Exception as exc:  # a bug must not lose the message: hold its offset, alert, carry on
@@ -133,8 +158,103 @@ class Ledger:
             running_here=self.executor.has(task.task_id),
             requeue_id=requeue_id,
             history=history,
+            approval=self._approval_for(task),
         )
         self._apply(tp, offset, task.task_id, record, new, effects, task=task)
+
+    # -- human approval ------------------------------------------------------------------
+
+    def _approval_for(self, task: TaskPayload) -> tuple[str, float] | None:
+        """(why, first level's timeout) when the agent's policy wants a human to approve this task first."""
+        policy = self.policies.get(task.agent_name)
+        if policy is None:
+            return None
+        reason = approvals.needs_approval(
+            always=policy.always,
+            risk_at_least=policy.risk_at_least,
+            amount_field=policy.amount_field,
+            amount_above=policy.amount_above,
+            saga_flagged=policy.saga_steps and task.agent_name in self.saga_flagged,
+            risk_level=task.risk_level,
+            context_data=task.context_data,
+        )
+        return (reason, policy.levels[0].timeout_s) if reason else None
+
+    def _on_decision(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any) -> None:
+        try:
+            decision: ApprovalDecision = parse_json_model(value, ApprovalDecision, self.settings.payload_max_bytes)
+        except PoisonMessage as poison:
+            log.warning("Dead-lettering approval decision %s[%d]@%d: %s", tp.topic, tp.partition, offset, poison)
+            reason = poison.reason + (f": {poison.detail}" if poison.detail else "")
+            self._dead_letter(tp, offset, "", key, value, reason, "schema", 1, topic=topics.dlq_of(topics.APPROVALS))
+            return
+        task_key = decision.task_id.encode("utf-8")
+        home = topics.partition_for(task_key, self.settings.partitions)
+        if home != tp.partition:  # sent without the task_id as key: move it to the task's partition
+            self._deliver(tp, offset, [lambda: self._send(tp.topic, task_key, value, partition=home, headers=headers)])
+            return
+        record = self._get(decision.task_id)
+        if record is None:
+            # Every app id reads the decisions; the one that has the task applies it.
+            log.debug("Decision for %s is not for a task of this app; ignored", decision.task_id)
+            return
+        if record.state != AWAITING_APPROVAL:
+            log.info(
+                "Decision %s by %s for %s ignored: the task is %s (decided before, or timed out)",
+                decision.decision, decision.by, decision.task_id, record.state,
+            )
+            self.control("approval.ignored", decision.task_id, record.agent, {"decision": decision.decision, "by": decision.by, "state": record.state})
+            return
+        now = time.time()
+        new, effects = approvals.decide(
+            record, decision=decision.decision, by=decision.by, via=decision.via, comment=decision.comment,
+            now=now, me=self.worker_id, ttl=self.settings.lease_ttl_s,
+            rejected_result=self._rejected_json(decision.task_id, record, decision.by),
+        )
+        self._apply(tp, offset, decision.task_id, record, new, effects)
+
+    def _on_approval_timeout(self, tp: TP, offset: int, task_id: str, record: TaskRecord | None, level: Any) -> None:
+        policy = self.policies.get(record.agent) if record else None
+        if record is None or policy is None or not isinstance(level, int):
+            return
+        new, effects = approvals.escalate(
+            record, level=level, timeouts=[lv.timeout_s for lv in policy.levels], now=time.time(),
+            rejected_result=self._rejected_json(task_id, record, "timeout"),
+        )
+        self._apply(tp, offset, task_id, record, new, effects)
+
+    def _rejected_json(self, task_id: str, record: TaskRecord, by: str) -> str:
+        payload = json.loads(record.payload)
+        return TaskResult(
+            task_id=task_id, agent_name=record.agent, status="failed", output=None, confidence="failed",
+            source="approval", attempts=0, job_id=payload.get("job_id"),
+            error=f"rejected by {by}" if by != "timeout" else "rejected: no approval before the last level's timeout",
+            completed_at=utcnow_iso(),
+        ).model_dump_json()
+
+    def _notify(self, task_id: str, record: TaskRecord, level: int) -> None:
+        """Tell the level's webhook (best effort: a lost notification still times out and escalates)."""
+        policy = self.policies.get(record.agent)
+        if policy is None or level >= len(policy.levels):
+            return
+        rung = policy.levels[level]
+        url = rung.webhook_url()
+        if not url:
+            log.info("Task %s awaits approval at level %d (%s), which has no webhook configured", task_id, level + 1, rung.name)
+            return
+        state = approvals.state(record)
+        due = float(state.get("due", 0.0))
+        links = None
+        secret = self.settings.approval_secret
+        if secret:
+            base = self.settings.link_base()
+            links = {d: link(base, secret, task_id, d, level, rung.name, int(due)) for d in ("approve", "reject")}
+        instruction = json.loads(record.payload).get("instruction", "")
+        body = slack_message(
+            task_id=task_id, agent=record.agent, reason=state.get("reason", ""), level=level, level_name=rung.name,
+            due=due, instruction=instruction, links=links,
+        )
+        self.notifier.notify(url, body, subject=f"task {task_id} level {level + 1}")
 
     # -- outcome events ----------------------------------------------------------------
 
@@ -168,6 +288,9 @@ class Ledger:
                 log.warning("Skipping step event without an index for %s", task_id)
                 return
             new, effects = leases.checkpoint(record, index=index, output=event.get("output"))
+        elif kind == "approval_timeout":
+            self._on_approval_timeout(tp, offset, task_id, record, event.get("level"))
+            return
         elif kind == "cache_reply":
             self.executor.cache_answer(task_id, event.get("answer"))
             return
@@ -287,6 +410,13 @@ class Ledger:
         if new is not None and new != old:
             self.table[task_id] = new.to_json()
             sends.append(self._changelog_send(tp.partition, task_id, self.table.last_changelog))
+            timer = timer_key(task_id)
+            if _parked(new) and not _parked(old):
+                self.timers[timer] = {"kind": "task"}
+                sends.append(self._changelog_send(tp.partition, timer, self.timers.last_changelog, self.timers))
+            elif _parked(old) and not _parked(new):
+                del self.timers[timer]
+                sends.append(self._changelog_send(tp.partition, timer, self.timers.last_changelog, self.timers))
         record = new or old
         if record is not None:
             self._index(task_id, record)
@@ -315,6 +445,8 @@ class Ledger:
                 ))
             elif isinstance(effect, leases.Control):
                 self.control(effect.event, task_id, record.agent if record else None, effect.details)
+            elif isinstance(effect, leases.Notify):
+                after.append(lambda r=record, lv=effect.level: self._notify(task_id, r, lv))
             elif isinstance(effect, leases.Settle):
                 for held_tp, held_offset in self.task_offsets.pop(task_id, []):
                     after.append(lambda t=held_tp, o=held_offset: self.watermark.close(t, o))
@@ -322,7 +454,7 @@ class Ledger:
             self._deliver(tp, offset, sends, after)
 
     def _index(self, task_id: str, record: TaskRecord) -> None:
-        if record.terminal:
+        if record.terminal or record.state == AWAITING_APPROVAL:
             self.open_tasks.pop(task_id, None)
         else:
             self.open_tasks[task_id] = OpenTask(TP(record.topic, record.partition), record.dispatch, record.lease_until)
@@ -331,15 +463,15 @@ class Ledger:
 
     def _dead_letter(
         self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str,
-        attempts: int, extra: list[tuple[str, bytes]] | None = None,
+        attempts: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
     ) -> None:
-        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra)]
+        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic)]
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
         self._deliver(tp, offset, sends)
 
     def _dlq_send(
         self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
-        source: TP, offset: int, extra: list[tuple[str, bytes]] | None = None,
+        source: TP, offset: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
     ) -> Send:
         headers = [
             ("error_reason", reason.encode("utf-8")),
@@ -351,8 +483,8 @@ class Ledger:
             ("attempts", str(attempts).encode()),
             *(extra or []),
         ]
-        topic = topics.dlq_topic(agent)
-        return lambda: self._send(topic, key, value, headers=headers)
+        target = topic or topics.dlq_topic(agent)
+        return lambda: self._send(target, key, value, headers=headers)
 
     def control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         """Publish a control event (best effort: losing one loses no work, so it holds no offset)."""
@@ -414,6 +546,7 @@ class Ledger:
             task.cancel()
         if self._deliveries:
             await asyncio.wait(list(self._deliveries), timeout=5.0)
+        await self.notifier.stop()
 
     # -- lease scanner and rebalances ---------------------------------------------------------
 
@@ -428,6 +561,49 @@ class Ledger:
             info.requested = now
             due.append((task_id, info.dispatch))
         return due
+
+    def scan_parked(self, now: float) -> list[tuple[str, int]]:
+        """Tasks with a decision pending or made (their offsets are committed, so no redelivery finds them):
+        approvals whose level timed out, as (task_id, level); running ones join the lease scan."""
+        due = []
+        throttle = max(1.0, self.settings.lease_ttl_s / 4)
+        for key in list(self.timers.keys()):
+            if not key.startswith("task/"):
+                continue
+            task_id = key[len("task/"):]
+            record = self._get(task_id)
+            if record is None or record.terminal:
+                continue
+            if record.state != AWAITING_APPROVAL:
+                if task_id not in self.open_tasks:
+                    self._index(task_id, record)  # a restart or rebalance: lease recovery takes it from here
+                continue
+            level = approvals.due(record, now)
+            if level is not None and now - self._timer_asked.get(task_id, 0.0) >= throttle:
+                self._timer_asked[task_id] = now
+                due.append((task_id, level))
+        return due
+
+    def awaiting(self) -> list[dict[str, Any]]:
+        """The approvals waiting on this worker's partitions, oldest first (for /approvals)."""
+        waiting = []
+        for key in list(self.timers.keys()):
+            if not key.startswith("task/"):
+                continue
+            record = self._get(key[len("task/"):])
+            if record is None or record.state != AWAITING_APPROVAL:
+                continue
+            state = approvals.state(record)
+            policy = self.policies.get(record.agent)
+            level = state.get("level", 0)
+            payload = json.loads(record.payload)
+            waiting.append({
+                "task_id": key[len("task/"):], "agent": record.agent, "reason": state.get("reason"), "level": level + 1,
+                "level_name": policy.levels[level].name if policy and level < len(policy.levels) else None,
+                "requested_at": state.get("requested_at"), "due": state.get("due"), "escalations": state.get("escalations", []),
+                "instruction": payload.get("instruction", ""), "context_data": payload.get("context_data", {}),
+            })
+        return sorted(waiting, key=lambda w: w["requested_at"] or 0.0)
 
     def forget(self, tps: set[TP]) -> None:
         """Partitions revoked: their open tasks and held offsets now belong to the next owner."""
@@ -456,6 +632,15 @@ def requeue_headers(headers: Any) -> tuple[str | None, str | None]:
         except (AttributeError, UnicodeDecodeError):
             continue  # a header we cannot read is not ours
     return requeue_id, history
+
+
+def timer_key(task_id: str) -> str:
+    return f"task/{task_id}"
+
+
+def _parked(record: TaskRecord | None) -> bool:
+    """Waiting for a decision, or running after one: found by the scanner, not by a redelivery."""
+    return record is not None and record.approval is not None and not record.terminal
 
 
 def spend_key(agent: str, day: str, partition: int) -> str:

@@ -81,6 +81,35 @@ class ControlEvent(BaseModel):
     at: str = Field(default_factory=utcnow_iso)
 
 
+class ApprovalDecision(BaseModel):
+    """A human's decision on a task awaiting approval, keyed by task_id on ``agent.approvals``."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
+    decision: Literal["approve", "reject"]
+    #: who decided (a person, or the approval level a signed link was sent to)
+    by: str = Field(min_length=1, max_length=200)
+    #: how it arrived: "http", "link", "cli" or "event"
+    via: str = "event"
+    comment: str | None = Field(default=None, max_length=2000)
+
+
+def parse_json_model(raw: bytes | None, model: type[BaseModel], max_bytes: int) -> Any:
+    """Decode a JSON record into ``model``, or raise PoisonMessage with the reason (the same reasons as tasks)."""
+    if raw is None:
+        raise PoisonMessage("null_value", "the message has no value (tombstone)")
+    if len(raw) > max_bytes:
+        raise PoisonMessage("payload_too_large", f"{len(raw)} bytes > limit {max_bytes}")
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors())
+        kind = "not_json" if any(e["type"] == "json_invalid" for e in exc.errors()) else "schema_violation"
+        raise PoisonMessage(kind, problems) from None
+
+
 def parse_task(raw: bytes | None, *, agent: str, max_bytes: int) -> TaskPayload:
     """Decode and validate a task message, or raise PoisonMessage with the reason.
 

@@ -44,6 +44,8 @@ class SagaStep:
     action: Action
     compensate: Action | None = None  # None: nothing to undo
     pivot: bool = False
+    #: a human approves the task before the saga starts (when the agent has an approval policy)
+    approval: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,10 @@ class SagaDefinition:
         if len(pivots) > 1:
             raise ValueError(f"saga {self.name!r} has {len(pivots)} pivots {pivots}; at most one")
         self.shape  # validates names  # noqa: B018
+
+    @property
+    def needs_approval(self) -> bool:
+        return any(s.approval for s in self.steps)
 
     @property
     def shape(self) -> machine.Saga:

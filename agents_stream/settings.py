@@ -12,6 +12,14 @@ def bootstrap_servers(broker_url: str) -> str:
     return ",".join(part.strip().split("://", 1)[-1] for part in broker_url.split(",") if part.strip())
 
 
+def _parse_bool(env: str, raw: str) -> bool:
+    if raw.lower() in ("1", "true", "yes", "on"):
+        return True
+    if raw.lower() in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"{env}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+
+
 def _setting(env: str, default: Any, doc: str) -> Any:
     return field(default=default, metadata={"env": env, "doc": doc})
 
@@ -45,7 +53,15 @@ class Settings:
     rocksdb_cache_mb: int = _setting("AGENTS_STREAM_ROCKSDB_CACHE_MB", 8, "Block cache per RocksDB store (one per table partition).")
     circuits_history_s: float = _setting("AGENTS_STREAM_CIRCUITS_HISTORY_S", 600.0, "How far back a starting worker reads the shared circuits log (breakers, Retry-After, presence).")
     presence_interval_s: float = _setting("AGENTS_STREAM_PRESENCE_INTERVAL_S", 5.0, "How often a worker announces itself on the circuits log (shared limits are split among live workers).")
+    jobs: bool = _setting("AGENTS_STREAM_JOBS", True, "Run the job orchestrator (agent.jobs) in this app. Turn it on in exactly one app id when workers run --agents subsets.")
+    approval_secret: str = _setting("AGENTS_STREAM_APPROVAL_SECRET", "", "HMAC key of approve/reject links (the same on every worker); empty: notifications carry no links.")
+    public_url: str = _setting("AGENTS_STREAM_PUBLIC_URL", "", "Base URL approval links point at (a worker or a proxy in front of them); empty: http://WEB_HOST:WEB_PORT.")
+    api_token: str = _setting("AGENTS_STREAM_API_TOKEN", "", "Bearer token mutating web endpoints require (approve, reject).")
+    api_open: bool = _setting("AGENTS_STREAM_API_OPEN", False, "Allow mutating web endpoints without a token (logged at start). Only for local demos.")
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
+
+    #: never printed, logged or sent
+    SECRETS = frozenset({"approval_secret", "api_token"})
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
@@ -55,9 +71,12 @@ class Settings:
         for f in fields(cls):
             raw = env.get(f.metadata["env"])
             if raw is not None and raw != "":
-                values[f.name] = type(f.default)(raw)
+                values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else type(f.default)(raw)
         values.update(overrides)
         return cls(**values)
+
+    def link_base(self) -> str:
+        return self.public_url or f"http://{self.web_host}:{self.web_port}"
 
     def agent_filter(self) -> set[str]:
         return {a.strip() for a in self.agents.split(",") if a.strip()}

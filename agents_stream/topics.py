@@ -7,6 +7,10 @@ from aiokafka.partitioner import murmur2
 RESULTS = "agent.results"
 CONTROL = "agent.control"
 JOBS = "agent.jobs"
+#: Public: approval decisions (ApprovalDecision JSON), keyed by task_id
+APPROVALS = "agent.approvals"
+#: Public: one JobResult per job, keyed by job_id
+JOB_RESULTS = "agent.job.results"
 #: Internal, one partition, shared by every app id: breaker, Retry-After and presence events (agents_stream.circuits)
 CIRCUITS = "agent.circuits"
 TASK_PREFIX = "agent.tasks."
@@ -32,6 +36,16 @@ def outcomes_topic(app_id: str) -> str:
 def answers_topic(app_id: str) -> str:
     """Internal: last-good-answer cache stores and lookups, keyed by the task's fingerprint."""
     return f"agent.answers.{app_id}"
+
+
+def dlq_of(topic: str) -> str:
+    """Dead letters of a public input topic other than a task topic (``agent.approvals``, ``agent.jobs``)."""
+    return f"{topic}.dlq"
+
+
+def job_events_topic(app_id: str) -> str:
+    """Internal: results of a job's tasks, deadline and cancel events for the orchestrator, keyed by job_id."""
+    return f"agent.job.events.{app_id}"
 
 
 def agent_of(topic: str) -> str | None:

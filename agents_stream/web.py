@@ -2,17 +2,101 @@
 
 from __future__ import annotations
 
+import asyncio
+import hmac
+import html
 import json
+import time
 from typing import Any
 
 from faust.web import Request, Response, View
 
-from agents_stream import metrics
+from agents_stream import metrics, topics
+from agents_stream.approvals import LinkError, verify
+from agents_stream.models import ApprovalDecision
 from tables.leases import TaskRecord
+
+
+def authorized(settings: Any, request: Request) -> bool:
+    """Mutating endpoints: the bearer token, or the explicit (logged) open setting."""
+    if settings.api_open:
+        return True
+    if not settings.api_token:
+        return False
+    given = request.headers.get("Authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {settings.api_token}".encode())
+
+
+async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
+    """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
+    channel = app.topic(topics.APPROVALS, key_serializer="raw", value_serializer="raw")
+    fut = await channel.send(key=decision.task_id.encode(), value=decision.model_dump_json().encode())
+    await asyncio.wait_for(fut, timeout=15.0)
+
+
+def _page(title: str, body: str) -> str:
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>{t}</title>"
+        "<meta name='viewport' content='width=device-width'></head>"
+        "<body style='font-family:sans-serif;max-width:40em;margin:2em auto'><h1>{t}</h1>{b}</body></html>"
+    ).format(t=html.escape(title), b=body)
 
 
 def register(app: Any) -> None:
     table = app.task_table
+    settings = app.settings
+
+    @app.page("/approvals")
+    class Approvals(View):
+        async def get(self, request: Request) -> Response:
+            # The approvals parked on this worker's partitions (issue 5 gathers them from every worker).
+            return self.json({"worker": app.runtime.worker_id, "awaiting": app.runtime.ledger.awaiting()})
+
+    @app.page("/approvals/{task_id}")
+    class Decide(View):
+        async def post(self, request: Request, task_id: str) -> Response:
+            if not authorized(settings, request):
+                return self.json({"error": "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)"}, status=401)
+            try:
+                body = await request.json()
+                decision = ApprovalDecision(
+                    task_id=task_id, decision=body.get("decision"), by=body.get("by"), via="http", comment=body.get("comment"),
+                )
+            except Exception as exc:  # bad JSON or fields: the caller's mistake, said plainly
+                return self.json({"error": f"expected JSON {{\"decision\": \"approve\"|\"reject\", \"by\": \"<who>\"}}: {exc}"}, status=400)
+            await publish_decision(app, decision)
+            return self.json({"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}, status=202)
+
+    @app.page("/approvals/{task_id}/{decision}")
+    class SignedLink(View):
+        """The approve/reject links of a notification: GET shows a confirmation, its button POSTs."""
+
+        def _check(self, request: Request, task_id: str, decision: str, fields: Any) -> tuple[int, str]:
+            return verify(settings.approval_secret, task_id, decision, dict(fields), time.time())
+
+        async def get(self, request: Request, task_id: str, decision: str) -> Response:
+            try:
+                level, by = self._check(request, task_id, decision, request.query)
+            except LinkError as exc:
+                return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
+            hidden = "".join(
+                f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>" for k in ("level", "by", "exp", "sig")
+            )
+            verb = "Approve" if decision == "approve" else "Reject"
+            return self.html(_page(f"{verb} task {task_id}?", (
+                f"<p>Level {level + 1} ({html.escape(by)}). This records your decision once.</p>"
+                f"<form method='post'>{hidden}<button type='submit' id='confirm'>{verb}</button></form>"
+            )))
+
+        async def post(self, request: Request, task_id: str, decision: str) -> Response:
+            form = await request.post()
+            try:
+                level, by = self._check(request, task_id, decision, form)
+            except LinkError as exc:
+                return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
+            made = ApprovalDecision(task_id=task_id, decision=decision, by=by, via="link")  # type: ignore[arg-type]
+            await publish_decision(app, made)
+            return self.html(_page("Decision recorded", f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"), status=202)
 
     @app.page("/healthz")
     class Healthz(View):

@@ -1,7 +1,8 @@
 """The task ledger's state machine: idempotency, leases and re-dispatch, pure and clock-free.
 
 A task_id's record moves RUNNING → SUCCEEDED | FAILED | DEAD_LETTERED and
-never back. Each transition function takes the stored record (or None) and an
+never back; a task a human must approve first waits in AWAITING_APPROVAL, then
+runs or ends REJECTED (tables/approvals.py). Each transition function takes the stored record (or None) and an
 event and returns the new record plus the effects the ledger must carry out;
 no I/O happens here, so every path is unit-tested without a broker.
 """
@@ -18,7 +19,9 @@ RUNNING = "running"
 SUCCEEDED = "succeeded"
 FAILED = "failed"
 DEAD_LETTERED = "dead_lettered"
-TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED})
+AWAITING_APPROVAL = "awaiting_approval"
+REJECTED = "rejected"
+TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, REJECTED})
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,8 @@ class TaskRecord:
     history: str | None = None
     #: step checkpoint of a multi-step task: JSON list of the outputs of the steps done so far
     steps_done: str | None = None
+    #: human approval (tables/approvals.py): JSON of reason, level, due, escalations and the decision
+    approval: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -101,7 +106,14 @@ class Settle:
     """The task is terminal: release every offset tracked for it once the effects are durable."""
 
 
-Effect = Dispatch | EmitResult | DeadLetter | Control | Track | Settle
+@dataclass(frozen=True)
+class Notify:
+    """Tell approval level ``level`` (its webhook) that a task waits for its decision."""
+
+    level: int
+
+
+Effect = Dispatch | EmitResult | DeadLetter | Control | Track | Settle | Notify
 
 
 def receive(
@@ -119,12 +131,17 @@ def receive(
     running_here: bool,
     requeue_id: str | None = None,
     history: str | None = None,
+    approval: tuple[str, float] | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """A task message arrived (first delivery, duplicate, redelivery after a crash, or an operator's requeue).
 
     A requeue (``requeue_id`` set, from ``agents-stream dlq requeue``) of a task
     that failed or was dead-lettered starts it again with its attempt counter
     reset; the same requeue delivered twice is an ordinary duplicate.
+
+    ``approval`` (reason, first level's timeout) parks a new task for a human
+    instead of dispatching it. Its offset is not tracked: the parked record is
+    the task's recorded state, so the offset commits once that is durable.
     """
     if record is None or (
         requeue_id is not None and record.state in (FAILED, DEAD_LETTERED) and record.requeue_id != requeue_id
@@ -145,6 +162,9 @@ def receive(
             history=history,
         )
         effects: list[Effect] = [Track(), Dispatch(1)]
+        if approval is not None:
+            reason, timeout_s = approval
+            new, effects = park(new, reason=reason, now=now, timeout_s=timeout_s)
         if requeue_id is not None:
             effects.append(Control("task.requeued", {"requeue_id": requeue_id, "requeues": new.requeues}))
         return new, effects
@@ -153,8 +173,9 @@ def receive(
         if record.result is not None:
             return record, [EmitResult(record.result)]
         return record, []
-    if running_here:
-        # Our executor already has it; the first delivery's offset is tracked.
+    if running_here or record.state == AWAITING_APPROVAL:
+        # Our executor already has it (the first delivery's offset is tracked), or
+        # it waits for a human and the decision arrives as an event.
         return record, []
     # Running under a lease this process does not hold (we crashed and restarted,
     # or the partition moved here): hold the offset and wait for the owner's
@@ -175,7 +196,7 @@ def heartbeat(
     record: TaskRecord | None, *, dispatch: int, owner: str, now: float, ttl: float
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """The executor running dispatch ``dispatch`` is alive: extend its lease."""
-    if record is None or record.terminal or record.dispatch != dispatch:
+    if record is None or record.state != RUNNING or record.dispatch != dispatch:
         return record, []
     return replace(record, owner=owner, lease_until=max(record.lease_until, now + ttl)), []
 
@@ -189,7 +210,7 @@ def finish(
     now: float,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """An executor reports a terminal outcome. The first one wins; later ones are dropped."""
-    if record is None or record.terminal:
+    if record is None or record.state != RUNNING:
         return record, []
     effects: list[Effect] = [EmitResult(result)]
     if status == FAILED:
@@ -206,7 +227,7 @@ def checkpoint(record: TaskRecord | None, *, index: int, output: Any) -> tuple[T
     Steps finish in order; a report for a step already recorded (a duplicate, or
     a re-run racing the first) or out of order changes nothing.
     """
-    if record is None or record.terminal:
+    if record is None or record.state != RUNNING:
         return record, []
     done = json.loads(record.steps_done) if record.steps_done else []
     if index != len(done):
@@ -230,7 +251,7 @@ def expire(
     running_here: bool,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """The scanner saw the lease of ``dispatch`` lapse: re-dispatch, or give up after max_attempts."""
-    if record is None or record.terminal or record.dispatch != dispatch:
+    if record is None or record.state != RUNNING or record.dispatch != dispatch:
         return record, []
     if running_here:
         # Our own executor holds it (queued or held): renew instead of duplicating the call.
@@ -258,6 +279,16 @@ def _take_over(
         Dispatch(nxt),
         Control("task.redispatched", {"dispatch": nxt, "previous_owner": record.owner}),
     ]
+
+
+def park(record: TaskRecord, *, reason: str, now: float, timeout_s: float) -> tuple[TaskRecord, list[Effect]]:
+    """Park a new task for approval level 0 instead of dispatching it (no lease: nothing runs)."""
+    approval = {"reason": reason, "level": 0, "requested_at": now, "due": now + timeout_s, "escalations": [], "decision": None}
+    parked = replace(
+        record, state=AWAITING_APPROVAL, dispatch=0, owner="", lease_until=0.0,
+        approval=json.dumps(approval, separators=(",", ":"), sort_keys=True),
+    )
+    return parked, [Notify(0), Control("approval.requested", {"reason": reason, "level": 0, "due": approval["due"]})]
 
 
 def dump(record: TaskRecord) -> str:

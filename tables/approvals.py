@@ -1,0 +1,135 @@
+"""Human approval of a task, pure and clock-free: the policy, and the parked task's decisions and escalations.
+
+    (task arrives, policy matches) ──► AWAITING_APPROVAL at level 0
+        ├── approve (HTTP, signed link, CLI or event) ──► RUNNING: dispatched, once
+        ├── reject ──► REJECTED: a failed result, no provider call, no dead letter
+        └── level's timeout ──► the next level (its own timeout and webhook)
+                                 └── the last level's timeout ──► REJECTED by "timeout"
+
+A parked task holds no worker and no partition: its record is the state, the
+offset that brought it is committed once that record is durable, and the
+decision or timeout comes back as an event to the ledger (DESIGN.md
+"Delivery semantics").
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any, Sequence
+
+from tables.leases import (
+    AWAITING_APPROVAL,
+    REJECTED,
+    RUNNING,
+    Control,
+    Dispatch,
+    Effect,
+    EmitResult,
+    Notify,
+    TaskRecord,
+)
+
+RISK_ORDER = ("low", "medium", "high", "critical")
+DECISIONS = ("approve", "reject")
+
+
+def needs_approval(
+    *,
+    always: bool,
+    risk_at_least: str | None,
+    amount_field: str | None,
+    amount_above: float | None,
+    saga_flagged: bool,
+    risk_level: str | None,
+    context_data: dict[str, Any],
+) -> str | None:
+    """Why a task must wait for a human, or None. Every matching rule is named."""
+    reasons = []
+    if always:
+        reasons.append("policy: always")
+    if risk_at_least is not None and risk_level in RISK_ORDER and RISK_ORDER.index(risk_level) >= RISK_ORDER.index(risk_at_least):
+        reasons.append(f"risk_level {risk_level} >= {risk_at_least}")
+    if amount_field is not None and amount_above is not None:
+        amount = context_data.get(amount_field)
+        if isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount > amount_above:
+            reasons.append(f"{amount_field} {amount:g} > {amount_above:g}")
+    if saga_flagged:
+        reasons.append("saga step flagged for approval")
+    return "; ".join(reasons) or None
+
+
+def state(record: TaskRecord) -> dict[str, Any]:
+    return json.loads(record.approval) if record.approval else {}
+
+
+def _dump(data: dict[str, Any]) -> str:
+    return json.dumps(data, separators=(",", ":"), sort_keys=True)
+
+
+def decide(
+    record: TaskRecord | None,
+    *,
+    decision: str,
+    by: str,
+    via: str,
+    comment: str | None,
+    now: float,
+    me: str,
+    ttl: float,
+    rejected_result: str,
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """A human (or the last timeout) decided. Only the first decision of a parked task counts."""
+    if record is None or record.state != AWAITING_APPROVAL or decision not in DECISIONS:
+        return record, []
+    approval = state(record)
+    made = {"decision": decision, "by": by, "via": via, "level": approval.get("level", 0), "at": now}
+    if comment:
+        made["comment"] = comment
+    approval["decision"] = made
+    details = {k: v for k, v in made.items() if k != "at"}
+    if decision == "approve":
+        running = replace(record, state=RUNNING, dispatch=1, owner=me, lease_until=now + ttl, approval=_dump(approval))
+        return running, [Control("approval.decided", details), Dispatch(1)]
+    rejected = replace(record, state=REJECTED, result=rejected_result, finished_at=now, approval=_dump(approval))
+    return rejected, [Control("approval.decided", details), EmitResult(rejected_result)]
+
+
+def escalate(
+    record: TaskRecord | None,
+    *,
+    level: int,
+    timeouts: Sequence[float],
+    now: float,
+    rejected_result: str,
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """Level ``level`` let its time run out: ask the next level, or reject at the last.
+
+    ``level`` is the level the timeout was seen at, so a late or repeated
+    timeout event (two scanners, a redelivery) changes nothing.
+    """
+    if record is None or record.state != AWAITING_APPROVAL:
+        return record, []
+    approval = state(record)
+    if approval.get("level") != level or now < approval.get("due", 0.0):
+        return record, []
+    nxt = level + 1
+    if nxt >= len(timeouts):
+        return decide(
+            record, decision="reject", by="timeout", via="timeout", comment=f"no decision at any of {len(timeouts)} levels",
+            now=now, me="", ttl=0.0, rejected_result=rejected_result,
+        )
+    approval["escalations"] = [*approval.get("escalations", []), {"from": level, "to": nxt, "at": now}]
+    approval["level"] = nxt
+    approval["due"] = now + timeouts[nxt]
+    escalated = replace(record, approval=_dump(approval))
+    return escalated, [Notify(nxt), Control("approval.escalated", {"from": level, "to": nxt, "due": approval["due"]})]
+
+
+def due(record: TaskRecord, now: float) -> int | None:
+    """The level whose timeout has run out, for the scanner; None while the current level still has time."""
+    if record.state != AWAITING_APPROVAL:
+        return None
+    approval = state(record)
+    return approval.get("level", 0) if now >= approval.get("due", float("inf")) else None
+
