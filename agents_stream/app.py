@@ -27,6 +27,7 @@ from agents_stream.config import AppConfig, load_config
 from agents_stream.consumer import WatermarkTransport
 from agents_stream.delivery import confirmed
 from agents_stream.executor import AgentPlan, Executor
+from agents_stream.jobs import Orchestrator
 from agents_stream.ledger import Ledger
 from agents_stream.providers import Provider, build_provider
 from agents_stream.settings import Settings, bootstrap_servers
@@ -102,6 +103,7 @@ class Runtime:
         )
         self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self.answers = app.topic(topics.answers_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
+        self.job_events = app.topic(topics.JOB_EVENTS, key_serializer="raw", value_serializer="raw")
         self.executor = Executor(
             settings,
             config,
@@ -117,6 +119,8 @@ class Runtime:
         self.ledger.cached_agents = {a for a, plan in plans.items() if plan.config.cache_max_age_s > 0}
         self.ledger.policies = {a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None}
         self.ledger.saga_flagged = {a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval}
+        if settings.jobs:
+            self.ledger.orchestrator = Orchestrator(self.ledger, app.jobs_table, app.timers_table, list(config.agents))
         self._paused: set[TP] = set()
         self.started = False  # output topics declared and executor running: /readyz says ready
 
@@ -198,6 +202,10 @@ class Runtime:
         for task_id, dispatch in self.ledger.scan(now):
             body = json.dumps({"schema_version": 1, "kind": "expired", "dispatch": dispatch, "worker": self.worker_id}).encode()
             self.outcomes.send_soon(key=task_id.encode(), value=body)
+        if self.ledger.orchestrator is not None:
+            for job_id in self.ledger.orchestrator.scan(now):
+                body = json.dumps({"schema_version": 1, "kind": "deadline", "worker": self.worker_id}).encode()
+                self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
 def _ledger_table(app: AgentsStreamApp, settings: Settings, name: str, help: str) -> LedgerTable:
@@ -263,12 +271,15 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     outcomes = topics.outcomes_topic(settings.app_id)
     answers = topics.answers_topic(settings.app_id)
     inputs = [*task_topics, outcomes, answers, topics.APPROVALS]
+    if settings.jobs:  # the orchestrator shares the ledger's loop (agents_stream.jobs)
+        inputs += [topics.JOBS, topics.JOB_EVENTS]
     app.managed_topics = frozenset(inputs)
 
     app.task_table = _ledger_table(app, settings, "tasks", "Task ledger: idempotency, leases and stored results, keyed by task_id.")
     app.answers_table = _ledger_table(
         app, settings, "answers", "Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
     )
+    app.jobs_table = _ledger_table(app, settings, "jobs", "Jobs: plan, each step's status and output, the stored job result.")
     app.timers_table = _ledger_table(
         app, settings, "timers", "Tasks awaiting approval or running after one, and running jobs: what the scanner watches.",
     )
@@ -278,8 +289,12 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         app.topic(topics.CONTROL, partitions=n, internal=True),
         *(
             app.topic(name, partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))
-            for name in [*(topics.dlq_topic(a) for a in agents), topics.dlq_of(topics.APPROVALS)]
+            for name in [*(topics.dlq_topic(a) for a in agents), topics.dlq_of(topics.APPROVALS), topics.dlq_of(topics.JOBS)]
         ),
+        # Ledgers of every app id send their job tasks' results here; the orchestrator sends tasks to any agent.
+        app.topic(topics.JOB_EVENTS, partitions=n, internal=True),
+        app.topic(topics.JOB_RESULTS, partitions=n, internal=True),
+        *(app.topic(topics.task_topic(a), partitions=n, internal=True) for a in config.agents if settings.jobs and a not in agents),
         # One partition: every worker folds the whole log in one order (agents_stream.circuits).
         # LogAppendTime: the broker stamps every event, so the fold uses one clock for all workers.
         app.topic(

@@ -192,6 +192,86 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     return code
 
 
+async def _job_wait(settings: Settings, job_id: str, timeout: float, submit: Any) -> dict[str, Any] | None:
+    """Submit, then read agent.job.results from before the submission until the job's result arrives."""
+    from aiokafka import AIOKafkaConsumer
+
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(settings.broker), enable_auto_commit=False, group_id=None)
+    await asyncio.wait_for(consumer.start(), timeout=30)
+    try:
+        from aiokafka import TopicPartition
+
+        await asyncio.wait_for(consumer.topics(), timeout=30)  # loads the cluster's metadata
+        tps = [TopicPartition(topics.JOB_RESULTS, p) for p in consumer.partitions_for_topic(topics.JOB_RESULTS) or ()]
+        if not tps:
+            raise ValueError(f"{topics.JOB_RESULTS} does not exist yet: start a worker first")
+        consumer.assign(tps)
+        await asyncio.wait_for(consumer.seek_to_end(*tps), timeout=30)
+        for tp in tps:  # resolve the end offsets now, before the job is submitted
+            await asyncio.wait_for(consumer.position(tp), timeout=30)
+        await submit
+        deadline = asyncio.get_running_loop().time() + timeout
+        while asyncio.get_running_loop().time() < deadline:
+            batch = await consumer.getmany(timeout_ms=500)
+            for msgs in batch.values():
+                for m in msgs:
+                    if m.key == job_id.encode():
+                        return json.loads(m.value)
+        return None
+    finally:
+        await asyncio.wait_for(consumer.stop(), timeout=30)
+
+
+def _cmd_jobs(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from agents_stream.jobs import JobRequest
+
+    settings = Settings.from_env()
+    if args.jobs_command == "cancel":
+        body: dict[str, Any] = {"job_id": args.job_id, "action": "cancel", "by": args.by, "reason": args.reason}
+    else:
+        source = sys.stdin if args.file == "-" else open(args.file, encoding="utf-8")
+        with source:
+            try:
+                body = json.load(source)
+            except ValueError as exc:
+                print(f"agents-stream jobs submit: {args.file} is not JSON ({exc})", file=sys.stderr)
+                return 2
+        if isinstance(body, dict):
+            body.setdefault("job_id", str(uuid.uuid4()))
+    try:
+        request = JobRequest.model_validate(body)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors())
+        print(f"agents-stream jobs {args.jobs_command}: {problems}", file=sys.stderr)
+        return 2
+    value = json.dumps(body).encode("utf-8")
+    send = _send_one(settings, topics.JOBS, request.job_id.encode(), value)
+    if args.jobs_command == "submit" and args.wait:
+        outcome: dict[str, Any] = {}
+
+        async def run() -> None:
+            outcome["result"] = await _job_wait(settings, request.job_id, args.wait, send)
+
+        try:
+            code = _broker_call(settings, "jobs submit", run())
+        except ValueError as exc:
+            print(f"agents-stream jobs submit: {exc}", file=sys.stderr)
+            return 1
+        if code:
+            return code
+        if outcome.get("result") is None:
+            print(f"job {request.job_id}: no result within {args.wait:g}s (it may still finish; see /jobs/{request.job_id})", file=sys.stderr)
+            return 1
+        print(json.dumps(outcome["result"], indent=2))
+        return 0 if outcome["result"]["status"] == "succeeded" else 3
+    code = _broker_call(settings, f"jobs {args.jobs_command}", send)
+    if code == 0:
+        print(request.job_id)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="agents-stream", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -212,6 +292,18 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--by", default=f"{os.environ.get('USER', 'operator')}@cli", help="who decides (recorded with the decision)")
         p.add_argument("--comment", help="why (recorded with the decision)")
         p.set_defaults(func=_cmd_decide, decision=verb)
+
+    jobs = sub.add_parser("jobs", help="submit or cancel a job (a plan of tasks, or a goal for a planner agent)")
+    jsub = jobs.add_subparsers(dest="jobs_command", required=True)
+    submit = jsub.add_parser("submit", help="submit a JobRequest (JSON file, or - for stdin); prints the job id")
+    submit.add_argument("file", nargs="?", default="-")
+    submit.add_argument("--wait", type=float, metavar="SECONDS", help="wait for the job's result and print it (exit 0 only if succeeded)")
+    submit.set_defaults(func=_cmd_jobs)
+    jcancel = jsub.add_parser("cancel", help="cancel a job: unfinished steps are cancelled, the job ends with what is done")
+    jcancel.add_argument("job_id")
+    jcancel.add_argument("--by", default=f"{os.environ.get('USER', 'operator')}@cli")
+    jcancel.add_argument("--reason", default="cancelled from the CLI")
+    jcancel.set_defaults(func=_cmd_jobs)
 
     fake = sub.add_parser("fake-llm", help="run the fake LLM server (Gemini, OpenAI and Anthropic APIs)", add_help=False)
     fake.add_argument("rest", nargs=argparse.REMAINDER)

@@ -25,6 +25,7 @@ from agents_stream.config import ApprovalPolicy
 from agents_stream.delivery import Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
+from agents_stream.jobs import fan_in_event
 from agents_stream.models import (
     ApprovalDecision,
     ControlEvent,
@@ -434,6 +435,10 @@ class Ledger:
             elif isinstance(effect, leases.EmitResult):
                 result = effect.result.encode("utf-8")
                 sends.append(lambda r=result: self._send(topics.RESULTS, task_id.encode(), r))
+                job_id = _job_of(record)
+                if job_id is not None:  # fan-in: the job's owner hears of every result of its tasks
+                    fan = fan_in_event(effect.result)
+                    sends.append(lambda j=job_id, f=fan: self._send(topics.JOB_EVENTS, j.encode(), f))
             elif isinstance(effect, leases.DeadLetter):
                 source_tp = TP(record.topic, record.partition)
                 extra = [("agents_stream.requeues", str(record.requeues).encode())] if record.requeues else []
@@ -443,6 +448,10 @@ class Ledger:
                     record.agent, task_id.encode(), record.payload.encode("utf-8"),
                     effect.reason, effect.layer, effect.attempts, source_tp, record.offset, extra,
                 ))
+                job_id = _job_of(record)
+                if job_id is not None and record.result is None:  # no result will come: the job counts it failed
+                    failed = json.dumps({"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"})
+                    sends.append(lambda j=job_id, f=fan_in_event(failed): self._send(topics.JOB_EVENTS, j.encode(), f))
             elif isinstance(effect, leases.Control):
                 self.control(effect.event, task_id, record.agent if record else None, effect.details)
             elif isinstance(effect, leases.Notify):
@@ -632,6 +641,13 @@ def requeue_headers(headers: Any) -> tuple[str | None, str | None]:
         except (AttributeError, UnicodeDecodeError):
             continue  # a header we cannot read is not ours
     return requeue_id, history
+
+
+def _job_of(record: TaskRecord | None) -> str | None:
+    if record is None:
+        return None
+    job_id = json.loads(record.payload).get("job_id")
+    return job_id if isinstance(job_id, str) and job_id else None
 
 
 def timer_key(task_id: str) -> str:

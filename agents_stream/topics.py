@@ -11,6 +11,8 @@ JOBS = "agent.jobs"
 APPROVALS = "agent.approvals"
 #: Public: one JobResult per job, keyed by job_id
 JOB_RESULTS = "agent.job.results"
+#: Internal, shared by every app id: results of a job's tasks and deadline events for the orchestrator, keyed by job_id
+JOB_EVENTS = "agent.job.events"
 #: Internal, one partition, shared by every app id: breaker, Retry-After and presence events (agents_stream.circuits)
 CIRCUITS = "agent.circuits"
 TASK_PREFIX = "agent.tasks."
@@ -41,11 +43,6 @@ def answers_topic(app_id: str) -> str:
 def dlq_of(topic: str) -> str:
     """Dead letters of a public input topic other than a task topic (``agent.approvals``, ``agent.jobs``)."""
     return f"{topic}.dlq"
-
-
-def job_events_topic(app_id: str) -> str:
-    """Internal: results of a job's tasks, deadline and cancel events for the orchestrator, keyed by job_id."""
-    return f"agent.job.events.{app_id}"
 
 
 def agent_of(topic: str) -> str | None:

@@ -1,4 +1,4 @@
-"""The worker's web views: health, readiness and a task's ledger record (issue 5 adds the rest)."""
+"""The worker's web views: health, readiness, a task's and a job's record, approvals (issue 5 adds the console)."""
 
 from __future__ import annotations
 
@@ -132,6 +132,17 @@ def register(app: Any) -> None:
         async def get(self, request: Request) -> Response:
             # The same on every worker: all fold one log (agents_stream.circuits).
             return self.json({"worker": app.runtime.worker_id, "providers": app.runtime.circuits.describe()})
+
+    if getattr(app.runtime.ledger, "orchestrator", None) is not None:
+        jobs_table = app.jobs_table
+
+        @app.page("/jobs/{job_id}")
+        @app.table_route(table=jobs_table, match_info="job_id")
+        async def job(self: View, request: Request, job_id: str) -> Response:
+            body = app.runtime.ledger.orchestrator.describe(job_id)
+            if body is None:
+                return self.json({"error": f"unknown job_id {job_id!r}"}, status=404)
+            return self.json(body)
 
     @app.page("/tasks/{task_id}")
     @app.table_route(table=table, match_info="task_id")

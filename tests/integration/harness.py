@@ -158,6 +158,9 @@ class Cluster:
             "AGENTS_STREAM_PROBE_INTERVAL_S": "1.0",
             "AGENTS_STREAM_SHUTDOWN_GRACE_S": "8",
             "PYTHONUNBUFFERED": "1",
+            # Each test is its own app id, which would read agent.jobs from the start and re-run (fail) every
+            # earlier test's jobs: only the job tests run the orchestrator.
+            "AGENTS_STREAM_JOBS": "0",
             **self.settings,
             **overrides,
         }

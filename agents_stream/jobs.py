@@ -1,0 +1,219 @@
+"""The master orchestrator: jobs on ``agent.jobs`` fanned out as tasks to the sub-agents and fanned back in.
+
+It shares the ledger's one-event-at-a-time loop and its delivery rules: a job's
+record (the ``jobs`` table) and the tasks or result a transition publishes are
+all confirmed by the broker before the event's offset may be committed. The
+transitions themselves are pure (tables/jobs.py).
+
+Fan-in: a ledger that emits the result of a task carrying a ``job_id`` also
+sends it to ``agent.job.events`` keyed by that job_id, so every result of a job
+reaches the partition (and worker) that owns the job's record.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime
+from typing import Any, Literal
+
+from faust.types import TP
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from agents_stream import topics
+from agents_stream.errors import PoisonMessage
+from agents_stream.models import SCHEMA_VERSION, TaskPayload, parse_json_model
+from tables import jobs as machine
+from tables.jobs import JobRecord
+
+log = logging.getLogger(__name__)
+
+
+class JobRequest(BaseModel):
+    """Submit a job (a ``plan``, or a ``goal`` for a ``planner`` agent) or cancel one; keyed by job_id."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    # a task id is "<job_id>/<step id>" and at most 256 characters
+    job_id: str = Field(min_length=1, max_length=180, pattern=r"^[^\x00-\x1f\x7f]+$")
+    action: Literal["submit", "cancel"] = "submit"
+    plan: Any = None
+    goal: str | None = None
+    planner: str | None = None
+    context_data: dict[str, Any] = Field(default_factory=dict)
+    #: seconds from when the orchestrator first sees the job, or an ISO-8601 time (the earlier wins)
+    timeout_s: float | None = Field(default=None, gt=0)
+    deadline: str | None = None
+    #: for a cancel: who and why (recorded in the job's result)
+    by: str = "unknown"
+    reason: str = ""
+
+    @model_validator(mode="after")
+    def _one_way(self) -> JobRequest:
+        if self.action == "submit":
+            if (self.plan is None) == (self.goal is None):
+                raise ValueError("a job needs exactly one of plan or goal")
+            if self.goal is not None and not self.planner:
+                raise ValueError("a goal needs a planner (the agent that turns it into a plan)")
+        if self.deadline is not None:
+            self.deadline_epoch()  # raises on a bad time
+        return self
+
+    def deadline_epoch(self, now: float = 0.0) -> float | None:
+        ends = []
+        if self.deadline is not None:
+            try:
+                ends.append(datetime.fromisoformat(self.deadline.replace("Z", "+00:00")).timestamp())
+            except ValueError:
+                raise ValueError(f"deadline {self.deadline!r} is not an ISO-8601 time") from None
+        if self.timeout_s is not None:
+            ends.append(now + self.timeout_s)
+        return min(ends) if ends else None
+
+
+class Orchestrator:
+    """Applies job requests and job events; the ``jobs`` table's one writer (inside the ledger's loop)."""
+
+    def __init__(self, ledger: Any, table: Any, timers: Any, agents: list[str]) -> None:
+        self.ledger = ledger
+        self.table = table
+        self.timers = timers
+        self.agents = agents  # every configured agent: a job may use agents other workers run
+        self.topics = frozenset({topics.JOBS, topics.JOB_EVENTS})
+        self._asked: dict[str, float] = {}
+
+    def handle(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+        if tp.topic == topics.JOBS:
+            self._on_request(tp, offset, key, value)
+        else:
+            self._on_event(tp, offset, key, value)
+
+    def _on_request(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+        try:
+            request: JobRequest = parse_json_model(value, JobRequest, self.ledger.settings.payload_max_bytes)
+        except PoisonMessage as poison:
+            log.warning("Dead-lettering job request %s[%d]@%d: %s", tp.topic, tp.partition, offset, poison)
+            reason = poison.reason + (f": {poison.detail}" if poison.detail else "")
+            self.ledger._dead_letter(tp, offset, "", key, value, reason, "schema", 1, topic=topics.dlq_of(topics.JOBS))
+            return
+        job_key = request.job_id.encode("utf-8")
+        home = topics.partition_for(job_key, self.ledger.settings.partitions)
+        if home != tp.partition:  # keyless or another partitioner: the job's record lives on `home`
+            self.ledger._deliver(tp, offset, [lambda: self.ledger._send(tp.topic, job_key, value, partition=home)])
+            return
+        record = self._get(request.job_id)
+        now = time.time()
+        if request.action == "cancel":
+            if record is None:
+                log.info("Cancel of unknown job %s by %s ignored", request.job_id, request.by)
+                return
+            new, effects = machine.cancel(record, by=request.by, reason=request.reason or "no reason given", now=now)
+        else:
+            new, effects = machine.submit(
+                record, job_id=request.job_id, plan=request.plan, goal=request.goal, planner=request.planner,
+                context_data=request.context_data, deadline=request.deadline_epoch(now), agents=self.agents, now=now,
+            )
+        self._apply(tp, offset, request.job_id, record, new, effects)
+
+    def _on_event(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+        try:
+            job_id = key.decode("utf-8")  # type: ignore[union-attr]
+            event = json.loads(value)  # type: ignore[arg-type]
+            kind = event["kind"]
+        except (AttributeError, TypeError, ValueError, KeyError) as exc:
+            # Internal events only our workers write: a broken one carries no work to lose.
+            log.warning("Skipping malformed job event at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
+            return
+        record = self._get(job_id)
+        now = time.time()
+        if kind == "result":
+            r = event.get("result") or {}
+            try:
+                new, effects = machine.on_result(
+                    record, task_id=r["task_id"], status=r["status"], output=r.get("output"), confidence=r.get("confidence"),
+                    source=r.get("source"), error=r.get("error"), agents=self.agents, now=now,
+                )
+            except (KeyError, ValueError) as exc:
+                log.warning("Skipping job %s result event that is not a TaskResult: %r", job_id, exc)
+                return
+        elif kind == "deadline":
+            new, effects = machine.expire(record, now=now)
+        else:
+            log.warning("Skipping job event of unknown kind %r for %s (a newer worker's?)", kind, job_id)
+            return
+        self._apply(tp, offset, job_id, record, new, effects)
+
+    def _apply(self, tp: TP, offset: int, job_id: str, old: JobRecord | None, new: JobRecord | None, effects: list[Any]) -> None:
+        ledger = self.ledger
+        sends = []
+        if new is not None and new != old:
+            self.table[job_id] = new.to_json()
+            sends.append(ledger._changelog_send(tp.partition, job_id, self.table.last_changelog, self.table))
+            timer = job_timer_key(job_id)
+            watched = new.deadline is not None and not new.terminal
+            if watched and timer not in self.timers:
+                self.timers[timer] = {"kind": "job"}
+                sends.append(ledger._changelog_send(tp.partition, timer, self.timers.last_changelog, self.timers))
+            elif not watched and timer in self.timers:
+                del self.timers[timer]
+                sends.append(ledger._changelog_send(tp.partition, timer, self.timers.last_changelog, self.timers))
+        for effect in effects:
+            if isinstance(effect, (machine.DispatchStep, machine.DispatchPlanner)):
+                sends.append(self._task_send(job_id, effect))
+            elif isinstance(effect, machine.EmitJobResult):
+                body = effect.result.encode("utf-8")
+                sends.append(lambda b=body: ledger._send(topics.JOB_RESULTS, job_id.encode(), b))
+            elif isinstance(effect, machine.Control):
+                ledger.control(effect.event, job_id, None, effect.details)
+        if sends:
+            ledger._deliver(tp, offset, sends)
+
+    def _task_send(self, job_id: str, effect: Any) -> Any:
+        payload = TaskPayload(
+            task_id=effect.task_id,
+            agent_name=effect.agent,
+            instruction=effect.instruction,
+            context_data=effect.context_data,
+            job_id=job_id,
+            output_schema=machine.PLAN_SCHEMA if isinstance(effect, machine.DispatchPlanner) else None,
+        )
+        body = payload.model_dump_json(exclude_none=True).encode("utf-8")
+        topic = topics.task_topic(effect.agent)
+        return lambda: self.ledger._send(topic, effect.task_id.encode("utf-8"), body)
+
+    def _get(self, job_id: str) -> JobRecord | None:
+        data = self.table.get(job_id)
+        return JobRecord.from_json(data) if data else None
+
+    def scan(self, now: float) -> list[str]:
+        """Jobs on this worker's partitions whose deadline passed: ask (via an event) to end them."""
+        due = []
+        throttle = max(1.0, self.ledger.settings.lease_ttl_s / 4)
+        for key in list(self.timers.keys()):
+            if not key.startswith("job/"):
+                continue
+            job_id = key[len("job/"):]
+            if machine.due(self._get(job_id), now) and now - self._asked.get(job_id, 0.0) >= throttle:
+                self._asked[job_id] = now
+                due.append(job_id)
+        return due
+
+    def describe(self, job_id: str) -> dict[str, Any] | None:
+        """The job's record for /jobs/{job_id}: state, steps with their status and task ids, result."""
+        record = self._get(job_id)
+        if record is None:
+            return None
+        body = record.to_json()
+        body["result"] = json.loads(record.result) if record.result else None
+        return body
+
+
+def job_timer_key(job_id: str) -> str:
+    return f"job/{job_id}"
+
+
+def fan_in_event(result_json: str) -> bytes:
+    """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id)."""
+    return json.dumps({"schema_version": SCHEMA_VERSION, "kind": "result", "result": json.loads(result_json)}).encode("utf-8")

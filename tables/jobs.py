@@ -1,0 +1,597 @@
+"""The job state machine: a plan of tasks for sub-agents with dependencies, run as a DAG, pure and clock-free.
+
+    (new) ──plan given──────────────► RUNNING ──every step final──► SUCCEEDED | PARTIAL | FAILED
+      │                                  ▲
+      └──goal + planner──► PLANNING ─────┘ (the planner's answer is a valid plan)
+                              └──planner failed, or its plan is invalid──► FAILED
+
+A step is dispatched once every step it depends on succeeded or was partial; a
+failed step skips everything downstream of it; a cancel or a passed deadline
+cancels whatever has not finished. Each transition takes the stored record (or
+None) and an event and returns the new record plus the effects the caller must
+carry out; no I/O happens here, so every path is unit-tested without a broker.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from typing import Any
+
+import jsonschema
+from jsonschema.exceptions import best_match
+
+__all__ = [
+    "CANCELLED",
+    "DISPATCHED",
+    "FAILED",
+    "MAX_STEPS",
+    "PARTIAL",
+    "PENDING",
+    "PLANNER_STEP",
+    "PLANNING",
+    "PLAN_SCHEMA",
+    "RUNNING",
+    "SKIPPED",
+    "SUCCEEDED",
+    "Control",
+    "DispatchPlanner",
+    "DispatchStep",
+    "Effect",
+    "EmitJobResult",
+    "JobRecord",
+    "PlanError",
+    "Step",
+    "cancel",
+    "due",
+    "expire",
+    "on_result",
+    "step_of",
+    "submit",
+    "task_id_of",
+    "validate_plan",
+]
+
+RECORD_VERSION = 1
+RESULT_SCHEMA_VERSION = 1
+MAX_STEPS = 100
+#: the step id of the planner's task: a plan may not use it, or its task id would collide with the planner's
+PLANNER_STEP = "plan"
+
+# Job states.
+PLANNING = "planning"
+RUNNING = "running"
+SUCCEEDED = "succeeded"
+PARTIAL = "partial"
+FAILED = "failed"
+TERMINAL = frozenset({SUCCEEDED, PARTIAL, FAILED})
+
+# Step statuses (succeeded, partial and failed are spelled as the TaskResult statuses they record).
+PENDING = "pending"
+DISPATCHED = "dispatched"
+SKIPPED = "skipped"  # a step it depends on failed (or was skipped)
+CANCELLED = "cancelled"  # the job was cancelled, or its deadline passed, before the step finished
+#: what lets a dependent run: a partial answer is still an answer
+DONE = frozenset({SUCCEEDED, PARTIAL})
+FINAL = frozenset({SUCCEEDED, PARTIAL, FAILED, SKIPPED, CANCELLED})
+
+_ID = r"^[A-Za-z0-9_.-]{1,64}$"
+# jsonschema's "pattern" is re.search, whose "$" also matches before a trailing newline:
+# a step id feeds a task id, where a control character makes the task a poison message.
+_ID_EXACT = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+# a plan an LLM returns as text often comes wrapped in a Markdown code fence
+_FENCE = re.compile(r"\A\s*```(?:[A-Za-z0-9_+-]+(?=\s))?\s*(?P<body>.*?)\s*```\s*\Z", re.DOTALL)
+
+#: The shape of a plan. Also the planner agent's output_schema, so it stays plain: no $schema, no $ref,
+#: and unknown fields are allowed (and ignored) so a plan may carry more than this version reads.
+PLAN_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["tasks"],
+    "properties": {
+        "tasks": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": MAX_STEPS,
+            "items": {
+                "type": "object",
+                "required": ["id", "agent", "instruction"],
+                "properties": {
+                    "id": {"type": "string", "pattern": _ID, "description": "unique within the plan"},
+                    "agent": {"type": "string", "minLength": 1, "description": "the agent that does the task"},
+                    "instruction": {"type": "string", "description": "what the agent must do"},
+                    "depends_on": {
+                        "type": "array",
+                        "items": {"type": "string"},
+                        "description": "ids of the tasks whose outputs this task needs",
+                    },
+                    "context_data": {"type": "object", "description": "extra data for the agent"},
+                },
+            },
+        },
+    },
+}
+_VALIDATOR = jsonschema.Draft202012Validator(PLAN_SCHEMA)
+
+
+class PlanError(ValueError):
+    """A plan that cannot run; the message names the problem."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One task of a validated plan."""
+
+    id: str
+    agent: str
+    instruction: str
+    depends_on: tuple[str, ...] = ()
+    context_data: dict[str, Any] = field(default_factory=dict)
+
+
+def task_id_of(job_id: str, step_id: str) -> str:
+    """The task id of a step: the same on every dispatch, so the task ledger deduplicates it."""
+    return f"{job_id}/{step_id}"
+
+
+def step_of(job_id: str, task_id: str) -> str | None:
+    """The step a task id belongs to (``PLANNER_STEP`` for the planner's task), or None if not of this job."""
+    prefix = f"{job_id}/"
+    if not task_id.startswith(prefix):
+        return None
+    rest = task_id[len(prefix) :]
+    # A step id has no "/": "a/b/c" is step "c" of job "a/b", never step "b/c" of job "a".
+    return rest if rest and "/" not in rest else None
+
+
+# -- validation ------------------------------------------------------------------------
+
+
+def validate_plan(plan: Any, agents: Collection[str]) -> tuple[Step, ...]:
+    """The steps of ``plan`` in plan order, or PlanError naming what makes it unrunnable.
+
+    ``plan`` may be the JSON text of a plan, as a planner model might answer.
+    """
+    if isinstance(plan, str | bytes):
+        plan = _parse(plan)
+    error = best_match(_VALIDATOR.iter_errors(plan))
+    if error is not None:
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path)
+        raise PlanError(f"the plan does not match its schema at ${where}: {_schema_message(error)}")
+    steps = tuple(
+        Step(
+            id=task["id"],
+            agent=task["agent"],
+            instruction=task["instruction"],
+            # a repeated dependency is harmless: keep the first of each
+            depends_on=tuple(dict.fromkeys(task.get("depends_on", ()))),
+            context_data=dict(task.get("context_data", {})),
+        )
+        for task in plan["tasks"]
+    )
+    ids = [s.id for s in steps]
+    for s in steps:
+        if not _ID_EXACT.fullmatch(s.id):
+            raise PlanError(f"task id {s.id!r} must be 1 to 64 letters, digits, '_', '.' or '-'")
+        if s.id == PLANNER_STEP:
+            raise PlanError(f"task id {PLANNER_STEP!r} is reserved for the planner's task")
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise PlanError(f"task ids must be unique; repeated: {', '.join(duplicates)}")
+    known = set(ids)
+    for s in steps:
+        if s.id in s.depends_on:
+            raise PlanError(f"task {s.id!r} depends on itself")
+        missing = [d for d in s.depends_on if d not in known]
+        if missing:
+            raise PlanError(f"task {s.id!r} depends on {', '.join(map(repr, missing))}, not a task of the plan")
+        if s.agent not in agents:
+            raise PlanError(
+                f"task {s.id!r} names agent {s.agent!r}, which is not known; known agents: {', '.join(sorted(agents))}"
+            )
+    cycle = _find_cycle({s.id: s.depends_on for s in steps}, ids)
+    if cycle:
+        raise PlanError(f"the plan has a cycle (each runs before the next): {' -> '.join([*cycle, cycle[0]])}")
+    return steps
+
+
+def _parse(text: str | bytes) -> Any:
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PlanError(f"the plan is not JSON: {exc}") from None
+    match = _FENCE.match(text)
+    body = match.group("body") if match else text
+    try:
+        return json.loads(body, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"the plan is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except (ValueError, RecursionError) as exc:
+        raise PlanError(f"the plan is not JSON: {exc or 'nested too deeply'}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON value")
+
+
+_JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", int: "integer", float: "number"}
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    # jsonschema's own messages quote the whole offending value: a 101-task plan would drown the reason
+    kind, limit, value = error.validator, error.validator_value, error.instance
+    if kind == "maxItems":
+        return f"{len(value)} items, at most {limit} allowed"
+    if kind == "minItems":
+        return f"{len(value)} items, at least {limit} required"
+    if kind == "type":
+        return f"expected {limit}, got {_JSON_TYPES.get(type(value), 'null')}"
+    if kind == "required":
+        missing = [name for name in limit if name not in value]
+        return f"missing required property {', '.join(map(repr, missing))}"
+    return _shorten(error.message)
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _find_cycle(deps: dict[str, tuple[str, ...]], order: list[str]) -> list[str]:
+    """The members of one cycle in dependency order (empty when there is none)."""
+    state: dict[str, int] = {}  # absent: unseen, 1: on the current path, 2: done
+    for root in order:
+        if root in state:
+            continue
+        # iterative depth-first search: a path is at most MAX_STEPS long, but recursion need not be trusted
+        path: list[str] = [root]
+        branches = [iter(deps[root])]
+        state[root] = 1
+        while path:
+            nxt = next(branches[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                branches.pop()
+            elif state.get(nxt) == 1:
+                # path runs root → … → nxt → … → path[-1], and path[-1] depends on nxt
+                cycle = path[path.index(nxt) :]
+                # read along the arrows "x -> y" meaning "x must run before y"
+                return list(reversed(cycle))
+            elif nxt not in state:
+                state[nxt] = 1
+                path.append(nxt)
+                branches.append(iter(deps[nxt]))
+    return []
+
+
+# -- the record ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """What the jobs table stores per job_id (as versioned JSON, never pickled).
+
+    ``steps`` maps a step id to a JSON object: agent, instruction, depends_on,
+    context_data, status, task_id (None until dispatched), output, confidence,
+    source, error. Transitions build new dicts; a stored record is never mutated.
+    """
+
+    job_id: str
+    state: str
+    created_at: float  # epoch seconds
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    order: list[str] = field(default_factory=list)  # step ids in plan order
+    context_data: dict[str, Any] = field(default_factory=dict)  # given to every step
+    deadline: float | None = None  # epoch seconds
+    finished_at: float | None = None
+    result: str | None = None  # the stored job result JSON, re-emitted byte for byte
+    goal: str | None = None
+    planner: str | None = None  # the agent that turns the goal into a plan
+    reason: str | None = None  # why the job ended as it did (None when every step succeeded)
+    v: int = RECORD_VERSION
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> JobRecord:
+        known = cls.__dataclass_fields__
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+# -- effects ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DispatchStep:
+    """Publish this task to the step's agent."""
+
+    step_id: str
+    task_id: str
+    agent: str
+    instruction: str
+    context_data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DispatchPlanner:
+    """Publish the planning task; the caller attaches PLAN_SCHEMA as its output_schema."""
+
+    task_id: str
+    agent: str
+    instruction: str
+    context_data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class EmitJobResult:
+    """Publish this exact job result JSON."""
+
+    result: str
+
+
+@dataclass(frozen=True)
+class Control:
+    """Publish a control event: job.started, job.planned, job.step_finished, job.cancelled, job.completed."""
+
+    event: str
+    details: dict[str, Any]
+
+
+Effect = DispatchStep | DispatchPlanner | EmitJobResult | Control
+
+
+# -- transitions -----------------------------------------------------------------------
+
+
+def submit(
+    record: JobRecord | None,
+    *,
+    job_id: str,
+    plan: Any = None,
+    goal: str | None = None,
+    planner: str | None = None,
+    context_data: dict[str, Any] | None = None,
+    deadline: float | None = None,
+    agents: Collection[str],
+    now: float,
+) -> tuple[JobRecord, list[Effect]]:
+    """A job was submitted, with its plan or with a goal for ``planner`` to plan (a duplicate, or a redelivery).
+
+    An invalid plan fails the job at once, with its result emitted: whoever
+    submitted it waits for a result, not for a deadline.
+    """
+    if record is not None:
+        # A finished job never runs again; a redelivery re-emits its result, a duplicate changes nothing.
+        return record, [EmitJobResult(record.result)] if record.terminal and record.result is not None else []
+    if (plan is None) == (goal is None) or (goal is not None and not planner):
+        raise ValueError("a job is submitted with a plan, or with a goal and a planner; not both, not neither")
+    new = JobRecord(
+        job_id=job_id,
+        state=PLANNING if plan is None else RUNNING,
+        created_at=now,
+        context_data=dict(context_data or {}),
+        deadline=deadline,
+        goal=goal,
+        planner=planner,
+    )
+    if plan is None:
+        if planner not in agents:
+            return _finish(new, {}, reason=f"unknown_planner: {planner!r} is not a known agent", now=now)
+        return new, [
+            Control("job.started", {"planner": planner}),
+            DispatchPlanner(
+                task_id=task_id_of(job_id, PLANNER_STEP),
+                agent=planner,
+                instruction=_planner_instruction(goal, agents),
+                context_data={**new.context_data, "goal": goal, "agents": sorted(agents)},
+            ),
+        ]
+    try:
+        steps = validate_plan(plan, agents)
+    except PlanError as exc:
+        return _finish(new, {}, reason=f"invalid_plan: {exc}", now=now)
+    return _start(new, steps, Control("job.started", {"steps": len(steps)}), now=now)
+
+
+def on_result(
+    record: JobRecord | None,
+    *,
+    task_id: str,
+    status: str,
+    output: Any = None,
+    confidence: str | None = None,
+    source: str | None = None,
+    error: str | None = None,
+    agents: Collection[str],
+    now: float,
+) -> tuple[JobRecord | None, list[Effect]]:
+    """A TaskResult of one of the job's tasks arrived (``status``: succeeded, partial or failed).
+
+    Only the first result of a dispatched task counts: a duplicate, a late
+    result after a cancel, or a result of a task never dispatched changes nothing.
+    """
+    if status not in (SUCCEEDED, PARTIAL, FAILED):
+        raise ValueError(f"unknown task status {status!r}")
+    if record is None or record.terminal:
+        return record, []
+    step_id = step_of(record.job_id, task_id)
+    if step_id == PLANNER_STEP:
+        if record.state != PLANNING:
+            return record, []
+        if status == FAILED:
+            return _finish(record, {}, reason=f"planner_failed: {error or 'no reason given'}", now=now)
+        try:
+            steps = validate_plan(output, agents)
+        except PlanError as exc:
+            return _finish(record, {}, reason=f"invalid_plan: {exc}", now=now)
+        planned = replace(record, state=RUNNING)
+        return _start(planned, steps, Control("job.planned", {"steps": len(steps)}), now=now)
+    if step_id is None or step_id not in record.steps or record.steps[step_id]["status"] != DISPATCHED:
+        return record, []
+    steps = {k: dict(v) for k, v in record.steps.items()}
+    steps[step_id].update(status=status, output=output, confidence=confidence, source=source, error=error)
+    skipped = []
+    if status == FAILED:
+        for sid in _downstream(record, step_id):
+            steps[sid]["status"] = SKIPPED
+            skipped.append(sid)
+    details: dict[str, Any] = {"step": step_id, "task_id": task_id, "agent": steps[step_id]["agent"], "status": status}
+    if skipped:
+        details["skipped"] = skipped
+    return _advance(record, steps, [Control("job.step_finished", details)], now=now)
+
+
+def cancel(record: JobRecord | None, *, by: str, reason: str, now: float) -> tuple[JobRecord | None, list[Effect]]:
+    """An operator cancels the job: what has not finished is cancelled, and the job ends with what is done.
+
+    A job still planning has no step done, so it fails.
+    """
+    if record is None or record.terminal:
+        return record, []
+    return _stop(record, by=by, reason=f"cancelled by {by}: {reason}", now=now)
+
+
+def expire(record: JobRecord | None, *, now: float) -> tuple[JobRecord | None, list[Effect]]:
+    """The scanner saw the deadline pass: like a cancel, with reason ``deadline_exceeded``; otherwise a no-op."""
+    if record is None or not due(record, now):
+        return record, []
+    return _stop(record, by="deadline", reason="deadline_exceeded", now=now)
+
+
+def due(record: JobRecord | None, now: float) -> bool:
+    """Whether the job is still planning or running past its deadline."""
+    return record is not None and not record.terminal and record.deadline is not None and now >= record.deadline
+
+
+# -- internals -------------------------------------------------------------------------
+
+
+def _planner_instruction(goal: str, agents: Collection[str]) -> str:
+    names = ", ".join(sorted(agents))
+    return (
+        f"{goal}\n\n"
+        f"Do not do this work yourself: break it into tasks for these agents: {names}. "
+        'Answer with only a JSON object {"tasks": [...]}. Each task has an "id" (1 to 64 letters, digits, '
+        f"'_', '.' or '-', unique, not {PLANNER_STEP!r}), the \"agent\" that does it, its \"instruction\", and "
+        '"depends_on": the ids of the tasks whose outputs it needs (no cycles). '
+        f"At most {MAX_STEPS} tasks; tasks that depend on nothing run at once, in parallel."
+    )
+
+
+def _start(record: JobRecord, plan: tuple[Step, ...], started: Control, *, now: float) -> tuple[JobRecord, list[Effect]]:
+    steps = {
+        s.id: {
+            "agent": s.agent,
+            "instruction": s.instruction,
+            "depends_on": list(s.depends_on),
+            "context_data": dict(s.context_data),
+            "status": PENDING,
+            "task_id": None,
+            "output": None,
+            "confidence": None,
+            "source": None,
+            "error": None,
+        }
+        for s in plan
+    }
+    return _advance(replace(record, state=RUNNING, order=[s.id for s in plan]), steps, [started], now=now)
+
+
+def _downstream(record: JobRecord, step_id: str) -> list[str]:
+    """Every step that depends on ``step_id``, directly or not, in plan order."""
+    found = {step_id}
+    # plan order need not be topological: repeat until nothing more is found
+    grew = True
+    while grew:
+        grew = False
+        for sid in record.order:
+            if sid not in found and any(d in found for d in record.steps[sid]["depends_on"]):
+                found.add(sid)
+                grew = True
+    return [sid for sid in record.order if sid in found and sid != step_id]
+
+
+def _advance(
+    record: JobRecord, steps: dict[str, dict[str, Any]], effects: list[Effect], *, now: float
+) -> tuple[JobRecord, list[Effect]]:
+    """Dispatch every pending step whose dependencies are done; finish when every step is final."""
+    for sid in record.order:
+        step = steps[sid]
+        if step["status"] != PENDING or any(steps[d]["status"] not in DONE for d in step["depends_on"]):
+            continue
+        task_id = task_id_of(record.job_id, sid)
+        step.update(status=DISPATCHED, task_id=task_id)
+        context = {**record.context_data, **step["context_data"]}
+        if step["depends_on"]:
+            context["upstream"] = {d: steps[d]["output"] for d in step["depends_on"]}
+        effects.append(DispatchStep(sid, task_id, step["agent"], step["instruction"], context))
+    if all(s["status"] in FINAL for s in steps.values()):
+        done, finishing = _finish(record, steps, reason=None, now=now)
+        return done, [*effects, *finishing]
+    return replace(record, steps=steps), effects
+
+
+def _stop(record: JobRecord, *, by: str, reason: str, now: float) -> tuple[JobRecord, list[Effect]]:
+    steps = {k: dict(v) for k, v in record.steps.items()}
+    # the tasks in flight, for the caller to cancel or let run out (their late results are ignored)
+    in_flight = [task_id_of(record.job_id, PLANNER_STEP)] if record.state == PLANNING else []
+    for sid in record.order:
+        if steps[sid]["status"] == DISPATCHED:
+            in_flight.append(steps[sid]["task_id"])
+        if steps[sid]["status"] in (PENDING, DISPATCHED):
+            steps[sid]["status"] = CANCELLED
+    stopped = Control("job.cancelled", {"by": by, "reason": reason, "tasks": in_flight})
+    done, effects = _finish(record, steps, reason=reason, now=now)
+    return done, [stopped, *effects]
+
+
+def _finish(
+    record: JobRecord, steps: dict[str, dict[str, Any]], *, reason: str | None, now: float
+) -> tuple[JobRecord, list[Effect]]:
+    statuses = [s["status"] for s in steps.values()]
+    if statuses and all(s == SUCCEEDED for s in statuses):
+        state = SUCCEEDED
+    elif any(s in DONE for s in statuses):
+        state = PARTIAL
+    else:
+        state = FAILED
+    if reason is None and state != SUCCEEDED:
+        reason = "; ".join(
+            f"{status}: {', '.join(sid for sid in record.order if steps[sid]['status'] == status)}"
+            for status in (FAILED, SKIPPED, PARTIAL)
+            if status in statuses
+        )
+    depended_on = {d for s in steps.values() for d in s["depends_on"]}
+    result = json.dumps(
+        {
+            "schema_version": RESULT_SCHEMA_VERSION,
+            "job_id": record.job_id,
+            "status": state,
+            "steps": {
+                sid: {k: steps[sid][k] for k in ("task_id", "agent", "status", "confidence", "source", "error")}
+                for sid in record.order
+            },
+            # only the sinks' outputs: every other output is in the TaskResult its task_id names
+            "output": {
+                sid: steps[sid]["output"]
+                for sid in record.order
+                if sid not in depended_on and steps[sid]["status"] in DONE
+            },
+            "reason": reason,
+            "completed_at": _iso(now),
+        },
+        separators=(",", ":"),
+    )
+    done = replace(record, state=state, steps=steps, finished_at=now, result=result, reason=reason)
+    return done, [EmitJobResult(result), Control("job.completed", {"status": state, "reason": reason})]
+
+
+def _iso(now: float) -> str:
+    return datetime.fromtimestamp(now, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
