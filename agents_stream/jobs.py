@@ -191,13 +191,17 @@ class Orchestrator:
         """Jobs on this worker's partitions whose deadline passed: ask (via an event) to end them."""
         due = []
         throttle = max(1.0, self.ledger.settings.lease_ttl_s / 4)
+        asked, self._asked = self._asked, {}
         for key in list(self.timers.keys()):
             if not key.startswith("job/"):
                 continue
             job_id = key[len("job/"):]
-            if machine.due(self._get(job_id), now) and now - self._asked.get(job_id, 0.0) >= throttle:
-                self._asked[job_id] = now
+            if not machine.due(self._get(job_id), now):
+                continue
+            if now - asked.get(job_id, 0.0) >= throttle:
+                asked[job_id] = now
                 due.append(job_id)
+            self._asked[job_id] = asked[job_id]
         return due
 
     def describe(self, job_id: str) -> dict[str, Any] | None:

@@ -576,6 +576,7 @@ class Ledger:
         approvals whose level timed out, as (task_id, level); running ones join the lease scan."""
         due = []
         throttle = max(1.0, self.settings.lease_ttl_s / 4)
+        asked, self._timer_asked = self._timer_asked, {}
         for key in list(self.timers.keys()):
             if not key.startswith("task/"):
                 continue
@@ -588,9 +589,12 @@ class Ledger:
                     self._index(task_id, record)  # a restart or rebalance: lease recovery takes it from here
                 continue
             level = approvals.due(record, now)
-            if level is not None and now - self._timer_asked.get(task_id, 0.0) >= throttle:
-                self._timer_asked[task_id] = now
+            if level is None:
+                continue
+            if now - asked.get(task_id, 0.0) >= throttle:
+                asked[task_id] = now
                 due.append((task_id, level))
+            self._timer_asked[task_id] = asked[task_id]  # kept only while the timeout is still unanswered
         return due
 
     def awaiting(self) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import json
 import time
 from typing import Any
 
+import aiohttp
 from faust.web import Request, Response, View
 
 from agents_stream import metrics, topics
@@ -32,6 +33,47 @@ async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
     channel = app.topic(topics.APPROVALS, key_serializer="raw", value_serializer="raw")
     fut = await channel.send(key=decision.task_id.encode(), value=decision.model_dump_json().encode())
     await asyncio.wait_for(fut, timeout=15.0)
+
+
+ROUTED_HEADER = "X-Agents-Stream-Routed"
+
+
+def owner_of(app: Any, table: Any, key: str) -> str | None:
+    """The web URL of the worker whose active partitions hold ``key`` in ``table``; None during a rebalance.
+
+    Faust's own ``table_route`` hashes the key as the changelog serializes it
+    (JSON, with quotes), not as our topics are keyed (raw task_id bytes), so it
+    sends about half of all lookups to a worker that does not own the key.
+    """
+    partition = topics.partition_for(key.encode("utf-8"), app.settings.partitions)
+    changelog = table.changelog_topic.get_topic_name()
+    for url, assigned in app.router.tables_metadata().items():
+        if partition in assigned.get(changelog, ()):
+            return str(url)
+    return None
+
+
+def routed(app: Any, table: Any, param: str) -> Any:
+    """Answer a read on the worker that owns the key, forwarding the request there when that is another worker."""
+
+    def decorate(handler: Any) -> Any:
+        async def view(self: View, request: Request, **kwargs: Any) -> Response:
+            owner = owner_of(app, table, kwargs[param])
+            here = str(app.conf.canonical_url).rstrip("/")
+            if owner is None:
+                return self.json({"error": "partitions are being reassigned; retry in a few seconds"}, status=503)
+            if owner.rstrip("/") == here or request.headers.get(ROUTED_HEADER):
+                return await handler(self, request, **kwargs)
+            url = owner.rstrip("/") + request.rel_url.raw_path_qs
+            try:
+                async with app.http_client.get(url, headers={ROUTED_HEADER: "1"}, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
+            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+                return self.json({"error": f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"}, status=502)
+
+        return view
+
+    return decorate
 
 
 def _page(title: str, body: str) -> str:
@@ -137,7 +179,7 @@ def register(app: Any) -> None:
         jobs_table = app.jobs_table
 
         @app.page("/jobs/{job_id}")
-        @app.table_route(table=jobs_table, match_info="job_id")
+        @routed(app, jobs_table, "job_id")
         async def job(self: View, request: Request, job_id: str) -> Response:
             body = app.runtime.ledger.orchestrator.describe(job_id)
             if body is None:
@@ -145,7 +187,7 @@ def register(app: Any) -> None:
             return self.json(body)
 
     @app.page("/tasks/{task_id}")
-    @app.table_route(table=table, match_info="task_id")
+    @routed(app, table, "task_id")
     async def task(self: View, request: Request, task_id: str) -> Response:
         data = table.get(task_id)
         if not data:
@@ -160,5 +202,6 @@ def register(app: Any) -> None:
             "lease_until": record.lease_until,
             "source": {"topic": record.topic, "partition": record.partition, "offset": record.offset},
             "result": json.loads(record.result) if record.result else None,
+            "approval": json.loads(record.approval) if record.approval else None,
         }
         return self.json(body)

@@ -38,6 +38,8 @@ class FakeServices:
         self.calls: list[Call] = []
         self._done: dict[tuple[str, str], dict[str, Any]] = {}
         self._failures: dict[str, int] = {}
+        self._delays: dict[str, float] = {}
+        self._wake = asyncio.Event()  # ends the delays in progress (delay(op, 0), stop)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -47,6 +49,14 @@ class FakeServices:
     def fail(self, operation: str, times: int = 1) -> None:
         """The next ``times`` calls of ``operation`` answer 503 (and have no effect)."""
         self._failures[operation] = self._failures.get(operation, 0) + times
+
+    def delay(self, operation: str, seconds: float) -> None:
+        """Calls of ``operation`` take effect at once but answer ``seconds`` later (a slow service); 0 ends the
+        delays in progress too."""
+        self._delays[operation] = seconds
+        if not seconds:
+            self._wake.set()
+            self._wake = asyncio.Event()
 
     def executed(self, operation: str) -> list[str]:
         """Keys whose call of ``operation`` had an effect, in order (a key twice here would be a double effect)."""
@@ -63,6 +73,7 @@ class FakeServices:
         return self
 
     async def stop(self) -> None:
+        self._wake.set()
         if self._runner is not None:
             await asyncio.wait_for(self._runner.cleanup(), 5)
             self._runner = None
@@ -89,4 +100,9 @@ class FakeServices:
         answer = {"operation": operation, "key": key, "id": f"{operation}-{len(self._done) + 1}", "request": body}
         self._done[(operation, key)] = answer
         self.calls.append(Call(operation, key, False, False, time.time()))
+        if self._delays.get(operation):
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._delays[operation])
+            except asyncio.TimeoutError:
+                pass
         return web.json_response(answer)

@@ -7,7 +7,7 @@ import json
 from agents_stream import topics
 from agents_stream.examples.services import FakeServices
 
-from .harness import encode, produce, read_topic, results_for, task, unique
+from .harness import encode, eventually, produce, read_topic, results_for, task, unique
 
 
 def saga_toml(agent: str) -> str:
@@ -55,3 +55,26 @@ async def test_refund_saga_compensates_before_the_pivot_and_retries_after_it(clu
     assert (True, "saga.pivoted") in events and (True, "saga.retrying") in events and (True, "saga.completed") in events
     print(f"\nsaga: compensated run {[(x.operation) for x in services.calls if x.key.startswith(undone['task_id'])]}; "
           f"completed run with 2 notify retries on one key")
+
+
+async def test_refund_saga_survives_a_worker_kill_after_the_pivot(cluster_factory):
+    """SIGKILL while `notify` is in flight (after the pivot): the next worker replays the checkpointed reports, so
+    label and refund are not called again, notify is repeated with its key (no second effect), and the saga completes."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        c = cluster_factory([agent], None, toml=saga_toml(agent), AGENTS_STREAM_REFUND_SERVICES=services.url)
+        first = await c.started("w0")
+        services.delay("mail.send", 30.0)
+        t = order(agent)
+        await produce(topics.task_topic(agent), [encode(t)])
+        await eventually(lambda: services.executed("mail.send"), timeout=60, what="notify in flight")
+        first.kill()
+        services.delay("mail.send", 0.0)
+        await c.started("w1")
+        r = json.loads((await results_for({t["task_id"]}, timeout=90))[t["task_id"]][0].value)
+        assert r["status"] == "succeeded" and set(r["output"]) == {"label", "refund", "notify", "update_order"}
+        mine = [(x.operation, x.replay) for x in services.calls if x.key.startswith(t["task_id"])]
+        assert mine == [
+            ("carrier.label", False), ("payment.refund", False), ("mail.send", False), ("mail.send", True), ("orders.update", False),
+        ], mine
+    print(f"\nsaga kill: calls after a SIGKILL during notify {mine}")
