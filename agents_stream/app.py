@@ -119,7 +119,7 @@ class Runtime:
         self.ledger.cached_agents = {a for a, plan in plans.items() if plan.config.cache_max_age_s > 0}
         self.ledger.policies = {a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None}
         self.ledger.saga_flagged = {a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval}
-        if settings.jobs:
+        if settings.jobs_enabled():
             self.ledger.orchestrator = Orchestrator(self.ledger, app.jobs_table, app.timers_table, list(config.agents))
         self._paused: set[TP] = set()
         self.started = False  # output topics declared and executor running: /readyz says ready
@@ -271,7 +271,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     outcomes = topics.outcomes_topic(settings.app_id)
     answers = topics.answers_topic(settings.app_id)
     inputs = [*task_topics, outcomes, answers, topics.APPROVALS]
-    if settings.jobs:  # the orchestrator shares the ledger's loop (agents_stream.jobs)
+    if settings.jobs_enabled():  # the orchestrator shares the ledger's loop (agents_stream.jobs)
         inputs += [topics.JOBS, topics.JOB_EVENTS]
     app.managed_topics = frozenset(inputs)
 
@@ -294,7 +294,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         # Ledgers of every app id send their job tasks' results here; the orchestrator sends tasks to any agent.
         app.topic(topics.JOB_EVENTS, partitions=n, internal=True),
         app.topic(topics.JOB_RESULTS, partitions=n, internal=True),
-        *(app.topic(topics.task_topic(a), partitions=n, internal=True) for a in config.agents if settings.jobs and a not in agents),
+        *(app.topic(topics.task_topic(a), partitions=n, internal=True) for a in config.agents if settings.jobs_enabled() and a not in agents),
         # One partition: every worker folds the whole log in one order (agents_stream.circuits).
         # LogAppendTime: the broker stamps every event, so the fold uses one clock for all workers.
         app.topic(

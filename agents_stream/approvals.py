@@ -51,7 +51,7 @@ def verify(secret: str, task_id: str, decision: str, fields: dict[str, str], now
         level, by, exp, sig = int(fields["level"]), fields["by"], int(fields["exp"]), fields["sig"]
     except (KeyError, ValueError):
         raise LinkError("the link is incomplete: it needs level, by, exp and sig") from None
-    if not hmac.compare_digest(sign(secret, task_id, decision, level, by, exp), sig):
+    if not hmac.compare_digest(sign(secret, task_id, decision, level, by, exp).encode(), sig.encode("utf-8", "replace")):
         raise LinkError("the link's signature does not match (altered, or signed with another secret)")
     if now > exp:
         raise LinkError("the link has expired: this approval level's time ran out (it was escalated or rejected)")
@@ -64,13 +64,15 @@ def slack_message(
 ) -> dict[str, Any]:
     """A Slack incoming-webhook body (``text`` for any client, ``blocks`` with link buttons for Slack)."""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(due))
+    # ids, names and reasons come from task producers: escaped, so they cannot forge links or formatting
+    shown_id, agent, reason, level_name = (_escape(v) for v in (task_id, agent, reason, level_name))
     text = (
-        f"Approval needed (level {level + 1}, {level_name}): task {task_id} of agent {agent}. "
+        f"Approval needed (level {level + 1}, {level_name}): task {shown_id} of agent {agent}. "
         f"Why: {reason}. Decide before {when}."
     )
-    preview = instruction if len(instruction) <= 300 else instruction[:297] + "..."
+    preview = instruction if len(instruction) <= 300 else instruction[:297] + "..."  # plain_text: not parsed
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Approval needed* — `{task_id}` ({agent})\n*Why:* {reason}\n*Decide before:* {when}"}},
+        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Approval needed*: task {shown_id} ({agent})\n*Why:* {reason}\n*Decide before:* {when}"}},
         {"type": "section", "text": {"type": "plain_text", "text": preview or "(no instruction)"}},
     ]
     if links:
@@ -80,8 +82,13 @@ def slack_message(
         ]})
         text += f" Approve: {links['approve']} Reject: {links['reject']}"
     else:
-        text += " Decide with `agents-stream approve|reject` or POST /approvals/<task_id>."
+        text += f" Decide with agents-stream approve|reject {shown_id}, or POST /approvals/{shown_id}."
     return {"text": text, "blocks": blocks, "task_id": task_id, "level": level}
+
+
+def _escape(text: str) -> str:
+    """Slack's escaping of &, < and > (no link or mention can be formed), and no code spans."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")
 
 
 def _where(url: str) -> str:

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents_stream import topics
 from agents_stream.errors import PoisonMessage
-from agents_stream.models import SCHEMA_VERSION, TaskPayload, parse_json_model
+from agents_stream.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model
 from tables import jobs as machine
 from tables.jobs import JobRecord
 
@@ -128,6 +128,11 @@ class Orchestrator:
             return
         record = self._get(job_id)
         now = time.time()
+        if record is not None and record.terminal and record.result is not None:
+            # A redelivered event after the job ended: its result (identical bytes) may not have gone out
+            # before a crash, so it goes out again; nothing else changes.
+            self._apply(tp, offset, job_id, record, record, [machine.EmitJobResult(record.result)])
+            return
         if kind == "result":
             r = event.get("result") or {}
             try:
@@ -135,7 +140,7 @@ class Orchestrator:
                     record, task_id=r["task_id"], status=r["status"], output=r.get("output"), confidence=r.get("confidence"),
                     source=r.get("source"), error=r.get("error"), agents=self.agents, now=now,
                 )
-            except (KeyError, ValueError) as exc:
+            except (KeyError, ValueError, TypeError, AttributeError) as exc:
                 log.warning("Skipping job %s result event that is not a TaskResult: %r", job_id, exc)
                 return
         elif kind == "deadline":
@@ -148,6 +153,9 @@ class Orchestrator:
     def _apply(self, tp: TP, offset: int, job_id: str, old: JobRecord | None, new: JobRecord | None, effects: list[Any]) -> None:
         ledger = self.ledger
         sends = []
+        # The job result goes out only once the record saying the job ended is durable: otherwise a crash in
+        # between could let the next owner finish the job differently and emit a second, different result.
+        final = []
         if new is not None and new != old:
             self.table[job_id] = new.to_json()
             sends.append(ledger._changelog_send(tp.partition, job_id, self.table.last_changelog, self.table))
@@ -164,11 +172,24 @@ class Orchestrator:
                 sends.append(self._task_send(job_id, effect))
             elif isinstance(effect, machine.EmitJobResult):
                 body = effect.result.encode("utf-8")
-                sends.append(lambda b=body: ledger._send(topics.JOB_RESULTS, job_id.encode(), b))
+                final.append(lambda b=body: ledger._send(topics.JOB_RESULTS, job_id.encode(), b))
             elif isinstance(effect, machine.Control):
                 ledger.control(effect.event, job_id, None, effect.details)
-        if sends:
-            ledger._deliver(tp, offset, sends)
+                if effect.event == "job.cancelled":
+                    # A step parked for a human must not run for a job that ended: reject it (a running
+                    # step ignores the decision). Part of the confirmed sends, so a crash cannot skip it.
+                    sends.extend(self._reject_send(task_id, effect.details) for task_id in effect.details.get("tasks", []))
+        after = [lambda: ledger._deliver(tp, offset, final)] if final else []
+        if sends or after:
+            ledger._deliver(tp, offset, sends, after)
+
+    def _reject_send(self, task_id: str, details: dict[str, Any]) -> Any:
+        decision = ApprovalDecision(
+            task_id=task_id, decision="reject", by=f"job:{details.get('by', 'unknown')}", via="job",
+            comment=str(details.get("reason", ""))[:2000] or None,
+        )
+        body = decision.model_dump_json().encode("utf-8")
+        return lambda: self.ledger._send(topics.APPROVALS, task_id.encode("utf-8"), body)
 
     def _task_send(self, job_id: str, effect: Any) -> Any:
         payload = TaskPayload(
@@ -180,6 +201,19 @@ class Orchestrator:
             output_schema=machine.PLAN_SCHEMA if isinstance(effect, machine.DispatchPlanner) else None,
         )
         body = payload.model_dump_json(exclude_none=True).encode("utf-8")
+        if len(body) > self.ledger.settings.payload_max_bytes:
+            # The ledger would dead-letter it as payload_too_large and no result would ever come back:
+            # the step fails now instead, through the job's own events, with the reason.
+            log.warning(
+                "Job %s: step task %s is %d bytes with its upstream outputs (limit %d); the step fails. "
+                "Raise AGENTS_STREAM_PAYLOAD_MAX_BYTES or make the upstream steps answer shorter",
+                job_id, effect.task_id, len(body), self.ledger.settings.payload_max_bytes,
+            )
+            failed = json.dumps({
+                "task_id": effect.task_id, "status": "failed",
+                "error": f"payload_too_large: {len(body)} bytes with the upstream outputs > {self.ledger.settings.payload_max_bytes}",
+            })
+            return lambda: self.ledger._send(topics.JOB_EVENTS, job_id.encode("utf-8"), fan_in_event(failed))
         topic = topics.task_topic(effect.agent)
         return lambda: self.ledger._send(topic, effect.task_id.encode("utf-8"), body)
 

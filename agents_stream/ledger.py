@@ -165,8 +165,8 @@ class Ledger:
 
     # -- human approval ------------------------------------------------------------------
 
-    def _approval_for(self, task: TaskPayload) -> tuple[str, float] | None:
-        """(why, first level's timeout) when the agent's policy wants a human to approve this task first."""
+    def _approval_for(self, task: TaskPayload) -> tuple[str, list[float]] | None:
+        """(why, each level's timeout) when the agent's policy wants a human to approve this task first."""
         policy = self.policies.get(task.agent_name)
         if policy is None:
             return None
@@ -179,7 +179,7 @@ class Ledger:
             risk_level=task.risk_level,
             context_data=task.context_data,
         )
-        return (reason, policy.levels[0].timeout_s) if reason else None
+        return (reason, [level.timeout_s for level in policy.levels]) if reason else None
 
     def _on_decision(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any) -> None:
         try:
@@ -215,11 +215,11 @@ class Ledger:
         self._apply(tp, offset, decision.task_id, record, new, effects)
 
     def _on_approval_timeout(self, tp: TP, offset: int, task_id: str, record: TaskRecord | None, level: Any) -> None:
-        policy = self.policies.get(record.agent) if record else None
-        if record is None or policy is None or not isinstance(level, int):
+        if record is None or not isinstance(level, int):
             return
+        policy = self.policies.get(record.agent)
         new, effects = approvals.escalate(
-            record, level=level, timeouts=[lv.timeout_s for lv in policy.levels], now=time.time(),
+            record, level=level, timeouts=[lv.timeout_s for lv in policy.levels] if policy else [], now=time.time(),
             rejected_result=self._rejected_json(task_id, record, "timeout"),
         )
         self._apply(tp, offset, task_id, record, new, effects)

@@ -53,7 +53,7 @@ class Settings:
     rocksdb_cache_mb: int = _setting("AGENTS_STREAM_ROCKSDB_CACHE_MB", 8, "Block cache per RocksDB store (one per table partition).")
     circuits_history_s: float = _setting("AGENTS_STREAM_CIRCUITS_HISTORY_S", 600.0, "How far back a starting worker reads the shared circuits log (breakers, Retry-After, presence).")
     presence_interval_s: float = _setting("AGENTS_STREAM_PRESENCE_INTERVAL_S", 5.0, "How often a worker announces itself on the circuits log (shared limits are split among live workers).")
-    jobs: bool = _setting("AGENTS_STREAM_JOBS", True, "Run the job orchestrator (agent.jobs) in this app. Turn it on in exactly one app id when workers run --agents subsets.")
+    jobs: str = _setting("AGENTS_STREAM_JOBS", "auto", "Run the job orchestrator (agent.jobs) in this app: 1, 0, or auto (on when the worker runs every configured agent). Exactly one app id may run it.")
     approval_secret: str = _setting("AGENTS_STREAM_APPROVAL_SECRET", "", "HMAC key of approve/reject links (the same on every worker); empty: notifications carry no links.")
     public_url: str = _setting("AGENTS_STREAM_PUBLIC_URL", "", "Base URL approval links point at (a worker or a proxy in front of them); empty: http://WEB_HOST:WEB_PORT.")
     api_token: str = _setting("AGENTS_STREAM_API_TOKEN", "", "Bearer token mutating web endpoints require (approve, reject).")
@@ -74,6 +74,11 @@ class Settings:
                 values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else type(f.default)(raw)
         values.update(overrides)
         return cls(**values)
+
+    def jobs_enabled(self) -> bool:
+        if self.jobs == "auto":
+            return not self.agent_filter()
+        return _parse_bool("AGENTS_STREAM_JOBS", self.jobs)
 
     def link_base(self) -> str:
         return self.public_url or f"http://{self.web_host}:{self.web_port}"

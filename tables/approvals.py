@@ -15,6 +15,7 @@ decision or timeout comes back as an event to the ledger (DESIGN.md
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 from typing import Any, Sequence
 
@@ -50,13 +51,30 @@ def needs_approval(
         reasons.append("policy: always")
     if risk_at_least is not None and risk_level in RISK_ORDER and RISK_ORDER.index(risk_level) >= RISK_ORDER.index(risk_at_least):
         reasons.append(f"risk_level {risk_level} >= {risk_at_least}")
-    if amount_field is not None and amount_above is not None:
-        amount = context_data.get(amount_field)
-        if isinstance(amount, (int, float)) and not isinstance(amount, bool) and amount > amount_above:
+    if amount_field is not None and amount_above is not None and amount_field in context_data:
+        # An amount the rule cannot read ("5000.00", NaN, a list) is not waved through: a human looks.
+        amount = _number(context_data[amount_field])
+        if amount is None:
+            reasons.append(f"{amount_field} is not a number ({context_data[amount_field]!r:.40})")
+        elif amount > amount_above:
             reasons.append(f"{amount_field} {amount:g} > {amount_above:g}")
     if saga_flagged:
         reasons.append("saga step flagged for approval")
     return "; ".join(reasons) or None
+
+
+def _number(value: Any) -> float | None:
+    """A finite number from an int, a float or a numeric string; None otherwise."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, (int, float)) and math.isfinite(value):
+        return float(value)
+    return None
 
 
 def state(record: TaskRecord) -> dict[str, Any]:
@@ -113,6 +131,8 @@ def escalate(
     approval = state(record)
     if approval.get("level") != level or now < approval.get("due", 0.0):
         return record, []
+    # the levels as they were when the task was parked: a config change does not strand it
+    timeouts = approval.get("timeouts") or timeouts
     nxt = level + 1
     if nxt >= len(timeouts):
         return decide(

@@ -131,7 +131,7 @@ def receive(
     running_here: bool,
     requeue_id: str | None = None,
     history: str | None = None,
-    approval: tuple[str, float] | None = None,
+    approval: tuple[str, list[float]] | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """A task message arrived (first delivery, duplicate, redelivery after a crash, or an operator's requeue).
 
@@ -139,7 +139,7 @@ def receive(
     that failed or was dead-lettered starts it again with its attempt counter
     reset; the same requeue delivered twice is an ordinary duplicate.
 
-    ``approval`` (reason, first level's timeout) parks a new task for a human
+    ``approval`` (reason, each level's timeout) parks a new task for a human
     instead of dispatching it. Its offset is not tracked: the parked record is
     the task's recorded state, so the offset commits once that is durable.
     """
@@ -163,8 +163,8 @@ def receive(
         )
         effects: list[Effect] = [Track(), Dispatch(1)]
         if approval is not None:
-            reason, timeout_s = approval
-            new, effects = park(new, reason=reason, now=now, timeout_s=timeout_s)
+            reason, timeouts = approval
+            new, effects = park(new, reason=reason, now=now, timeouts=timeouts)
         if requeue_id is not None:
             effects.append(Control("task.requeued", {"requeue_id": requeue_id, "requeues": new.requeues}))
         return new, effects
@@ -281,9 +281,13 @@ def _take_over(
     ]
 
 
-def park(record: TaskRecord, *, reason: str, now: float, timeout_s: float) -> tuple[TaskRecord, list[Effect]]:
-    """Park a new task for approval level 0 instead of dispatching it (no lease: nothing runs)."""
-    approval = {"reason": reason, "level": 0, "requested_at": now, "due": now + timeout_s, "escalations": [], "decision": None}
+def park(record: TaskRecord, *, reason: str, now: float, timeouts: list[float]) -> tuple[TaskRecord, list[Effect]]:
+    """Park a new task for approval level 0 instead of dispatching it (no lease: nothing runs).
+    ``timeouts`` (one per level) are kept with it."""
+    approval = {
+        "reason": reason, "level": 0, "requested_at": now, "due": now + timeouts[0], "timeouts": list(timeouts),
+        "escalations": [], "decision": None,
+    }
     parked = replace(
         record, state=AWAITING_APPROVAL, dispatch=0, owner="", lease_until=0.0,
         approval=json.dumps(approval, separators=(",", ":"), sort_keys=True),

@@ -20,7 +20,7 @@ REJECTED_JSON = '{"task_id":"r-1","status":"failed"}'
 def parked(now: float = T0):
     return leases.receive(
         None, agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5, now=now,
-        me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("amount 500 > 100", TIMEOUTS[0]),
+        me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("amount 500 > 100", list(TIMEOUTS)),
     )
 
 
@@ -49,9 +49,17 @@ def test_policy_rules_each_match_and_name_themselves():
     assert policy(risk_at_least="high", risk_level=None) is None
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": 250.5}) == "amount 250.5 > 100"
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": 100}) is None
-    assert policy(amount_field="amount", amount_above=100, context_data={"amount": "900"}) is None  # not a number
-    assert policy(amount_field="amount", amount_above=0, context_data={"amount": True}) is None  # bool is not an amount
+    assert policy(amount_field="amount", amount_above=100, context_data={"amount": "900.50"}) == "amount 900.5 > 100"
+    assert policy(amount_field="amount", amount_above=100, context_data={"amount": " 90 "}) is None
+    assert policy(amount_field="amount", amount_above=100, context_data={}) is None  # no amount: the rule does not apply
     assert policy(saga_flagged=True, risk_at_least="low", risk_level="low") == "risk_level low >= low; saga step flagged for approval"
+
+
+@pytest.mark.parametrize("amount", ["lots", float("nan"), float("inf"), [500], {"usd": 500}, True, None])
+def test_an_amount_the_rule_cannot_read_needs_a_human(amount):
+    """A refund of "lots", NaN or a list is not waved through: the amount rule asks for approval."""
+    reason = policy(amount_field="amount", amount_above=100, context_data={"amount": amount})
+    assert reason is not None and reason.startswith("amount is not a number")
 
 
 def test_policy_config_needs_amount_field_and_limit_together():
@@ -78,7 +86,7 @@ def test_a_redelivered_parked_task_changes_nothing():
     record, _ = parked()
     again, effects = leases.receive(
         record, agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5, now=T0 + 5,
-        me="w3", ttl=30.0, max_attempts=3, running_here=False, approval=("amount 500 > 100", 10.0),
+        me="w3", ttl=30.0, max_attempts=3, running_here=False, approval=("amount 500 > 100", [10.0]),
     )
     assert again == record and effects == []
 
@@ -105,7 +113,7 @@ def test_reject_ends_the_task_with_a_failed_result_and_no_call():
     # a redelivery re-emits the stored result and never dispatches
     again, effects = leases.receive(
         rejected, agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5, now=T0 + 9,
-        me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("x", 1.0),
+        me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("x", [1.0]),
     )
     assert effects == [EmitResult(REJECTED_JSON)]
 
@@ -129,6 +137,15 @@ def test_timeouts_escalate_level_by_level_then_reject():
     assert [e["to"] for e in approvals.state(final)["escalations"]] == [1]
 
 
+def test_a_parked_task_keeps_its_levels_through_a_config_change():
+    """Escalation follows the timeouts stored when the task was parked, even if the policy is gone."""
+    record, _ = parked()
+    level1, effects = approvals.escalate(record, level=0, timeouts=[], now=T0 + 10, rejected_result=REJECTED_JSON)
+    assert Notify(1) in effects and approvals.state(level1)["due"] == T0 + 10 + TIMEOUTS[1]
+    final, _ = approvals.escalate(level1, level=1, timeouts=[], now=T0 + 30, rejected_result=REJECTED_JSON)
+    assert final.state == REJECTED
+
+
 def test_approval_at_level_two_records_that_level():
     """Approved after one escalation: the decision says level 1 (the second level)."""
     record, _ = parked()
@@ -136,6 +153,22 @@ def test_approval_at_level_two_records_that_level():
     running, effects = decide(level1, "approve", "manager", now=T0 + 12)
     assert running.state == RUNNING and Dispatch(1) in effects
     assert approvals.state(running)["decision"]["level"] == 1
+
+
+def test_a_non_ascii_signature_is_refused_not_an_error():
+    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000)), "sig": "é" * 64}
+    with pytest.raises(links.LinkError, match="signature"):
+        links.verify(SECRET, "r-1", "approve", fields, now=1_000)
+
+
+def test_slack_text_cannot_forge_links_from_task_fields():
+    """Task ids and reasons come from producers: <, >, & and backticks are escaped in what Slack parses."""
+    body = links.slack_message(task_id="x` <https://evil.example|Approve here>", agent="refunds", reason="a & b",
+                               level=0, level_name="lead", due=0.0, instruction="", links=None)
+    parsed = body["text"] + body["blocks"][0]["text"]["text"]
+    assert "<https" not in parsed and "`" not in parsed and "&lt;https://evil.example|Approve here&gt;" in parsed
+    assert "a &amp; b" in parsed
+    assert body["task_id"] == "x` <https://evil.example|Approve here>"  # the raw id for machines
 
 
 def test_a_parked_task_ignores_outcomes_heartbeats_and_expiry():
