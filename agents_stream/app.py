@@ -208,6 +208,30 @@ class Runtime:
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
+async def check_partitions(settings: Settings, names: list[str]) -> None:
+    """Every input topic must have AGENTS_STREAM_PARTITIONS partitions: the tables are co-partitioned with
+    them. One created earlier with another count (by a worker with another setting) would crash the worker
+    at its first event; stop now and say why instead."""
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker))
+    await asyncio.wait_for(admin.start(), timeout=30.0)
+    try:
+        described = await asyncio.wait_for(admin.describe_topics(names), timeout=30.0)
+    finally:
+        await admin.close()
+    wrong = {t["topic"]: len(t["partitions"]) for t in described if t.get("partitions") and len(t["partitions"]) != settings.partitions}
+    if wrong:
+        message = (
+            f"Input topics exist with a partition count other than AGENTS_STREAM_PARTITIONS={settings.partitions}: "
+            f"{wrong}. Tables are co-partitioned with their input topics, so every worker sharing these topics "
+            "must use the count they were created with: set AGENTS_STREAM_PARTITIONS to match, or (on a "
+            "development broker) delete the topics"
+        )
+        log.critical(message)
+        raise SystemExit(message)
+
+
 def _ledger_table(app: AgentsStreamApp, settings: Settings, name: str, help: str) -> LedgerTable:
     """A table the ledger owns: str keys, plain versioned JSON values (never pickled), RocksDB via rocksdict."""
     return app.tables.add(
@@ -343,6 +367,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         for topic in app.output_topics:
             # Without its output topics the worker cannot work: a timeout here ends it, loudly.
             await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
+        await check_partitions(settings, inputs)
         await runtime.circuits.start()
         runtime.executor.start()
         runtime.started = True

@@ -194,17 +194,22 @@ def _cmd_decide(args: argparse.Namespace) -> int:
 
 async def _job_wait(settings: Settings, job_id: str, timeout: float, submit: Any) -> dict[str, Any] | None:
     """Submit, then read agent.job.results from before the submission until the job's result arrives."""
-    from aiokafka import AIOKafkaConsumer
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+    from aiokafka.admin import AIOKafkaAdminClient
 
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker))
+    await asyncio.wait_for(admin.start(), timeout=30)
+    try:
+        described = await asyncio.wait_for(admin.describe_topics([topics.JOB_RESULTS]), timeout=30)
+    finally:
+        await admin.close()
+    tps = [TopicPartition(topics.JOB_RESULTS, p["partition"]) for p in described[0].get("partitions") or ()]
+    if not tps:
+        submit.close()
+        raise ValueError(f"{topics.JOB_RESULTS} does not exist yet: start a worker first")
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(settings.broker), enable_auto_commit=False, group_id=None)
     await asyncio.wait_for(consumer.start(), timeout=30)
     try:
-        from aiokafka import TopicPartition
-
-        await asyncio.wait_for(consumer.topics(), timeout=30)  # loads the cluster's metadata
-        tps = [TopicPartition(topics.JOB_RESULTS, p) for p in consumer.partitions_for_topic(topics.JOB_RESULTS) or ()]
-        if not tps:
-            raise ValueError(f"{topics.JOB_RESULTS} does not exist yet: start a worker first")
         consumer.assign(tps)
         await asyncio.wait_for(consumer.seek_to_end(*tps), timeout=30)
         for tp in tps:  # resolve the end offsets now, before the job is submitted

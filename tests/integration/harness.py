@@ -21,7 +21,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
-PARTITIONS = 4
+PARTITIONS = 8  # the default: topics shared by every app id (agent.jobs, agent.approvals, ...) keep one count
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 from agents_stream import topics
@@ -149,3 +150,16 @@ async def test_replacement_worker_recovers_the_table_from_the_changelog(cluster_
         assert m.value == first[m.key.decode()][0].value, "re-emitted result is the stored record"
     calls = [r.task_id for r in fake_llm.requests if r.task_id in ids]
     assert sorted(calls) == sorted(ids), "one provider call per task, none after recovery"
+
+
+async def test_a_worker_with_another_partition_count_stops_at_start_and_says_why(cluster_factory):
+    """Tables are co-partitioned with the shared input topics: a worker configured with another count than they
+    have must not start (it would crash at its first event); it exits with the topics and the setting named."""
+    from .harness import create_topics
+
+    await create_topics([topics.APPROVALS])  # shared by every app id; created with the default count if missing
+    c = cluster_factory([unique("mismatch")], None)
+    w = c.worker(AGENTS_STREAM_PARTITIONS=str(PARTITIONS // 2)).start()
+    code = await asyncio.to_thread(w.proc.wait, 90)
+    assert code != 0
+    assert f"AGENTS_STREAM_PARTITIONS={PARTITIONS // 2}" in w.tail(200) and f"'agent.approvals': {PARTITIONS}" in w.tail(200)
