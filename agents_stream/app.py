@@ -55,6 +55,13 @@ class AgentsStreamApp(faust.App):
 
     watermark: Watermark
     managed_topics: frozenset[str] = frozenset()
+    settings: Settings
+    input_topics: list[str]
+
+    async def on_start(self) -> None:
+        # Before the consumer joins its group (children start after on_start): see ensure_topics.
+        await ensure_topics(self.settings, self.input_topics, self.conf.topic_replication_factor)
+        await super().on_start()
 
     def _new_transport(self) -> Any:
         return WatermarkTransport(self.conf.broker_consumer, self)
@@ -185,6 +192,37 @@ class Runtime:
             log.info("Intake resumed on %d partitions", len(resume))
         self._paused = want
 
+    def check_flow(self) -> None:
+        """Every assigned input partition we did not pause must be fetched: resume one Faust left paused.
+
+        Seen in the job kill test, about one run in three: after a rebalance in which a worker regained
+        partitions it had owned before, some of them stayed out of Faust's active set, so a task waiting
+        there was never read again (its lag stayed, nothing was lost, but nothing moved). Faust pauses
+        every partition during a rebalance and recovery on purpose, so this looks only between them.
+        """
+        consumer = self.app.consumer
+        if self.app.in_recovery or getattr(self.app, "rebalancing", False) or not self.started:
+            return
+        try:
+            assigned = consumer.assignment()
+        except Exception:
+            return
+        active = consumer._get_active_partitions()
+        stuck = {
+            tp for tp in assigned
+            if tp.topic in self.app.managed_topics and tp not in self._paused and tp not in active
+            and tp not in consumer._buffered_partitions
+        }
+        if stuck:
+            log.warning(
+                "Partitions %s were assigned but not being fetched (left paused across a rebalance); resuming them",
+                sorted(f"{tp.topic}:{tp.partition}" for tp in stuck),
+            )
+            consumer.resume_partitions(stuck)
+            self.send_control(
+                "alert.partitions_resumed", self.worker_id, None, {"partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in stuck)},
+            )
+
     def on_revoked(self, revoked: set[TP]) -> None:
         self.ledger.forget(revoked)
         self._paused -= revoked
@@ -208,19 +246,44 @@ class Runtime:
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
-async def check_partitions(settings: Settings, names: list[str]) -> None:
-    """Every input topic must have AGENTS_STREAM_PARTITIONS partitions: the tables are co-partitioned with
-    them. One created earlier with another count (by a worker with another setting) would crash the worker
-    at its first event; stop now and say why instead."""
-    from aiokafka.admin import AIOKafkaAdminClient
+async def ensure_topics(settings: Settings, names: list[str], replication: int, timeout: float = 60.0) -> None:
+    """Create the input topics that are missing and wait until the broker describes every one of them.
+
+    Faust creates them as its agents start, moments before the consumer joins
+    its group; on a fresh broker the group leader's metadata could predate them,
+    and the assignment then left a topic out ("Ignoring missing topic") until a
+    metadata refresh minutes later. Done before the consumer starts, nothing is
+    left out.
+
+    Every input topic must also have AGENTS_STREAM_PARTITIONS partitions (the
+    tables are co-partitioned with them). One created earlier with another
+    count would crash the worker at its first event; stop now and say why.
+    """
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+    from aiokafka.errors import TopicAlreadyExistsError
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker))
     await asyncio.wait_for(admin.start(), timeout=30.0)
     try:
-        described = await asyncio.wait_for(admin.describe_topics(names), timeout=30.0)
+        existing = set(await asyncio.wait_for(admin.list_topics(), timeout=30.0))
+        missing = [NewTopic(name, settings.partitions, replication) for name in names if name not in existing]
+        if missing:
+            try:
+                await asyncio.wait_for(admin.create_topics(missing), timeout=30.0)
+            except TopicAlreadyExistsError:
+                pass  # another worker starting at the same time made them
+        deadline = time.monotonic() + timeout
+        while True:
+            described = await asyncio.wait_for(admin.describe_topics(names), timeout=30.0)
+            counts = {t["topic"]: len(t.get("partitions") or ()) for t in described}
+            if all(counts.get(n) for n in names):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"Input topics not visible on the broker after {timeout:.0f}s: {[n for n in names if not counts.get(n)]}")
+            await asyncio.sleep(0.2)
     finally:
         await admin.close()
-    wrong = {t["topic"]: len(t["partitions"]) for t in described if t.get("partitions") and len(t["partitions"]) != settings.partitions}
+    wrong = {t: n for t, n in counts.items() if n != settings.partitions}
     if wrong:
         message = (
             f"Input topics exist with a partition count other than AGENTS_STREAM_PARTITIONS={settings.partitions}: "
@@ -298,6 +361,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     if settings.jobs_enabled():  # the orchestrator shares the ledger's loop (agents_stream.jobs)
         inputs += [topics.JOBS, topics.JOB_EVENTS]
     app.managed_topics = frozenset(inputs)
+    app.input_topics = inputs
 
     app.task_table = _ledger_table(app, settings, "tasks", "Task ledger: idempotency, leases and stored results, keyed by task_id.")
     app.answers_table = _ledger_table(
@@ -351,6 +415,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         try:
             runtime.scan_leases()
             runtime.update_flow()  # a Retry-After or open_timeout that ran out changes no event: look again
+            runtime.check_flow()
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
 
@@ -367,7 +432,6 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         for topic in app.output_topics:
             # Without its output topics the worker cannot work: a timeout here ends it, loudly.
             await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
-        await check_partitions(settings, inputs)
         await runtime.circuits.start()
         runtime.executor.start()
         runtime.started = True

@@ -145,6 +145,11 @@ class Ledger:
         now = time.time()
         record = self._get(task.task_id)
         requeue_id, history = requeue_headers(headers)
+        if record is not None and record.state == leases.RUNNING and record.owner != self.worker_id:
+            log.info(
+                "Task %s arrived again (offset %d) while %s holds its lease for %.1fs more; waiting for its outcome "
+                "or the lease to lapse", task.task_id, offset, record.owner, record.lease_until - now,
+            )
         new, effects = leases.receive(
             record,
             agent=task.agent_name,
@@ -453,6 +458,11 @@ class Ledger:
                     failed = json.dumps({"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"})
                     sends.append(lambda j=job_id, f=fan_in_event(failed): self._send(topics.JOB_EVENTS, j.encode(), f))
             elif isinstance(effect, leases.Control):
+                if effect.event == "task.redispatched":
+                    log.info(
+                        "Task %s: the lease of %s lapsed; dispatching it here as attempt %d",
+                        task_id, effect.details.get("previous_owner"), effect.details.get("dispatch"),
+                    )
                 self.control(effect.event, task_id, record.agent if record else None, effect.details)
             elif isinstance(effect, leases.Notify):
                 after.append(lambda r=record, lv=effect.level: self._notify(task_id, r, lv))
