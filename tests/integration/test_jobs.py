@@ -96,6 +96,20 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     assert result["status"] == "succeeded" and set(result["steps"]) == {"a", "b"} and list(result["output"]) == ["b"]
     plan_call = next(r for r in fake_llm.requests if r.task_id == f"{planned}/plan")
     assert "do two things" in plan_call.instruction and worker in plan_call.instruction
+    cli_env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "WEB_PORT": str(c.workers[0].web_port)}
+
+    def cli(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agents_stream.cli", *argv], cwd=ROOT, env=cli_env, capture_output=True, text=True, timeout=60)
+
+    status = cli("jobs", "status", planned)
+    assert status.returncode == 0 and f"job {planned}  succeeded" in status.stdout, status
+    assert [line.split()[:3] for line in status.stdout.splitlines()[1:]] == [["a", worker, "succeeded"], ["b", worker, "succeeded"]]
+    shown = cli("tasks", "show", f"{planned}/b")
+    assert shown.returncode == 0 and "state succeeded" in shown.stdout and "result: succeeded" in shown.stdout, shown
+    as_json = json.loads(cli("tasks", "show", f"{planned}/b", "--json").stdout)
+    assert as_json["task_id"] == f"{planned}/b" and as_json["result"]["job_id"] == planned
+    missing = cli("jobs", "status", "no-such-job")
+    assert missing.returncode == 1 and "unknown job_id" in missing.stderr
 
     fake_llm.enqueue(ok("no plan here"), ok("still none"), ok('{"tasks": []}'))
     unplanned = unique("job")
