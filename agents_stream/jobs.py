@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents_stream import topics
 from agents_stream.errors import PoisonMessage
-from agents_stream.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model
+from agents_stream.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, internal_event, parse_json_model
 from tables import jobs as machine
 from tables.jobs import JobRecord
 
@@ -98,10 +98,7 @@ class Orchestrator:
             reason = poison.reason + (f": {poison.detail}" if poison.detail else "")
             self.ledger._dead_letter(tp, offset, "", key, value, reason, "schema", 1, topic=topics.dlq_of(topics.JOBS))
             return
-        job_key = request.job_id.encode("utf-8")
-        home = topics.partition_for(job_key, self.ledger.settings.partitions)
-        if home != tp.partition:  # keyless or another partitioner: the job's record lives on `home`
-            self.ledger._deliver(tp, offset, [lambda: self.ledger._send(tp.topic, job_key, value, partition=home)])
+        if self.ledger.moved(tp, offset, request.job_id, value, None):
             return
         record = self._get(request.job_id)
         now = time.time()
@@ -118,14 +115,10 @@ class Orchestrator:
         self._apply(tp, offset, request.job_id, record, new, effects)
 
     def _on_event(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
-        try:
-            job_id = key.decode("utf-8")  # type: ignore[union-attr]
-            event = json.loads(value)  # type: ignore[arg-type]
-            kind = event["kind"]
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            # Internal events only our workers write: a broken one carries no work to lose.
-            log.warning("Skipping malformed job event at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
+        parsed = internal_event(tp, offset, key, value, "job")
+        if parsed is None:
             return
+        job_id, event, kind = parsed
         record = self._get(job_id)
         now = time.time()
         if record is not None and record.terminal and record.result is not None:

@@ -32,6 +32,7 @@ from agents_stream.models import (
     TaskPayload,
     TaskResult,
     Usage,
+    internal_event,
     parse_json_model,
     parse_task,
     utcnow_iso,
@@ -131,13 +132,7 @@ class Ledger:
             extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
             self._dead_letter(tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra)
             return
-        task_key = task.task_id.encode("utf-8")
-        home = topics.partition_for(task_key, self.settings.partitions)
-        if home != tp.partition:
-            # Keyless (console producer) or another partitioner (librdkafka): the
-            # task table's partition for this id is `home`; move it there first.
-            reroute = list(headers or []) + [("agents_stream.rerouted_from", f"{tp.topic}:{tp.partition}:{offset}".encode())]
-            self._deliver(tp, offset, [lambda: self._send(tp.topic, task_key, value, partition=home, headers=reroute)])
+        if self.moved(tp, offset, task.task_id, value, headers):
             return
         self._apply_task(tp, offset, task, value, headers)
 
@@ -194,10 +189,7 @@ class Ledger:
             reason = poison.reason + (f": {poison.detail}" if poison.detail else "")
             self._dead_letter(tp, offset, "", key, value, reason, "schema", 1, topic=topics.dlq_of(topics.APPROVALS))
             return
-        task_key = decision.task_id.encode("utf-8")
-        home = topics.partition_for(task_key, self.settings.partitions)
-        if home != tp.partition:  # sent without the task_id as key: move it to the task's partition
-            self._deliver(tp, offset, [lambda: self._send(tp.topic, task_key, value, partition=home, headers=headers)])
+        if self.moved(tp, offset, decision.task_id, value, headers):
             return
         record = self._get(decision.task_id)
         if record is None:
@@ -265,14 +257,11 @@ class Ledger:
     # -- outcome events ----------------------------------------------------------------
 
     def _on_outcome(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
-        try:
-            task_id = key.decode("utf-8")  # type: ignore[union-attr]
-            event = json.loads(value)  # type: ignore[arg-type]
-            kind, dispatch = event["kind"], event.get("dispatch")
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            # Internal events only our executors write: a broken one carries no work to lose.
-            log.warning("Skipping malformed outcome event at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
+        parsed = internal_event(tp, offset, key, value, "outcome")
+        if parsed is None:
             return
+        task_id, event, kind = parsed
+        dispatch = event.get("dispatch")
         record = self._get(task_id)
         now = time.time()
         ttl = self.settings.lease_ttl_s
@@ -378,13 +367,10 @@ class Ledger:
 
     def _on_answers(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
         """The cache's partition of a fingerprint: store good answers, answer lookups (best effort)."""
-        try:
-            fp = key.decode("utf-8")  # type: ignore[union-attr]
-            event = json.loads(value)  # type: ignore[arg-type]
-            kind = event["kind"]
-        except (AttributeError, TypeError, ValueError, KeyError) as exc:
-            log.warning("Skipping malformed cache event at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
+        parsed = internal_event(tp, offset, key, value, "cache")
+        if parsed is None:
             return
+        fp, event, kind = parsed
         if kind == "store":
             self.answers[fp] = json.dumps({k: event.get(k) for k in ("task_id", "output", "source", "confidence", "at")})
             self._deliver(tp, offset, [self._changelog_send(tp.partition, fp, self.answers.last_changelog, self.answers)])
@@ -471,6 +457,17 @@ class Ledger:
                     after.append(lambda t=held_tp, o=held_offset: self.watermark.close(t, o))
         if sends or after:
             self._deliver(tp, offset, sends, after)
+
+    def moved(self, tp: TP, offset: int, key: str, value: bytes | None, headers: Any) -> bool:
+        """A record that is not on its key's partition (keyless, or another partitioner such as librdkafka's)
+        is sent there first, because the tables keep that key on that partition; True when it was moved."""
+        raw = key.encode("utf-8")
+        home = topics.partition_for(raw, self.settings.partitions)
+        if home == tp.partition:
+            return False
+        reroute = list(headers or []) + [("agents_stream.rerouted_from", f"{tp.topic}:{tp.partition}:{offset}".encode())]
+        self._deliver(tp, offset, [lambda: self._send(tp.topic, raw, value, partition=home, headers=reroute)])
+        return True
 
     def _index(self, task_id: str, record: TaskRecord) -> None:
         if record.terminal or record.state == AWAITING_APPROVAL:

@@ -31,8 +31,12 @@ def authorized(settings: Any, request: Request) -> bool:
 async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
     """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
     channel = app.topic(topics.APPROVALS, key_serializer="raw", value_serializer="raw")
-    fut = await channel.send(key=decision.task_id.encode(), value=decision.model_dump_json().encode())
-    await asyncio.wait_for(fut, timeout=15.0)
+
+    async def send() -> None:
+        fut = await channel.send(key=decision.task_id.encode(), value=decision.model_dump_json().encode())
+        await fut
+
+    await asyncio.wait_for(send(), timeout=15.0)  # both the producer's buffer and the broker's ack are bounded
 
 
 ROUTED_HEADER = "X-Agents-Stream-Routed"

@@ -17,12 +17,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Collection
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
 import jsonschema
 from jsonschema.exceptions import best_match
+
+from tables.records import JsonRecord
 
 __all__ = [
     "CANCELLED",
@@ -270,7 +272,7 @@ def _find_cycle(deps: dict[str, tuple[str, ...]], order: list[str]) -> list[str]
 
 
 @dataclass(frozen=True)
-class JobRecord:
+class JobRecord(JsonRecord):
     """What the jobs table stores per job_id (as versioned JSON, never pickled).
 
     ``steps`` maps a step id to a JSON object: agent, instruction, depends_on,
@@ -295,14 +297,6 @@ class JobRecord:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> JobRecord:
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 # -- effects ---------------------------------------------------------------------------

@@ -10,8 +10,10 @@ no I/O happens here, so every path is unit-tested without a broker.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Any
+
+from tables.records import JsonRecord
 
 RECORD_VERSION = 1
 
@@ -25,7 +27,7 @@ TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, REJECTED})
 
 
 @dataclass(frozen=True)
-class TaskRecord:
+class TaskRecord(JsonRecord):
     """What the task table stores per task_id (as versioned JSON, never pickled)."""
 
     state: str
@@ -54,14 +56,6 @@ class TaskRecord:
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TaskRecord:
-        known = cls.__dataclass_fields__
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 # Effects: what the ledger must do after a transition.
