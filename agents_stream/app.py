@@ -31,6 +31,7 @@ from agents_stream.jobs import Orchestrator
 from agents_stream.ledger import Ledger
 from agents_stream.providers import Provider, build_provider
 from agents_stream.settings import Settings, bootstrap_servers
+from agents_stream.stall import StallDetector
 from agents_stream.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -129,6 +130,7 @@ class Runtime:
         if settings.jobs_enabled():
             self.ledger.orchestrator = Orchestrator(self.ledger, app.jobs_table, app.timers_table, list(config.agents))
         self._paused: set[TP] = set()
+        self.stalls = StallDetector(settings.stall_after_s)
         self.started = False  # output topics declared and executor running: /readyz says ready
 
     async def send_outcome(self, task_id: str, outcome: dict[str, Any]) -> None:
@@ -223,7 +225,54 @@ class Runtime:
                 "alert.partitions_resumed", self.worker_id, None, {"partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in stuck)},
             )
 
+    async def check_progress(self) -> None:
+        """Read again, from the first unhandled offset, an assigned partition whose records stopped arriving.
+
+        The job kill test stalled in about 2 fresh CI runs of 5 with the partition assigned and active,
+        committed offset 0, end offset 1, and the task at offset 0 never reaching the ledger: Faust's
+        fetcher had passed it (docs/decisions.md). Nothing was lost, but nothing moved until a restart.
+        """
+        consumer = self.app.consumer
+        if self.app.in_recovery or getattr(self.app, "rebalancing", False) or not self.started:
+            return
+        try:
+            assigned = consumer.assignment()
+        except Exception:
+            return
+        watched = {
+            tp for tp in assigned
+            if tp.topic in self.app.managed_topics and tp not in self._paused and tp not in consumer._buffered_partitions
+        }
+        if not watched:
+            return
+        ends = await asyncio.wait_for(consumer.highwaters(*watched), timeout=10.0)
+        positions = {tp: self.app.watermark.next_offset(tp) for tp in watched}
+        unknown = {tp for tp, at in positions.items() if at is None and (ends.get(tp) or 0) > 0}
+        if unknown:  # nothing handled since the assignment: the group's commit is where reading starts
+            positions.update(await asyncio.wait_for(consumer.committed_offsets(unknown), timeout=10.0))
+            fresh = {tp for tp in unknown if positions.get(tp) is None}
+            if fresh:  # no commit yet: reading starts at the earliest offset (auto_offset_reset)
+                positions.update(await asyncio.wait_for(consumer.earliest_offsets(*fresh), timeout=10.0))
+        now = time.monotonic()
+        for tp in sorted(watched):
+            end, at = ends.get(tp), positions.get(tp)
+            if end is None or at is None or not self.stalls.observe(tp, at, end, now):
+                continue
+            if self.app.in_recovery or getattr(self.app, "rebalancing", False) or tp not in consumer.assignment():
+                return  # a rebalance began while we looked: it seeks to the commits itself
+            log.warning(
+                "Partition %s:%d has %d unread records but its read position %d has not moved for %.0fs; "
+                "reading it again from %d (nothing was committed past it). If this repeats, report it with this log.",
+                tp.topic, tp.partition, end - at, at, self.settings.stall_after_s, at,
+            )
+            await asyncio.wait_for(consumer.seek(tp, at), timeout=10.0)
+            self.send_control(
+                "alert.partition_reread", self.worker_id, None,
+                {"partition": f"{tp.topic}:{tp.partition}", "offset": at, "end": end},
+            )
+
     def on_revoked(self, revoked: set[TP]) -> None:
+        self.stalls.forget(revoked)
         self.ledger.forget(revoked)
         self._paused -= revoked
 
@@ -418,6 +467,14 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             runtime.check_flow()
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
+
+    if settings.stall_after_s > 0:
+        @app.timer(interval=max(0.5, settings.stall_after_s / 4))
+        async def progress_check() -> None:
+            try:
+                await runtime.check_progress()
+            except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+                log.warning("Progress check failed (%r); the next tick tries again", exc)
 
     @app.on_partitions_revoked.connect
     async def _revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:

@@ -11,6 +11,7 @@ and reported as an alert. Other partitions keep Faust's behaviour.
 from __future__ import annotations
 
 import logging
+import os
 from time import monotonic
 from typing import Any, Mapping, Optional
 
@@ -45,10 +46,26 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         self.tp_last_committed_at.update({tp: now for tp in commitable})
         return True
 
+    async def committed_offsets(self, tps: set[TP]) -> dict[TP, int | None]:
+        consumer = self._ensure_consumer()
+        return {tp: await consumer.committed(ensure_aiokafka_TP(tp)) for tp in tps}
+
+
+
+FAULT_DROP_FETCHED = "AGENTS_STREAM_FAULT_DROP_FETCHED"
 
 
 class WatermarkConsumer(AIOKafkaConsumer):
     _last_commit_error: BaseException | None = None
+    _drop_fetched: dict[str, int] | None = None
+
+    async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
+        records = await super()._getmany(active_partitions, timeout)
+        if self._drop_fetched is None:
+            self._drop_fetched = _fault_drops()
+        if self._drop_fetched and records:
+            records = _drop_records(records, self._drop_fetched)
+        return records
 
     def pause_partitions(self, tps: Any) -> None:
         """Stop fetching ``tps`` without dropping the batch being delivered.
@@ -64,6 +81,10 @@ class WatermarkConsumer(AIOKafkaConsumer):
         tpset = ensure_TPset(tps)
         self._active_partitions = set(self._get_active_partitions()) - tpset
         self._paused_partitions.update(tpset)
+
+    async def committed_offsets(self, tps: set[TP]) -> dict[TP, int | None]:
+        """The group's committed offsets of ``tps``, as the broker has them."""
+        return await self._thread.call_thread(self._thread.committed_offsets, tps)
 
     def _new_consumer_thread(self) -> WatermarkConsumerThread:
         return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -105,6 +126,33 @@ class WatermarkConsumer(AIOKafkaConsumer):
             if app is not None:
                 app.on_commit_failed(dict(offsets), error)
         return did_commit
+
+
+def _fault_drops() -> dict[str, int]:
+    """Fault injection for the stall test: ``<topic>=<n>[,...]`` drops the first n fetched records of each topic
+    after aiokafka has passed them, which is what Faust's fetcher does in the rare stall (docs/decisions.md)."""
+    spec = os.environ.get(FAULT_DROP_FETCHED, "")
+    drops = {}
+    for item in filter(None, spec.split(",")):
+        topic, _, count = item.partition("=")
+        drops[topic.strip()] = int(count or 1)
+    if drops:
+        log.warning("%s is set: dropping fetched records %s (a test fault; never set it in production)", FAULT_DROP_FETCHED, drops)
+    return drops
+
+
+def _drop_records(records: Any, drops: dict[str, int]) -> Any:
+    kept = {}
+    for tp, batch in records.items():
+        left = drops.get(tp.topic, 0)
+        if left:
+            gone = min(left, len(batch))
+            drops[tp.topic] = left - gone
+            log.warning("Fault injection dropped %d fetched record(s) of %s:%d", gone, tp.topic, tp.partition)
+            batch = batch[gone:]
+        if batch:
+            kept[tp] = batch
+    return kept
 
 
 class WatermarkTransport(AIOKafkaTransport):

@@ -49,6 +49,10 @@ class Settings:
     shutdown_grace_s: float = _setting("AGENTS_STREAM_SHUTDOWN_GRACE_S", 10.0, "On SIGTERM, how long in-flight calls may finish before they are left to lease recovery.")
     session_timeout_s: float = _setting("AGENTS_STREAM_SESSION_TIMEOUT_S", 10.0, "Kafka group session timeout: how soon a dead worker's partitions move.")
     heartbeat_interval_s: float = _setting("AGENTS_STREAM_HEARTBEAT_INTERVAL_S", 1.0, "Kafka group heartbeat interval.")
+    stall_after_s: float = _setting(
+        "AGENTS_STREAM_STALL_AFTER_S", 15.0,
+        "An assigned partition with unread records whose read position has not moved for this long is read again from there (0: never).",
+    )
     commit_interval_s: float = _setting("AGENTS_STREAM_COMMIT_INTERVAL_S", 1.0, "How often the commit watermark is committed.")
     rocksdb_cache_mb: int = _setting("AGENTS_STREAM_ROCKSDB_CACHE_MB", 8, "Block cache per RocksDB store (one per table partition).")
     circuits_history_s: float = _setting("AGENTS_STREAM_CIRCUITS_HISTORY_S", 600.0, "How far back a starting worker reads the shared circuits log (breakers, Retry-After, presence).")

@@ -58,6 +58,10 @@ class Watermark:
             return min(held)
         return self._next.get(tp)
 
+    def next_offset(self, tp: Hashable) -> int | None:
+        """The offset after the last one handled on ``tp`` since it was assigned, or None."""
+        return self._next.get(tp)
+
     def open_count(self, tp: Hashable | None = None) -> int:
         if tp is not None:
             return sum(self._open.get(tp, Counter()).values())
