@@ -20,7 +20,7 @@ from agents_stream import topics
 from agents_stream.settings import bootstrap_servers
 from agents_stream.topics import HISTORY_HEADER, REQUEUE_HEADER
 
-__all__ = ["DeadLetter", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue", "requeue_headers_for"]
+__all__ = ["DeadLetter", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue", "requeue_headers_for", "summary"]
 
 #: the contract's dead-letter headers (DESIGN.md), kept in the history of a requeued task
 STANDARD_HEADERS = ("error_reason", "error_layer", "original_topic", "original_partition", "original_offset", "failed_at", "attempts")
@@ -58,6 +58,18 @@ class DeadLetter:
             "ref": self.ref, "agent": self.agent, "task_id": self.task_id, "headers": self.headers,
             "history": history_of(self), "value": body,
         }
+
+
+def summary(dl: DeadLetter) -> dict[str, Any]:
+    """One line of a listing: where the record is, whose task, and why it failed."""
+    h = dl.headers
+    attempts = h.get("attempts")
+    return {
+        "ref": dl.ref, "topic": dl.topic, "partition": dl.partition, "offset": dl.offset,
+        "task_id": dl.task_id, "agent": dl.agent, "error_layer": h.get("error_layer"), "reason": h.get("error_reason"),
+        "attempts": int(attempts) if attempts and attempts.isdigit() else None, "failed_at": h.get("failed_at"),
+        "requeues": len(history_of(dl)),
+    }
 
 
 def parse_ref(ref: str) -> tuple[str, int, int]:

@@ -1,4 +1,11 @@
-"""The worker's web views: health, readiness, a task's and a job's record, approvals (issue 5 adds the console)."""
+"""The worker's web views: health, readiness, metrics, a task's and a job's record, breakers, approvals, dead letters.
+
+Reads are answered by whichever worker is asked (table reads are forwarded to the
+key's owner, lists are gathered from every worker). Mutations need the bearer
+token, arrive as JSON of at most ``MAX_BODY`` bytes, are refused from another
+origin, and become events on a topic; the worker owning the key applies them.
+Schemas: docs/web.md.
+"""
 
 from __future__ import annotations
 
@@ -9,13 +16,28 @@ import json
 import time
 from typing import Any
 
+import logging
+
 import aiohttp
 from faust.web import Request, Response, View
 
-from agents_stream import metrics, topics
+from agents_stream import dlq, metrics, topics
 from agents_stream.approvals import LinkError, verify
+from agents_stream.jobs import JobRequest
 from agents_stream.models import ApprovalDecision
 from tables.leases import TaskRecord
+
+log = logging.getLogger(__name__)
+
+
+MAX_BODY = 64 * 1024
+ROUTED_HEADER = "X-Agents-Stream-Routed"
+
+
+class Refused(Exception):
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(error)
+        self.status = status
 
 
 def authorized(settings: Any, request: Request) -> bool:
@@ -28,18 +50,68 @@ def authorized(settings: Any, request: Request) -> bool:
     return hmac.compare_digest(given.encode(), f"Bearer {settings.api_token}".encode())
 
 
-async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
-    """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
-    channel = app.topic(topics.APPROVALS, key_serializer="raw", value_serializer="raw")
+def same_origin(request: Request) -> bool:
+    """A browser names the page's origin on cross-site requests; a mutation from another site is refused."""
+    origin = request.headers.get("Origin")
+    if not origin or origin == "null":
+        return origin is None
+    return origin.split("://", 1)[-1].rstrip("/") == request.host
+
+
+async def mutation_body(settings: Any, request: Request) -> dict[str, Any]:
+    """The checks every mutating endpoint makes, in order; raises Refused with the status and what to do."""
+    if not same_origin(request):
+        raise Refused(403, "cross-origin request refused: use the console served by this worker, the CLI, or a client without an Origin header")
+    if not authorized(settings, request):
+        raise Refused(401, "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)")
+    if request.content_length is not None and request.content_length > MAX_BODY:
+        raise Refused(413, f"request body over {MAX_BODY} bytes")
+    raw = await request.content.read(MAX_BODY + 1)
+    if len(raw) > MAX_BODY:
+        raise Refused(413, f"request body over {MAX_BODY} bytes")
+    if not raw.strip():
+        return {}
+    if request.content_type != "application/json":
+        raise Refused(415, "send the body as JSON with Content-Type: application/json")
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise Refused(400, f"the body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise Refused(400, "the body must be a JSON object")
+    return body
+
+
+async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
+    """Publish one event and wait for the broker's ack: both the producer's buffer and the ack are bounded."""
+    channel = app.topic(topic, key_serializer="raw", value_serializer="raw")
 
     async def send() -> None:
-        fut = await channel.send(key=decision.task_id.encode(), value=decision.model_dump_json().encode())
+        fut = await channel.send(key=key.encode(), value=value)
         await fut
 
-    await asyncio.wait_for(send(), timeout=15.0)  # both the producer's buffer and the broker's ack are bounded
+    await asyncio.wait_for(send(), timeout=15.0)
 
 
-ROUTED_HEADER = "X-Agents-Stream-Routed"
+async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
+    """``path`` as answered by every other worker of the group (bodies, and the workers that did not answer)."""
+    here = str(app.conf.canonical_url).rstrip("/")
+    urls = {str(u).rstrip("/") for u in app.router.tables_metadata()} - {here}
+
+    async def one(url: str) -> Any:
+        async with app.http_client.get(url + path, headers={ROUTED_HEADER: "1"}, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+            resp.raise_for_status()
+            return await resp.json()
+
+    answers = await asyncio.gather(*(one(u) for u in sorted(urls)), return_exceptions=True)
+    bodies = [a for a in answers if not isinstance(a, BaseException)]
+    missing = [u for u, a in zip(sorted(urls), answers) if isinstance(a, BaseException)]
+    return bodies, missing
+
+
+async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
+    """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
+    await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json().encode())
 
 
 def owner_of(app: Any, table: Any, key: str) -> str | None:
@@ -95,23 +167,95 @@ def register(app: Any) -> None:
     @app.page("/approvals")
     class Approvals(View):
         async def get(self, request: Request) -> Response:
-            # The approvals parked on this worker's partitions (issue 5 gathers them from every worker).
-            return self.json({"worker": app.runtime.worker_id, "awaiting": app.runtime.ledger.awaiting()})
+            """The tasks awaiting approval on every worker (each worker knows those of its partitions)."""
+            awaiting = list(app.runtime.ledger.awaiting())
+            missing: list[str] = []
+            if not request.headers.get(ROUTED_HEADER):
+                bodies, missing = await gather(app, "/approvals")
+                for body in bodies:
+                    awaiting.extend(body.get("awaiting", []))
+            awaiting.sort(key=lambda a: a.get("requested_at") or 0.0)
+            return self.json({"worker": app.runtime.worker_id, "awaiting": awaiting, "unreachable": missing})
 
     @app.page("/approvals/{task_id}")
     class Decide(View):
         async def post(self, request: Request, task_id: str) -> Response:
-            if not authorized(settings, request):
-                return self.json({"error": "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)"}, status=401)
             try:
-                body = await request.json()
+                body = await mutation_body(settings, request)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            try:
                 decision = ApprovalDecision(
                     task_id=task_id, decision=body.get("decision"), by=body.get("by"), via="http", comment=body.get("comment"),
                 )
-            except Exception as exc:  # bad JSON or fields: the caller's mistake, said plainly
+            except Exception as exc:  # bad fields: the caller's mistake, said plainly
                 return self.json({"error": f"expected JSON {{\"decision\": \"approve\"|\"reject\", \"by\": \"<who>\"}}: {exc}"}, status=400)
             await publish_decision(app, decision)
             return self.json({"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}, status=202)
+
+    @app.page("/dlq")
+    class DeadLetters(View):
+        async def get(self, request: Request) -> Response:
+            """Dead letters, newest first, filtered like ``agents-stream dlq list`` (agent, layer, reason, since, until)."""
+            q = request.query
+            try:
+                limit = max(1, min(int(q.get("limit", "100")), 1000))
+                filters = {k: q.get(k) or None for k in ("agent", "layer", "reason", "since", "until")}
+                names = await dlq.dlq_topics(settings.broker, filters["agent"], timeout=10.0)
+                records = await dlq.read_dead_letters(settings.broker, names, timeout=20.0)
+                chosen = [d for d in records if dlq.matches(d, **filters)]
+            except ValueError as exc:
+                return self.json({"error": f"bad filter: {exc}"}, status=400)
+            except Exception as exc:  # the broker did not answer in time: say so, the console retries
+                return self.json({"error": f"reading the dead-letter topics failed: {type(exc).__name__}: {exc}"}, status=503)
+            chosen.sort(key=lambda d: d.headers.get("failed_at", ""), reverse=True)
+            return self.json({"dead_letters": [dlq.summary(d) for d in chosen[:limit]], "count": len(chosen)})
+
+    @app.page("/dlq/requeue")
+    class Requeue(View):
+        async def post(self, request: Request) -> Response:
+            """Send one dead letter back to its task topic (body: ``{"ref": ...}`` or ``{"topic", "partition", "offset"}``)."""
+            try:
+                body = await mutation_body(settings, request)
+                ref = body.get("ref") or f"{body.get('topic')}:{body.get('partition')}:{body.get('offset')}"
+                topic, _, _ = dlq.parse_ref(str(ref))
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            except ValueError as exc:
+                return self.json({"error": str(exc)}, status=400)
+            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0) if d.ref == ref]
+            if not found:
+                return self.json({"error": f"no dead letter {ref}"}, status=404)
+            (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0)
+            log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
+            return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
+
+    @app.page("/dlq/{ref}")
+    class DeadLetterView(View):
+        async def get(self, request: Request, ref: str) -> Response:
+            try:
+                topic, _, _ = dlq.parse_ref(ref)
+            except ValueError as exc:
+                return self.json({"error": str(exc)}, status=400)
+            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0) if d.ref == ref]
+            if not found:
+                return self.json({"error": f"no dead letter {ref}"}, status=404)
+            return self.json(found[0].as_dict())
+
+    @app.page("/jobs/{job_id}/cancel")
+    class CancelJob(View):
+        async def post(self, request: Request, job_id: str) -> Response:
+            try:
+                body = await mutation_body(settings, request)
+                cancel = JobRequest.model_validate(
+                    {"job_id": job_id, "action": "cancel", "by": body.get("by") or "http", "reason": body.get("reason") or ""},
+                )
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            except Exception as exc:
+                return self.json({"error": f"expected JSON {{\"by\": \"<who>\", \"reason\": \"<why>\"}}: {exc}"}, status=400)
+            await send_event(app, topics.JOBS, job_id, cancel.model_dump_json(exclude_none=True).encode())
+            return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
 
     @app.page("/approvals/{task_id}/{decision}")
     class SignedLink(View):
