@@ -37,6 +37,7 @@ fake-llm: install
 
 # The whole suite against a real broker. A broker this target started is stopped again.
 test: install
+	bash scripts/chromium.sh
 	@started=""; \
 	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
 	  bash scripts/broker.sh start || exit $$?; started=yes; \
