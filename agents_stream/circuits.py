@@ -89,6 +89,7 @@ class Circuits:
         worker_id: str,
         *,
         bootstrap: str,
+        client_kwargs: dict[str, Any] | None = None,
         send: Send,
         on_transition: OnTransition,
         on_change: Callable[[], None],
@@ -109,6 +110,7 @@ class Circuits:
                 self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name))
             self.circuits[name] = self._by_id[cid]
         self._bootstrap = bootstrap
+        self._client_kwargs = client_kwargs or {}  # broker credentials (agents_stream.kafka_security)
         self._send = send
         self._on_transition = on_transition
         self._on_change = on_change
@@ -139,6 +141,7 @@ class Circuits:
             enable_auto_commit=False,
             fetch_max_wait_ms=20,  # the fold's propagation delay: keep it short
             client_id=f"circuits-{self.worker_id}",
+            **self._client_kwargs,
         )
         await asyncio.wait_for(consumer.start(), timeout)
         self._consumer = consumer

@@ -14,7 +14,7 @@ import json
 import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
 from agents_stream import topics
 from agents_stream.settings import bootstrap_servers
@@ -136,13 +136,16 @@ def requeue_headers_for(dl: DeadLetter, requeue_id: str) -> list[tuple[str, byte
     ]
 
 
-async def dlq_topics(broker: str, agent: str | None, timeout: float = 30.0) -> list[str]:
-    """The dead-letter topics to read: one agent's, or every ``agent.tasks.*.dlq`` on the broker."""
+async def dlq_topics(broker: str, agent: str | None, timeout: float = 30.0, *, security: Mapping[str, Any] | None = None) -> list[str]:
+    """The dead-letter topics to read: one agent's, or every ``agent.tasks.*.dlq`` on the broker.
+
+    ``security`` here and below: the broker credentials, ``kafka_security.client_kwargs(settings)``.
+    """
     if agent is not None:
         return [topics.dlq_topic(agent)]
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker), **(security or {}))
     await asyncio.wait_for(admin.start(), timeout)
     try:
         names = await asyncio.wait_for(admin.list_topics(), timeout)
@@ -151,12 +154,14 @@ async def dlq_topics(broker: str, agent: str | None, timeout: float = 30.0) -> l
     return sorted(n for n in names if n.startswith(topics.TASK_PREFIX) and n.endswith(".dlq"))
 
 
-async def read_dead_letters(broker: str, names: list[str], timeout: float = 60.0) -> list[DeadLetter]:
+async def read_dead_letters(
+    broker: str, names: list[str], timeout: float = 60.0, *, security: Mapping[str, Any] | None = None,
+) -> list[DeadLetter]:
     """Every record of these topics, from the beginning up to their end when the read started."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker), **(security or {}))
     await asyncio.wait_for(admin.start(), timeout)
     try:
         existing = set(await asyncio.wait_for(admin.list_topics(), timeout))
@@ -166,7 +171,7 @@ async def read_dead_letters(broker: str, names: list[str], timeout: float = 60.0
     parts = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
     if not parts:
         return []
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(broker), group_id=None, enable_auto_commit=False)
+    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(broker), group_id=None, enable_auto_commit=False, **(security or {}))
     await asyncio.wait_for(consumer.start(), timeout)
     out: list[DeadLetter] = []
     try:
@@ -192,11 +197,13 @@ async def read_dead_letters(broker: str, names: list[str], timeout: float = 60.0
     return sorted(out, key=lambda d: (d.topic, d.headers.get("failed_at", ""), d.partition, d.offset))
 
 
-async def requeue(broker: str, records: list[DeadLetter], timeout: float = 60.0) -> list[tuple[DeadLetter, str]]:
+async def requeue(
+    broker: str, records: list[DeadLetter], timeout: float = 60.0, *, security: Mapping[str, Any] | None = None,
+) -> list[tuple[DeadLetter, str]]:
     """Send each record's original bytes back to its original topic; returns (record, requeue id)."""
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(broker), acks="all")
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(broker), acks="all", **(security or {}))
     await asyncio.wait_for(producer.start(), timeout)
     done = []
     try:

@@ -16,9 +16,21 @@
 # Environment:
 #   KAFKA_PORT             client listener port          (default 9092)
 #   KAFKA_CONTROLLER_PORT  KRaft controller port         (default 9093)
+#   KAFKA_SASL_PORT        SASL_PLAINTEXT listener port  (default 9094)
+#   KAFKA_SASL_SSL_PORT    SASL_SSL listener port        (default 9095)
 #   KAFKA_DATA_DIR         config, data, logs, PID file  (default <repo>/.data/kafka)
 #   KAFKA_HEAP_OPTS        JVM heap flags                (default -Xms256m -Xmx1g)
 #   KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
+#
+# Listeners, all on 127.0.0.1: PLAINTEXT (KAFKA_PORT, no authentication),
+# SASL_PLAINTEXT (KAFKA_SASL_PORT) and SASL_SSL (KAFKA_SASL_SSL_PORT), both
+# with the mechanisms PLAIN, SCRAM-SHA-256 and SCRAM-SHA-512. LOCAL-ONLY test
+# credentials, the same for every mechanism: user "agents", password
+# "agents-local-secret". The SASL_SSL listener's certificate is made once per
+# data dir by a throwaway CA; clients trust <data dir>/tls/ca.pem. Client
+# settings for Kafka's tools (scripts/kafka-tool TOOL --command-config FILE):
+# <data dir>/client-sasl.properties (SCRAM-SHA-512 over SASL_PLAINTEXT) and
+# <data dir>/client-sasl-ssl.properties (PLAIN over SASL_SSL).
 #
 # Alternatives when java/mvn are not available: `docker compose up kafka`, or
 # point KAFKA_BROKER at an existing broker.
@@ -30,6 +42,8 @@ REPO_ROOT="$(cd "$SCRIPT_DIR/.." && pwd)"
 
 KAFKA_PORT="${KAFKA_PORT:-9092}"
 KAFKA_CONTROLLER_PORT="${KAFKA_CONTROLLER_PORT:-9093}"
+KAFKA_SASL_PORT="${KAFKA_SASL_PORT:-9094}"
+KAFKA_SASL_SSL_PORT="${KAFKA_SASL_SSL_PORT:-9095}"
 DATA_DIR="${KAFKA_DATA_DIR:-$REPO_ROOT/.data/kafka}"
 HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
@@ -44,6 +58,14 @@ LOG_DIRS="$DATA_DIR/data"          # Kafka's log.dirs: topic partitions + KRaft 
 CONFIG="$DATA_DIR/server.properties"
 PID_FILE="$DATA_DIR/broker.pid"
 CLUSTER_ID_FILE="$DATA_DIR/cluster.id"
+TLS_DIR="$DATA_DIR/tls"
+TLS_CA="$TLS_DIR/ca.pem"             # the CA certificate clients trust
+TLS_KEYSTORE="$TLS_DIR/broker.pem"   # the broker's key and certificate chain
+SCRAM_STAMP="$DATA_DIR/scram-users"  # the SCRAM users this data dir has
+
+# Fixed credentials of the local broker: local development and tests only.
+SASL_USER="agents"
+SASL_PASSWORD="agents-local-secret"
 CONSOLE_LOG="$LOG_DIR/console.log"
 SERVER_LOG="$LOG_DIR/server.log"
 
@@ -163,7 +185,7 @@ wait_ready() {
             show_logs
             return 1
         fi
-        if port_open "$KAFKA_PORT" && metadata_ok; then
+        if port_open "$KAFKA_PORT" && port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SASL_SSL_PORT" && metadata_ok; then
             log "broker ready on 127.0.0.1:$KAFKA_PORT (pid $pid)"
             return 0
         fi
@@ -183,11 +205,25 @@ write_config() {
 process.roles=broker,controller
 node.id=1
 controller.quorum.voters=1@127.0.0.1:$KAFKA_CONTROLLER_PORT
-listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT
-advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$KAFKA_CONTROLLER_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_SSL_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,SASL_PLAINTEXT://127.0.0.1:$KAFKA_SASL_PORT,SASL_SSL://127.0.0.1:$KAFKA_SASL_SSL_PORT
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=PLAINTEXT
-listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
+
+# Client authentication on the SASL listeners (LOCAL-ONLY credentials, see the
+# header). The PLAIN user lives in the JAAS config below, the SCRAM user in the
+# cluster metadata (added by format_if_needed or ensure_scram_users).
+sasl.enabled.mechanisms=PLAIN,SCRAM-SHA-256,SCRAM-SHA-512
+$(for listener in sasl_plaintext sasl_ssl; do
+        echo "listener.name.$listener.plain.sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required user_$SASL_USER=\"$SASL_PASSWORD\";"
+        echo "listener.name.$listener.scram-sha-256.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+        echo "listener.name.$listener.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;"
+    done)
+# The SASL_SSL listener's TLS: an unencrypted PKCS#8 key and its certificate
+# chain in one PEM file (ensure_tls). No client certificates.
+listener.name.sasl_ssl.ssl.keystore.type=PEM
+listener.name.sasl_ssl.ssl.keystore.location=$TLS_KEYSTORE
 
 log.dirs=$LOG_DIRS
 num.partitions=1
@@ -209,6 +245,100 @@ min.insync.replicas=1
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
 EOF
+    # Client settings for Kafka's own tools on the SASL listeners.
+    cat >"$DATA_DIR/client-sasl.properties" <<EOF
+# scripts/kafka-tool TOOL --bootstrap-server 127.0.0.1:$KAFKA_SASL_PORT --command-config $DATA_DIR/client-sasl.properties
+security.protocol=SASL_PLAINTEXT
+sasl.mechanism=SCRAM-SHA-512
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required username="$SASL_USER" password="$SASL_PASSWORD";
+EOF
+    cat >"$DATA_DIR/client-sasl-ssl.properties" <<EOF
+# scripts/kafka-tool TOOL --bootstrap-server 127.0.0.1:$KAFKA_SASL_SSL_PORT --command-config $DATA_DIR/client-sasl-ssl.properties
+security.protocol=SASL_SSL
+sasl.mechanism=PLAIN
+sasl.jaas.config=org.apache.kafka.common.security.plain.PlainLoginModule required username="$SASL_USER" password="$SASL_PASSWORD";
+ssl.truststore.type=PEM
+ssl.truststore.location=$TLS_CA
+EOF
+}
+
+# The SASL_SSL listener's key and certificate, made once per data dir (never
+# committed: the data dir is git-ignored) by a throwaway CA whose key is
+# deleted after signing. PEM files, so no keytool and no store passwords. The
+# certificate names 127.0.0.1 and localhost, which clients verify.
+ensure_tls() {
+    [[ -s "$TLS_KEYSTORE" && -s "$TLS_CA" ]] && return 0
+    command -v openssl >/dev/null 2>&1 \
+        || missing "'openssl' is not on PATH (needed once, to make the SASL_SSL listener's certificate)"
+    log "making the SASL_SSL listener's certificate in $TLS_DIR"
+    local tmp="$TLS_DIR.tmp.$$"
+    rm -rf "$tmp"
+    mkdir -p "$tmp"
+    # The extensions strict verifiers (e.g. Python 3.13's default) insist on.
+    cat >"$tmp/openssl.cnf" <<'EOF'
+[req]
+distinguished_name = dn
+[dn]
+[ca_ext]
+basicConstraints = critical, CA:TRUE
+keyUsage = critical, keyCertSign, cRLSign
+subjectKeyIdentifier = hash
+[broker_ext]
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature, keyEncipherment
+extendedKeyUsage = serverAuth
+subjectAltName = IP:127.0.0.1, DNS:localhost
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid
+EOF
+    if ! (
+        set -e
+        cd "$tmp"
+        openssl req -x509 -new -newkey rsa:2048 -nodes -sha256 -days 3650 -config openssl.cnf \
+            -extensions ca_ext -subj "/CN=agents-stream local test CA" -keyout ca.key -out ca.pem
+        openssl req -new -newkey rsa:2048 -nodes -sha256 -config openssl.cnf \
+            -subj "/CN=localhost" -keyout broker.key -out broker.csr
+        openssl x509 -req -in broker.csr -CA ca.pem -CAkey ca.key -CAcreateserial -sha256 -days 3650 \
+            -extfile openssl.cnf -extensions broker_ext -out broker.crt
+        # OpenSSL 3 writes unencrypted keys as PKCS#8, which Kafka's PEM keystore needs.
+        cat broker.key broker.crt ca.pem >broker.pem
+        rm -f ca.key ca.srl broker.key broker.csr broker.crt openssl.cnf
+        chmod 600 broker.pem
+    ) >"$tmp.log" 2>&1; then
+        cat "$tmp.log" >&2
+        rm -rf "$tmp" "$tmp.log"
+        log "openssl could not make the certificate (output above)"
+        exit 1
+    fi
+    rm -rf "$TLS_DIR" "$tmp.log"
+    mv "$tmp" "$TLS_DIR"
+}
+
+scram_stamp() { echo "$SASL_USER $(printf '%s' "$SASL_PASSWORD" | sha256sum | cut -c1-16)"; }
+
+# Make sure the SCRAM user exists (running broker). A data dir formatted
+# before the SASL listeners existed has none; the stamp keeps warm starts from
+# running the tool again.
+ensure_scram_users() {
+    [[ -f "$SCRAM_STAMP" && "$(cat "$SCRAM_STAMP")" == "$(scram_stamp)" ]] && return 0
+    log "adding the SCRAM user '$SASL_USER' (SCRAM-SHA-256, SCRAM-SHA-512)"
+    local mechanism
+    # One mechanism per run: the broker refuses two changes to one user in one request.
+    for mechanism in SCRAM-SHA-256 SCRAM-SHA-512; do
+        if ! timeout 60 "$SCRIPT_DIR/kafka-tool" configs --bootstrap-server "127.0.0.1:$KAFKA_PORT" --alter \
+            --entity-type users --entity-name "$SASL_USER" \
+            --add-config "$mechanism=[password=$SASL_PASSWORD]" >/dev/null; then
+            log "could not add the SCRAM user; $mechanism logins fail until the next start tries again"
+            return 1
+        fi
+    done
+    scram_stamp >"$SCRAM_STAMP"
+}
+
+show_listeners() {
+    log "listeners: PLAINTEXT 127.0.0.1:$KAFKA_PORT, SASL_PLAINTEXT 127.0.0.1:$KAFKA_SASL_PORT," \
+        "SASL_SSL 127.0.0.1:$KAFKA_SASL_SSL_PORT (CA $TLS_CA; local-only user $SASL_USER," \
+        "mechanisms PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)"
 }
 
 # Format the storage only when the data dir is empty, so restarts keep data.
@@ -222,7 +352,10 @@ format_if_needed() {
     fi
     log "formatting new storage in $LOG_DIRS (cluster id $(cat "$CLUSTER_ID_FILE"))"
     kafka_java kafka.tools.StorageTool format \
-        --cluster-id "$(cat "$CLUSTER_ID_FILE")" --config "$CONFIG" --ignore-formatted >&2
+        --cluster-id "$(cat "$CLUSTER_ID_FILE")" --config "$CONFIG" --ignore-formatted \
+        --add-scram "SCRAM-SHA-256=[name=$SASL_USER,password=$SASL_PASSWORD]" \
+        --add-scram "SCRAM-SHA-512=[name=$SASL_USER,password=$SASL_PASSWORD]" >&2
+    scram_stamp >"$SCRAM_STAMP"
 }
 
 cmd_start() {
@@ -235,20 +368,34 @@ cmd_start() {
     if is_running; then
         if port_open "$KAFKA_PORT"; then
             log "already running (pid $(read_pid)) on 127.0.0.1:$KAFKA_PORT"
+            if port_open "$KAFKA_SASL_PORT" && port_open "$KAFKA_SASL_SSL_PORT"; then
+                ensure_scram_users || true
+                show_listeners
+            else
+                log "its SASL listeners (127.0.0.1:$KAFKA_SASL_PORT, 127.0.0.1:$KAFKA_SASL_SSL_PORT) are not open:" \
+                    "it was started by an older broker.sh; restart it (scripts/broker.sh stop && scripts/broker.sh start)"
+            fi
             exit 0
         fi
         # Started but not listening yet (another start is still waiting).
         ensure_jars
-        wait_ready
-        exit $?
+        wait_ready || exit $?
+        ensure_scram_users || true
+        show_listeners
+        exit 0
     fi
     rm -f "$PID_FILE"
-    if port_open "$KAFKA_PORT"; then
-        log "port $KAFKA_PORT is already in use by another process; set KAFKA_PORT or stop it"
-        exit 1
-    fi
+    local port
+    for port in "$KAFKA_PORT" "$KAFKA_SASL_PORT" "$KAFKA_SASL_SSL_PORT"; do
+        if port_open "$port"; then
+            log "port $port is already in use by another process; set KAFKA_PORT, KAFKA_SASL_PORT," \
+                "KAFKA_SASL_SSL_PORT or stop it"
+            exit 1
+        fi
+    done
 
     ensure_jars
+    ensure_tls
     write_config
     format_if_needed
 
@@ -271,6 +418,8 @@ cmd_start() {
         cmd_stop >/dev/null 2>&1 || true
         exit 1
     fi
+    ensure_scram_users || true
+    show_listeners
 }
 
 cmd_stop() {
@@ -300,7 +449,7 @@ cmd_stop() {
 
 cmd_status() {
     if is_running; then
-        echo "running (pid $(read_pid), 127.0.0.1:$KAFKA_PORT, data $DATA_DIR)"
+        echo "running (pid $(read_pid), 127.0.0.1:$KAFKA_PORT, SASL_PLAINTEXT 127.0.0.1:$KAFKA_SASL_PORT, SASL_SSL 127.0.0.1:$KAFKA_SASL_SSL_PORT, data $DATA_DIR)"
         return 0
     fi
     echo "stopped"
