@@ -1,4 +1,5 @@
-# The agents-stream worker. Used by docker-compose.yml (service "worker").
+# The agents-stream worker. Used by docker-compose.yml (service "worker", which scales:
+# `docker compose up --scale worker=3`).
 FROM python:3.11-slim
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
@@ -14,13 +15,22 @@ COPY pyproject.toml README.md ./
 COPY agents_stream ./agents_stream
 COPY tables ./tables
 RUN pip install . && rm -rf /src/build
+COPY --chmod=0755 deploy/worker/entrypoint.sh /usr/local/bin/agents-stream-entrypoint
 
+# Each container keeps its RocksDB tables in its own /data (an anonymous volume
+# unless one is mounted): replicas must never share one, and a lost one is
+# rebuilt from the changelogs. The web views listen on every interface; the
+# entrypoint advertises the container's own IP as WEB_HOST (other workers
+# forward table reads there, Prometheus scrapes it).
 ENV KAFKA_BROKER=kafka://kafka:29092 \
-    AGENTS_STREAM_DATA_DIR=/data
+    AGENTS_STREAM_DATA_DIR=/data \
+    WEB_PORT=6066 \
+    WEB_BIND=0.0.0.0
 RUN mkdir -p /data
 VOLUME /data
 WORKDIR /data
 
-# Faust's web server (health, metrics).
+# Faust's web server: health, readiness, /metrics, /tasks, /approvals.
 EXPOSE 6066
+ENTRYPOINT ["agents-stream-entrypoint"]
 CMD ["agents-stream", "worker"]

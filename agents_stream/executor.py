@@ -556,6 +556,7 @@ class Executor:
                 retries += 1
                 if retries > self.settings.max_retries:
                     return _Unavailable(None, f"retries exhausted: {exc}")
+                metrics.provider_retries.labels(provider.name, metrics.retry_reason(exc)).inc()
                 if isinstance(exc, RateLimited):
                     continue  # the circuits hold the Retry-After now: the next acquire waits or falls back
                 retry_after = exc.retry_after if isinstance(exc, TransientError) else None
@@ -589,6 +590,8 @@ class Executor:
         result, outcome = "failure", "failure"
         retry_after = None
         started = time.monotonic()
+        in_flight = metrics.provider_in_flight.labels(provider.name)
+        in_flight.inc()
         try:
             completion = await asyncio.wait_for(provider.complete(prompt), timeout=provider.config.timeout_s + 5.0)
         except asyncio.CancelledError:
@@ -617,6 +620,7 @@ class Executor:
                 metrics.cost.labels(agent, provider.name).inc(spent)
             return completion
         finally:
+            in_flight.dec()
             self.circuits.release(permit, "neutral" if result == "cancelled" else result, retry_after=retry_after)
             metrics.provider_calls.labels(provider.name, outcome).inc()
             metrics.provider_latency.labels(provider.name).observe(time.monotonic() - started)

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from agents_stream import pricing, topics
+from agents_stream import metrics, pricing, topics
 from agents_stream.approvals import Notifier, link, slack_message
 from agents_stream.config import ApprovalPolicy
 from agents_stream.delivery import Send, confirmed
@@ -79,6 +79,9 @@ class Ledger:
         self.orchestrator: Any = None
         self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
+        #: tasks awaiting a decision on this worker's partitions: task_id → (partition, agent), for the metrics;
+        #: kept by _index and made whole again by every scan_parked (after a restart or a rebalance)
+        self.awaiting_approval: dict[str, tuple[TP, str]] = {}
         self._deliveries: set[asyncio.Task] = set()
         self._timer_asked: dict[str, float] = {}
         self._topics: dict[str, Any] = {}
@@ -412,6 +415,9 @@ class Ledger:
         record = new or old
         if record is not None:
             self._index(task_id, record)
+        outcome = leases.ended(old, new)
+        if outcome is not None:
+            after.append(lambda a=record.agent, o=outcome: metrics.tasks.labels(a, o).inc())
         for effect in effects:
             if isinstance(effect, leases.Track):
                 self.task_offsets.setdefault(task_id, []).append((tp, offset))
@@ -439,6 +445,7 @@ class Ledger:
                     record.agent, task_id.encode(), record.payload.encode("utf-8"),
                     effect.reason, effect.layer, effect.attempts, source_tp, record.offset, extra,
                 ))
+                after.append(lambda a=record.agent, lay=effect.layer: metrics.dead_letters.labels(a, lay).inc())
                 job_id = _job_of(record)
                 if job_id is not None and record.result is None:  # no result will come: the job counts it failed
                     failed = json.dumps({"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"})
@@ -470,10 +477,21 @@ class Ledger:
         return True
 
     def _index(self, task_id: str, record: TaskRecord) -> None:
+        if record.state == AWAITING_APPROVAL:
+            self.awaiting_approval[task_id] = (TP(record.topic, record.partition), record.agent)
+        else:
+            self.awaiting_approval.pop(task_id, None)
         if record.terminal or record.state == AWAITING_APPROVAL:
             self.open_tasks.pop(task_id, None)
         else:
             self.open_tasks[task_id] = OpenTask(TP(record.topic, record.partition), record.dispatch, record.lease_until)
+
+    def approvals_pending(self, agents: list[str]) -> dict[str, int]:
+        """How many tasks of each agent await a decision on this worker's partitions (from memory: no table read)."""
+        counts = dict.fromkeys(agents, 0)
+        for _, agent in self.awaiting_approval.values():
+            counts[agent] = counts.get(agent, 0) + 1
+        return counts
 
     # -- dead letters and control events -------------------------------------------------------
 
@@ -483,7 +501,7 @@ class Ledger:
     ) -> None:
         sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic)]
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
-        self._deliver(tp, offset, sends)
+        self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc()])
 
     def _dlq_send(
         self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
@@ -556,6 +574,10 @@ class Ledger:
         finally:
             self.watermark.close(tp, offset)
 
+    def delivering(self) -> int:
+        """Sends not yet confirmed by the broker (their offsets are held open)."""
+        return len(self._deliveries)
+
     async def stop(self) -> None:
         """Cancel deliveries still pending: their offsets were never committed, so nothing is lost."""
         for task in list(self._deliveries):
@@ -584,6 +606,7 @@ class Ledger:
         due = []
         throttle = max(1.0, self.settings.lease_ttl_s / 4)
         asked, self._timer_asked = self._timer_asked, {}
+        waiting: dict[str, tuple[TP, str]] = {}
         for key in list(self.timers.keys()):
             if not key.startswith("task/"):
                 continue
@@ -595,6 +618,7 @@ class Ledger:
                 if task_id not in self.open_tasks:
                     self._index(task_id, record)  # a restart or rebalance: lease recovery takes it from here
                 continue
+            waiting[task_id] = (TP(record.topic, record.partition), record.agent)
             level = approvals.due(record, now)
             if level is None:
                 continue
@@ -602,6 +626,7 @@ class Ledger:
                 asked[task_id] = now
                 due.append((task_id, level))
             self._timer_asked[task_id] = asked[task_id]  # kept only while the timeout is still unanswered
+        self.awaiting_approval = waiting  # the timers table is the truth: it has the parked tasks no redelivery brings
         return due
 
     def awaiting(self) -> list[dict[str, Any]]:
@@ -629,6 +654,7 @@ class Ledger:
         """Partitions revoked: their open tasks and held offsets now belong to the next owner."""
         self.watermark.forget(tps)
         self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
+        self.awaiting_approval = {t: held for t, held in self.awaiting_approval.items() if held[0] not in tps}
         for task_id, offs in list(self.task_offsets.items()):
             kept = [(t, o) for t, o in offs if t not in tps]
             if kept:

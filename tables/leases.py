@@ -289,6 +289,14 @@ def park(record: TaskRecord, *, reason: str, now: float, timeouts: list[float]) 
     return parked, [Notify(0), Control("approval.requested", {"reason": reason, "level": 0, "due": approval["due"]})]
 
 
+def ended(old: TaskRecord | None, new: TaskRecord | None) -> str | None:
+    """The terminal state the transition ``old`` → ``new`` ended the task in; None when it did not end it
+    (still open, or it had ended before: a redelivery re-emitting the stored result ends nothing)."""
+    if new is None or not new.terminal or (old is not None and old.terminal):
+        return None
+    return new.state
+
+
 def dump(record: TaskRecord) -> str:
     """Compact JSON for logs and web views."""
     return json.dumps(record.to_json(), separators=(",", ":"))
