@@ -20,7 +20,7 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from agents_stream import topics, web
+from agents_stream import kafka_security, metrics, topics, web
 from agents_stream.breaker import Transition
 from agents_stream.circuits import Circuits
 from agents_stream.config import AppConfig, load_config
@@ -101,6 +101,7 @@ class Runtime:
             list(built),
             self.worker_id,
             bootstrap=bootstrap_servers(settings.broker),
+            client_kwargs=kafka_security.client_kwargs(settings),
             send=lambda key, value: self.circuits_topic.send_soon(key=key, value=value),
             on_transition=self._on_breaker_transition,
             on_change=self.update_flow,
@@ -132,6 +133,8 @@ class Runtime:
         self._paused: set[TP] = set()
         self.stalls = StallDetector(settings.stall_after_s)
         self.started = False  # output topics declared and executor running: /readyz says ready
+        self.stopping = False
+        self.finishing: set[str] = set()  # tasks whose final outcome this worker sent while stopping
 
     async def send_outcome(self, task_id: str, outcome: dict[str, Any]) -> None:
         """Executor → ledger. Outcomes are retried until the broker confirms them; heartbeats are not."""
@@ -148,6 +151,8 @@ class Runtime:
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
         )
+        if self.stopping and outcome.get("kind") in ("succeeded", "failed"):
+            self.finishing.add(task_id)
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         self.ledger.control(event, subject, agent, details)
@@ -172,6 +177,28 @@ class Runtime:
         outcomes = topics.outcomes_topic(self.settings.app_id)
         partitions = {tp.partition for tp in assigned if tp.topic == outcomes}
         return self.ledger.spend_report(partitions, self.agents, time.time())
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Records not yet done per input topic on this worker's partitions, from memory only (for /metrics):
+        the consumer's last fetched end offset minus the commit watermark (Faust's last commit before the
+        ledger handled anything). A paused partition's end offset is the one from before the pause."""
+        consumer = self.app.consumer
+        ends: dict[TP, int | None] = {}
+        positions: dict[TP, int | None] = {}
+        try:
+            assigned = consumer.assignment()
+        except Exception:  # not started yet
+            assigned = set()
+        for tp in assigned:
+            if tp.topic not in self.app.managed_topics:
+                continue
+            try:
+                ends[tp] = consumer.highwater(tp)
+            except Exception:  # revoked since assignment() was read
+                continue
+            at = self.app.watermark.commit_offset(tp)
+            positions[tp] = at if at is not None else consumer._committed_offset.get(tp)
+        return metrics.consumer_lag(ends, positions, self.app.managed_topics)
 
     def update_flow(self) -> None:
         """Pause intake of agents whose provider is down or whose queue is full; resume the others."""
@@ -224,6 +251,17 @@ class Runtime:
             self.send_control(
                 "alert.partitions_resumed", self.worker_id, None, {"partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in stuck)},
             )
+
+    async def settle(self, timeout: float) -> bool:
+        """While stopping: wait until the ledger has applied the outcomes of the calls that finished in the grace
+        period and their results are confirmed, so the last commit covers them (else the next owner of the
+        partition sends their results a second time, the same bytes). False when ``timeout`` ran out."""
+        deadline = time.monotonic() + timeout
+        while self.finishing & self.ledger.open_tasks.keys() or self.ledger.delivering():
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.05)
+        return True
 
     async def check_progress(self) -> None:
         """Read again, from the first unhandled offset, an assigned partition whose records stopped arriving.
@@ -309,10 +347,20 @@ async def ensure_topics(settings: Settings, names: list[str], replication: int, 
     count would crash the worker at its first event; stop now and say why.
     """
     from aiokafka.admin import AIOKafkaAdminClient, NewTopic
-    from aiokafka.errors import TopicAlreadyExistsError
+    from aiokafka.errors import KafkaConnectionError, TopicAlreadyExistsError
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker))
-    await asyncio.wait_for(admin.start(), timeout=30.0)
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker), **kafka_security.client_kwargs(settings))
+    try:
+        await asyncio.wait_for(admin.start(), timeout=30.0)
+    except (KafkaConnectionError, asyncio.TimeoutError):
+        # The worker's first connection: a refused login, a failed TLS handshake or no broker ends the
+        # worker here, with the reason (aiokafka's own error only says "Unable to bootstrap").
+        await admin.close()
+        reason = await kafka_security.diagnose(settings, bootstrap_servers(settings.broker))
+        message = f"Cannot connect to the Kafka broker at {settings.broker}: {reason}"
+        log.critical(message)
+        raise SystemExit(message) from None
+    log.info("Connected to Kafka at %s (%s)", settings.broker, kafka_security.parse(settings).describe())
     try:
         existing = set(await asyncio.wait_for(admin.list_topics(), timeout=30.0))
         missing = [NewTopic(name, settings.partitions, replication) for name in names if name not in existing]
@@ -374,10 +422,15 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         raise SystemExit(f"AGENTS_STREAM_AGENTS names agents not in the config: {sorted(unknown)}")
     agents = [a for a in config.agents if not wanted or a in wanted]
     n = settings.partitions
+    try:
+        credentials = kafka_security.broker_credentials(settings)
+    except kafka_security.KafkaSecurityError as exc:
+        raise SystemExit(f"Kafka security settings: {exc}") from None
 
     app = AgentsStreamApp(
         settings.app_id,
         broker=settings.broker,
+        broker_credentials=credentials,
         store="rocksdb://",
         datadir=settings.data_dir,
         topic_partitions=n,
@@ -386,7 +439,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         value_serializer="raw",
         web_port=settings.web_port,
         web_host=settings.web_host,
-        web_bind=settings.web_host,
+        web_bind=settings.web_bind or settings.web_host,
         web_enabled=True,
         web_tables_enabled=False,
         broker_session_timeout=settings.session_timeout_s,
@@ -500,7 +553,11 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     original_on_stop = app.on_stop
 
     async def on_stop() -> None:
+        runtime.stopping = True
         await runtime.executor.stop(settings.shutdown_grace_s)
+        if not await runtime.settle(timeout=5.0):
+            log.warning("Shutdown: results of calls that finished were not all confirmed within 5s; "
+                        "the next owner of their partitions sends them again (the same bytes)")
         # Commit the watermark now: outcomes the ledger applied during the grace period count.
         try:
             await asyncio.wait_for(app.consumer.commit(), timeout=10.0)

@@ -7,10 +7,11 @@ import asyncio
 import json
 import os
 import sys
+import time
 import uuid
 from typing import IO, Any, Iterator
 
-from agents_stream import topics
+from agents_stream import kafka_security, topics
 from agents_stream.settings import Settings, bootstrap_servers
 
 
@@ -32,12 +33,21 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
 
     source = sys.stdin if args.file in (None, "-") else open(args.file, encoding="utf-8")
     topic = topics.task_topic(args.agent)
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(settings.broker), acks="all", linger_ms=5, compression_type="gzip")
-    await asyncio.wait_for(producer.start(), timeout=30)
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers(settings.broker), acks="all", linger_ms=5, compression_type="gzip",
+        **kafka_security.client_kwargs(settings),
+    )
     sent = bad = 0
+    started = time.monotonic()
+    progress = _Progress(args.progress if args.progress is not None else sys.stderr.isatty(), _count_lines(args.file))
     try:
+        await asyncio.wait_for(producer.start(), timeout=30)  # a refused login fails here: still close the producer
         futures = []
         for number, line in _lines(source):
+            if args.rate:  # pace the sends: task n leaves no earlier than n / rate seconds after the start
+                ahead = started + sent / args.rate - time.monotonic()
+                if ahead > 0:
+                    await asyncio.sleep(ahead)
             try:
                 task = json.loads(line)
                 if not isinstance(task, dict):
@@ -51,15 +61,54 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
             key = str(task["task_id"]).encode("utf-8")
             futures.append(await producer.send(topic, json.dumps(task).encode("utf-8"), key=key))
             sent += 1
-            if not args.quiet:
+            progress.update(sent, started)
+            if not args.quiet and not args.json:
                 print(task["task_id"])
         await asyncio.wait_for(asyncio.gather(*futures), timeout=60)
     finally:
+        progress.done()
         await asyncio.wait_for(producer.stop(), timeout=30)
         if source is not sys.stdin:
             source.close()
-    print(f"published {sent} task(s) to {topic}" + (f"; {bad} line(s) skipped" if bad else ""), file=sys.stderr)
+    seconds = time.monotonic() - started
+    if args.json:
+        print(json.dumps({"topic": topic, "published": sent, "skipped": bad, "seconds": round(seconds, 3)}))
+    print(f"published {sent} task(s) to {topic} in {seconds:.1f}s" + (f"; {bad} line(s) skipped" if bad else ""), file=sys.stderr)
     return 1 if bad else 0
+
+
+def _count_lines(path: str | None) -> int | None:
+    """The number of tasks in a file, for the progress bar (None for stdin: the bar then shows a count)."""
+    if path in (None, "-"):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return sum(1 for line in f if line.strip())
+
+
+class _Progress:
+    """A one-line progress bar on stderr, redrawn at most 10 times a second."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.enabled, self.total, self._drawn = enabled, total, 0.0
+
+    def update(self, sent: int, started: float, force: bool = False) -> None:
+        self._last = (sent, started)
+        now = time.monotonic()
+        if not self.enabled or (now - self._drawn < 0.1 and not force):
+            return
+        self._drawn = now
+        rate = sent / max(now - started, 1e-6)
+        if self.total:
+            filled = int(30 * sent / self.total)
+            bar = f"[{'#' * filled}{'.' * (30 - filled)}] {sent}/{self.total}"
+        else:
+            bar = f"{sent} sent"
+        print(f"\r{bar}  {rate:,.0f} tasks/s ", end="", file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.enabled and self._drawn:
+            self.update(*self._last, force=True)
+            print(file=sys.stderr)
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
@@ -89,9 +138,10 @@ def _dlq_filters(args: argparse.Namespace) -> dict[str, str | None]:
 async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
     from agents_stream import dlq
 
+    security = kafka_security.client_kwargs(settings)
     if args.dlq_command == "show":
         topic, _, _ = dlq.parse_ref(args.ref)
-        found = [d for d in await dlq.read_dead_letters(settings.broker, [topic]) if d.ref == args.ref]
+        found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], security=security) if d.ref == args.ref]
         if not found:
             print(f"no dead letter {args.ref}", file=sys.stderr)
             return 1
@@ -100,8 +150,8 @@ async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
     if args.dlq_command == "requeue":
         for ref in args.refs:
             dlq.parse_ref(ref)  # a clear error for a mistyped reference, before any I/O
-    names = await dlq.dlq_topics(settings.broker, args.agent)
-    records = await dlq.read_dead_letters(settings.broker, names)
+    names = await dlq.dlq_topics(settings.broker, args.agent, security=security)
+    records = await dlq.read_dead_letters(settings.broker, names, security=security)
     if args.dlq_command == "list":
         chosen = [d for d in records if dlq.matches(d, **_dlq_filters(args))]
         if args.json:
@@ -132,7 +182,7 @@ async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
         for d in chosen:
             print(f"would requeue {d.ref} ({d.task_id}) to {d.headers.get('original_topic')}")
         return 0
-    for d, requeue_id in await dlq.requeue(settings.broker, chosen):
+    for d, requeue_id in await dlq.requeue(settings.broker, chosen, security=security):
         print(f"requeued {d.ref} ({d.task_id}) to {d.headers.get('original_topic')} as {requeue_id}")
     print(f"{len(chosen)} requeued", file=sys.stderr)
     return 0
@@ -148,16 +198,15 @@ def _cmd_dlq(args: argparse.Namespace) -> int:
         print(f"agents-stream dlq: {exc}", file=sys.stderr)
         return 2
     except (KafkaError, OSError, TimeoutError) as exc:
-        print(f"agents-stream dlq: cannot reach the broker at {settings.broker} ({exc}); check KAFKA_BROKER", file=sys.stderr)
-        return 1
+        return _broker_unreachable(settings, "dlq", exc)
 
 
 async def _send_one(settings: Settings, topic: str, key: bytes, value: bytes) -> None:
     from aiokafka import AIOKafkaProducer
 
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(settings.broker), acks="all")
-    await asyncio.wait_for(producer.start(), timeout=30)
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(settings.broker), acks="all", **kafka_security.client_kwargs(settings))
     try:
+        await asyncio.wait_for(producer.start(), timeout=30)  # a refused login fails here: still close the producer
         await asyncio.wait_for(producer.send_and_wait(topic, value, key=key), timeout=30)
     finally:
         await asyncio.wait_for(producer.stop(), timeout=30)
@@ -169,9 +218,20 @@ def _broker_call(settings: Settings, what: str, coro: Any) -> int:
     try:
         asyncio.run(coro)
     except (KafkaError, OSError, TimeoutError) as exc:
-        print(f"agents-stream {what}: cannot reach the broker at {settings.broker} ({exc}); check KAFKA_BROKER", file=sys.stderr)
-        return 1
+        return _broker_unreachable(settings, what, exc)
     return 0
+
+
+def _broker_unreachable(settings: Settings, what: str, exc: BaseException) -> int:
+    """Say why the broker could not be used: aiokafka's own error only says "Unable to bootstrap"."""
+    from aiokafka.errors import KafkaConnectionError
+
+    detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, KafkaConnectionError):  # a refused login or TLS handshake ends up here too
+        detail = asyncio.run(kafka_security.diagnose(settings, bootstrap_servers(settings.broker)))
+    print(f"agents-stream {what}: cannot use the broker at {settings.broker} ({detail}); "
+          "check KAFKA_BROKER and the AGENTS_STREAM_KAFKA_* settings", file=sys.stderr)
+    return 1
 
 
 def _cmd_decide(args: argparse.Namespace) -> int:
@@ -197,7 +257,7 @@ async def _job_wait(settings: Settings, job_id: str, timeout: float, submit: Any
     from aiokafka import AIOKafkaConsumer, TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker))
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(settings.broker), **kafka_security.client_kwargs(settings))
     await asyncio.wait_for(admin.start(), timeout=30)
     try:
         described = await asyncio.wait_for(admin.describe_topics([topics.JOB_RESULTS]), timeout=30)
@@ -207,7 +267,10 @@ async def _job_wait(settings: Settings, job_id: str, timeout: float, submit: Any
     if not tps:
         submit.close()
         raise ValueError(f"{topics.JOB_RESULTS} does not exist yet: start a worker first")
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(settings.broker), enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers(settings.broker), enable_auto_commit=False, group_id=None,
+        **kafka_security.client_kwargs(settings),
+    )
     await asyncio.wait_for(consumer.start(), timeout=30)
     try:
         consumer.assign(tps)
@@ -291,6 +354,41 @@ def _cmd_jobs_status(args: argparse.Namespace) -> int:
     return _show(args, "/jobs/{}", _render_job)
 
 
+def _cmd_jobs_watch(args: argparse.Namespace) -> int:
+    """Follow a job through a worker's /jobs view: one line per step that changes, until the job ends."""
+    from urllib.parse import quote
+
+    settings = Settings.from_env()
+    path = f"/jobs/{quote(args.id, safe='')}"
+    deadline = time.monotonic() + args.timeout
+    seen: dict[str, str] = {}
+    while True:
+        try:
+            status, body = _get_view(settings, path)
+        except (OSError, ValueError) as exc:
+            print(f"agents-stream: no worker answered at {settings.link_base()} ({exc}); set AGENTS_STREAM_PUBLIC_URL "
+                  "or WEB_HOST/WEB_PORT to a worker's web address", file=sys.stderr)
+            return 1
+        if status == 200:
+            changes = {"job": body["state"], **{f"step {k}": v["status"] for k, v in body.get("steps", {}).items()}}
+            for what, state in changes.items():
+                if seen.get(what) != state:
+                    seen[what] = state
+                    at = time.strftime("%H:%M:%S")
+                    print(json.dumps({"at": at, "what": what, "state": state}) if args.json else f"{at}  {what:<24} {state}", flush=True)
+            if body["state"] in ("succeeded", "partial", "failed"):
+                if not args.json:
+                    print(_render_job(body))
+                return 0 if body["state"] == "succeeded" else 3
+        elif status != 404 and status != 503:  # unknown yet (just submitted) or a rebalance: ask again
+            print(body.get("error", f"HTTP {status}"), file=sys.stderr)
+            return 1
+        if time.monotonic() > deadline:
+            print(f"job {args.id}: not finished within {args.timeout:g}s (last: {seen.get('job', 'unknown')})", file=sys.stderr)
+            return 1
+        time.sleep(args.interval)
+
+
 def _cmd_jobs(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
@@ -353,6 +451,10 @@ def main(argv: list[str] | None = None) -> int:
     publish.add_argument("--agent", required=True, help="sub-agent name; its topic is agent.tasks.<agent>")
     publish.add_argument("file", nargs="?", default="-", help="JSON-lines file, or - for stdin")
     publish.add_argument("-q", "--quiet", action="store_true", help="do not print task ids")
+    publish.add_argument("--rate", type=float, metavar="N", help="send at most N tasks per second (default: as fast as the broker takes them)")
+    publish.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                         help="a progress bar on stderr (default: when stderr is a terminal)")
+    publish.add_argument("--json", action="store_true", help="print one JSON summary instead of the task ids")
     publish.set_defaults(func=_cmd_publish)
 
     for verb, help_text in (("approve", "approve a task awaiting approval"), ("reject", "reject a task awaiting approval")):
@@ -377,6 +479,13 @@ def main(argv: list[str] | None = None) -> int:
     jstatus.add_argument("id", metavar="JOB_ID")
     jstatus.add_argument("--json", action="store_true", help="the view's JSON as is")
     jstatus.set_defaults(func=_cmd_jobs_status)
+
+    jwatch = jsub.add_parser("watch", help="follow a job: a line per step state change until it ends (exit 0 only if it succeeded)")
+    jwatch.add_argument("id", metavar="JOB_ID")
+    jwatch.add_argument("--timeout", type=float, default=3600.0, help="give up after this many seconds (exit 1)")
+    jwatch.add_argument("--interval", type=float, default=1.0, help="seconds between looks")
+    jwatch.add_argument("--json", action="store_true", help="one JSON object per change")
+    jwatch.set_defaults(func=_cmd_jobs_watch)
 
     tasks = sub.add_parser("tasks", help="look up a task in the ledger (through a worker's /tasks view)")
     tsub = tasks.add_subparsers(dest="tasks_command", required=True)
@@ -419,7 +528,15 @@ def main(argv: list[str] | None = None) -> int:
 
         return fakellm.main(argv[1:]) or 0
     args = parser.parse_args(argv)
-    return args.func(args)
+    from aiokafka.errors import KafkaConnectionError
+
+    try:
+        return args.func(args)
+    except kafka_security.KafkaSecurityError as exc:
+        print(f"agents-stream {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except KafkaConnectionError as exc:  # commands that do not handle it themselves (publish)
+        return _broker_unreachable(Settings.from_env(), args.command, exc)
 
 
 if __name__ == "__main__":

@@ -29,11 +29,29 @@ class Settings:
     """Read with ``Settings.from_env()``; ``agents-stream settings`` prints them all."""
 
     broker: str = _setting("KAFKA_BROKER", "kafka://localhost:9092", "Kafka bootstrap URL(s), comma-separated.")
+    # Broker credentials, used by every Kafka client (agents_stream.kafka_security checks them at start).
+    kafka_security_protocol: str = _setting(
+        "AGENTS_STREAM_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "Kafka security protocol: PLAINTEXT, SASL_PLAINTEXT, SSL or SASL_SSL.",
+    )
+    kafka_sasl_mechanism: str = _setting(
+        "AGENTS_STREAM_KAFKA_SASL_MECHANISM", "PLAIN", "SASL mechanism (SASL_* protocols): PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512.",
+    )
+    kafka_sasl_username: str = _setting("AGENTS_STREAM_KAFKA_SASL_USERNAME", "", "SASL user name (an API key on managed Kafka); needed by SASL_*.")
+    kafka_sasl_password: str = _setting("AGENTS_STREAM_KAFKA_SASL_PASSWORD", "", "SASL password (an API secret); needed by SASL_*. Never printed or logged.")
+    kafka_ssl_cafile: str = _setting(
+        "AGENTS_STREAM_KAFKA_SSL_CAFILE", "", "PEM CA certificate(s) that signed the broker's certificate (SSL, SASL_SSL); empty: the system trust store.",
+    )
+    kafka_ssl_certfile: str = _setting("AGENTS_STREAM_KAFKA_SSL_CERTFILE", "", "PEM client certificate, if the broker asks for one (SSL, SASL_SSL); may hold the key too.")
+    kafka_ssl_keyfile: str = _setting("AGENTS_STREAM_KAFKA_SSL_KEYFILE", "", "PEM unencrypted private key of the client certificate, if not in the certificate file.")
     app_id: str = _setting("AGENTS_STREAM_APP_ID", "agents-stream", "App id = consumer group id and table/changelog prefix.")
     config_path: str = _setting("AGENTS_STREAM_CONFIG", "", "TOML file of providers and agents; empty = the packaged default.")
     agents: str = _setting("AGENTS_STREAM_AGENTS", "", "Comma-separated subset of the configured agents this worker runs; empty = all.")
     web_port: int = _setting("WEB_PORT", 6066, "Port of the worker's web views.")
-    web_host: str = _setting("WEB_HOST", "127.0.0.1", "Address the web views bind to.")
+    web_host: str = _setting(
+        "WEB_HOST", "127.0.0.1",
+        "Address other workers reach this worker's web views at (table reads are forwarded to the key's owner there); also the one they listen on unless WEB_BIND is set.",
+    )
+    web_bind: str = _setting("WEB_BIND", "", "Address the web views listen on, when not WEB_HOST (0.0.0.0 in a container: WEB_HOST is then its own IP).")
     data_dir: str = _setting("AGENTS_STREAM_DATA_DIR", ".data/worker", "Where this worker keeps its RocksDB tables (one per worker on a host).")
     partitions: int = _setting("AGENTS_STREAM_PARTITIONS", 8, "Partitions of every topic the app creates: the ceiling of scale-out.")
     max_in_flight: int = _setting("AGENTS_STREAM_MAX_IN_FLIGHT", 64, "Provider calls one worker runs at once.")
@@ -65,7 +83,12 @@ class Settings:
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
 
     #: never printed, logged or sent
-    SECRETS = frozenset({"approval_secret", "api_token"})
+    SECRETS = frozenset({"approval_secret", "api_token", "kafka_sasl_password"})
+
+    def __repr__(self) -> str:
+        # A logged or printed Settings must not carry a secret.
+        shown = (f"{f.name}={'<set, not shown>' if f.name in self.SECRETS and getattr(self, f.name) else repr(getattr(self, f.name))}" for f in fields(self))
+        return f"Settings({', '.join(shown)})"
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:

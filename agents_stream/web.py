@@ -13,15 +13,14 @@ import asyncio
 import hmac
 import html
 import json
+import logging
 import time
 from typing import Any
-
-import logging
 
 import aiohttp
 from faust.web import Request, Response, View
 
-from agents_stream import dlq, metrics, topics
+from agents_stream import dlq, kafka_security, metrics, topics
 from agents_stream.approvals import LinkError, verify
 from agents_stream.jobs import JobRequest
 from agents_stream.models import ApprovalDecision
@@ -105,7 +104,7 @@ async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
 
     answers = await asyncio.gather(*(one(u) for u in sorted(urls)), return_exceptions=True)
     bodies = [a for a in answers if not isinstance(a, BaseException)]
-    missing = [u for u, a in zip(sorted(urls), answers) if isinstance(a, BaseException)]
+    missing = [u for u, a in zip(sorted(urls), answers, strict=True) if isinstance(a, BaseException)]
     return bodies, missing
 
 
@@ -163,6 +162,7 @@ def _page(title: str, body: str) -> str:
 def register(app: Any) -> None:
     table = app.task_table
     settings = app.settings
+    security = kafka_security.client_kwargs(settings)
 
     @app.page("/approvals")
     class Approvals(View):
@@ -201,8 +201,8 @@ def register(app: Any) -> None:
             try:
                 limit = max(1, min(int(q.get("limit", "100")), 1000))
                 filters = {k: q.get(k) or None for k in ("agent", "layer", "reason", "since", "until")}
-                names = await dlq.dlq_topics(settings.broker, filters["agent"], timeout=10.0)
-                records = await dlq.read_dead_letters(settings.broker, names, timeout=20.0)
+                names = await dlq.dlq_topics(settings.broker, filters["agent"], timeout=10.0, security=security)
+                records = await dlq.read_dead_letters(settings.broker, names, timeout=20.0, security=security)
                 chosen = [d for d in records if dlq.matches(d, **filters)]
             except ValueError as exc:
                 return self.json({"error": f"bad filter: {exc}"}, status=400)
@@ -223,10 +223,10 @@ def register(app: Any) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
-            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0) if d.ref == ref]
+            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
             if not found:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
-            (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0)
+            (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
             log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
             return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
 
@@ -237,7 +237,7 @@ def register(app: Any) -> None:
                 topic, _, _ = dlq.parse_ref(ref)
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
-            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0) if d.ref == ref]
+            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
             if not found:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
             return self.json(found[0].as_dict())
@@ -314,7 +314,12 @@ def register(app: Any) -> None:
     @app.page("/metrics")
     class Metrics(View):
         async def get(self, request: Request) -> Response:
-            body, content_type = metrics.render(app.runtime.circuits.describe(), app.runtime.executor.held)
+            # Only this worker's own numbers, from memory: Prometheus scrapes every worker and sums.
+            rt = app.runtime
+            body, content_type = metrics.render(
+                rt.circuits.describe(), rt.executor.held, agents=rt.agents, leases_now=len(rt.ledger.open_tasks),
+                approvals=rt.ledger.approvals_pending(rt.agents), lag=rt.consumer_lag(),
+            )
             return self.bytes(body, content_type=content_type.split(";")[0])
 
     @app.page("/circuits")
@@ -353,3 +358,7 @@ def register(app: Any) -> None:
             "approval": json.loads(record.approval) if record.approval else None,
         }
         return self.json(body)
+
+    from agents_stream.console import register_console
+
+    register_console(app)

@@ -101,6 +101,10 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     def cli(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "agents_stream.cli", *argv], cwd=ROOT, env=cli_env, capture_output=True, text=True, timeout=60)
 
+    watched = cli("jobs", "watch", planned, "--json", "--timeout", "30")
+    changes = [json.loads(line) for line in watched.stdout.splitlines()]
+    assert watched.returncode == 0 and {(c["what"], c["state"]) for c in changes} == {
+        ("job", "succeeded"), ("step a", "succeeded"), ("step b", "succeeded")}, watched
     status = cli("jobs", "status", planned)
     assert status.returncode == 0 and f"job {planned}  succeeded" in status.stdout, status
     assert [line.split()[:3] for line in status.stdout.splitlines()[1:]] == [["a", worker, "succeeded"], ["b", worker, "succeeded"]]

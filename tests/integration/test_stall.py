@@ -12,7 +12,7 @@ import json
 from agents_stream import topics
 from agents_stream.consumer import FAULT_DROP_FETCHED
 
-from .harness import encode, produce, read_topic, results_for, task, unique, uncommitted
+from .harness import encode, produce, read_topic, results_for, task, uncommitted, unique
 
 
 async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_factory, fake_llm):

@@ -21,7 +21,8 @@ async def test_any_worker_answers_for_any_task(cluster_factory):
     agent = unique("web")
     c = cluster_factory([agent], None)
     workers = [await c.started("w0"), await c.started("w1")]
-    ids = [f"job{i}/step" for i in range(8)] + [f"plain-{i}" for i in range(8)]
+    run = unique("r")  # ids of their own: agent.results keeps earlier runs' results under the same keys
+    ids = [f"{run}-job{i}/step" for i in range(8)] + [f"{run}-plain-{i}" for i in range(8)]
     await produce(topics.task_topic(agent), [encode(task(agent, i)) for i in ids])
     await results_for(set(ids), timeout=60)
     owners = set()
@@ -107,7 +108,7 @@ async def test_any_worker_lists_every_workers_approvals(cluster_factory, fake_ll
     policy = f'[agents.{agent}.approval]\nalways = true\n[[agents.{agent}.approval.levels]]\nname = "lead"\ntimeout_s = 600\n'
     c = cluster_factory([agent], fake_llm.url, extra=policy)
     workers = [await c.started("w0"), await c.started("w1")]
-    ids = {f"gate-{i}" for i in range(12)}
+    ids = {f"{agent}-{i}" for i in range(12)}
     await produce(topics.task_topic(agent), [encode(task(agent, i)) for i in ids])
 
     async def listed(w) -> bool:
