@@ -61,7 +61,8 @@ class AgentsStreamApp(faust.App):
 
     async def on_start(self) -> None:
         # Before the consumer joins its group (children start after on_start): see ensure_topics.
-        await ensure_topics(self.settings, self.input_topics, self.conf.topic_replication_factor)
+        changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
+        await ensure_topics(self.settings, self.input_topics, self.conf.topic_replication_factor, compacted=changelogs)
         await super().on_start()
 
     def _new_transport(self) -> Any:
@@ -333,14 +334,18 @@ class Runtime:
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
-async def ensure_topics(settings: Settings, names: list[str], replication: int, timeout: float = 60.0) -> None:
-    """Create the input topics that are missing and wait until the broker describes every one of them.
+async def ensure_topics(
+    settings: Settings, names: list[str], replication: int, timeout: float = 60.0, compacted: list[str] | None = None,
+) -> None:
+    """Create the input topics and the tables' changelogs (``compacted``) that are missing, and wait until the
+    broker describes every one of them.
 
-    Faust creates them as its agents start, moments before the consumer joins
-    its group; on a fresh broker the group leader's metadata could predate them,
-    and the assignment then left a topic out ("Ignoring missing topic") until a
-    metadata refresh minutes later. Done before the consumer starts, nothing is
-    left out.
+    Faust creates them as its agents and tables start, moments before the
+    consumer joins its group; on a fresh broker the group leader's metadata
+    could predate them, and the assignment then left a topic out ("Ignoring
+    missing topic") until a metadata refresh minutes later: an input topic was
+    not read, or a changelog (the approval timers') was not assigned, so its
+    table stayed empty. Done before the consumer starts, nothing is left out.
 
     Every input topic must also have AGENTS_STREAM_PARTITIONS partitions (the
     tables are co-partitioned with them). One created earlier with another
@@ -363,7 +368,12 @@ async def ensure_topics(settings: Settings, names: list[str], replication: int, 
     log.info("Connected to Kafka at %s (%s)", settings.broker, kafka_security.parse(settings).describe())
     try:
         existing = set(await asyncio.wait_for(admin.list_topics(), timeout=30.0))
+        compacted = compacted or []
         missing = [NewTopic(name, settings.partitions, replication) for name in names if name not in existing]
+        missing += [
+            NewTopic(name, settings.partitions, replication, topic_configs={"cleanup.policy": "compact"})
+            for name in compacted if name not in existing
+        ]
         if missing:
             try:
                 await asyncio.wait_for(admin.create_topics(missing), timeout=30.0)
@@ -371,16 +381,17 @@ async def ensure_topics(settings: Settings, names: list[str], replication: int, 
                 pass  # another worker starting at the same time made them
         deadline = time.monotonic() + timeout
         while True:
-            described = await asyncio.wait_for(admin.describe_topics(names), timeout=30.0)
+            described = await asyncio.wait_for(admin.describe_topics(names + compacted), timeout=30.0)
             counts = {t["topic"]: len(t.get("partitions") or ()) for t in described}
-            if all(counts.get(n) for n in names):
+            if all(counts.get(n) for n in names + compacted):
                 break
             if time.monotonic() > deadline:
-                raise SystemExit(f"Input topics not visible on the broker after {timeout:.0f}s: {[n for n in names if not counts.get(n)]}")
+                late = [n for n in names + compacted if not counts.get(n)]
+                raise SystemExit(f"Topics not visible on the broker after {timeout:.0f}s: {late}")
             await asyncio.sleep(0.2)
     finally:
         await admin.close()
-    wrong = {t: n for t, n in counts.items() if n != settings.partitions}
+    wrong = {t: n for t, n in counts.items() if n != settings.partitions and t in names}
     if wrong:
         message = (
             f"Input topics exist with a partition count other than AGENTS_STREAM_PARTITIONS={settings.partitions}: "
@@ -484,6 +495,8 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         # Ledgers of every app id send their job tasks' results here; the orchestrator sends tasks to any agent.
         app.topic(topics.JOB_EVENTS, partitions=n, internal=True),
         app.topic(topics.JOB_RESULTS, partitions=n, internal=True),
+        # Any worker's web view accepts a job cancel, even with the orchestrator elsewhere.
+        *([] if settings.jobs_enabled() else [app.topic(topics.JOBS, partitions=n, internal=True)]),
         *(app.topic(topics.task_topic(a), partitions=n, internal=True) for a in config.agents if settings.jobs_enabled() and a not in agents),
         # One partition: every worker folds the whole log in one order (agents_stream.circuits).
         # LogAppendTime: the broker stamps every event, so the fold uses one clock for all workers.

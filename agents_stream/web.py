@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 import aiohttp
+from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
 from agents_stream import dlq, kafka_security, metrics, topics
@@ -89,7 +90,10 @@ async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
         fut = await channel.send(key=key.encode(), value=value)
         await fut
 
-    await asyncio.wait_for(send(), timeout=15.0)
+    try:
+        await asyncio.wait_for(send(), timeout=15.0)
+    except (asyncio.TimeoutError, KafkaError) as exc:
+        raise Refused(503, f"the broker did not confirm the event on {topic} ({type(exc).__name__}); it may not have been sent: retry (a decision or cancel sent twice counts once)") from None
 
 
 async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
@@ -190,7 +194,10 @@ def register(app: Any) -> None:
                 )
             except Exception as exc:  # bad fields: the caller's mistake, said plainly
                 return self.json({"error": f"expected JSON {{\"decision\": \"approve\"|\"reject\", \"by\": \"<who>\"}}: {exc}"}, status=400)
-            await publish_decision(app, decision)
+            try:
+                await publish_decision(app, decision)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}, status=202)
 
     @app.page("/dlq")
@@ -223,10 +230,13 @@ def register(app: Any) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
-            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
-            if not found:
-                return self.json({"error": f"no dead letter {ref}"}, status=404)
-            (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
+            try:
+                found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
+                if not found:
+                    return self.json({"error": f"no dead letter {ref}"}, status=404)
+                (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
+            except (asyncio.TimeoutError, TimeoutError, KafkaError) as exc:
+                return self.json({"error": f"the broker did not answer ({type(exc).__name__}); the requeue may or may not have been sent: look the task up before retrying"}, status=503)
             log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
             return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
 
@@ -254,7 +264,10 @@ def register(app: Any) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             except Exception as exc:
                 return self.json({"error": f"expected JSON {{\"by\": \"<who>\", \"reason\": \"<why>\"}}: {exc}"}, status=400)
-            await send_event(app, topics.JOBS, job_id, cancel.model_dump_json(exclude_none=True).encode())
+            try:
+                await send_event(app, topics.JOBS, job_id, cancel.model_dump_json(exclude_none=True).encode())
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
 
     @app.page("/approvals/{task_id}/{decision}")
@@ -285,7 +298,10 @@ def register(app: Any) -> None:
             except LinkError as exc:
                 return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
             made = ApprovalDecision(task_id=task_id, decision=decision, by=by, via="link")  # type: ignore[arg-type]
-            await publish_decision(app, made)
+            try:
+                await publish_decision(app, made)
+            except Refused as exc:
+                return self.html(_page("Not recorded", f"<p>{html.escape(str(exc))}</p>"), status=exc.status)
             return self.html(_page("Decision recorded", f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"), status=202)
 
     @app.page("/healthz")

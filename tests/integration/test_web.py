@@ -32,6 +32,8 @@ async def test_any_worker_answers_for_any_task(cluster_factory):
             assert isinstance(body, dict) and body.get("task_id") == task_id and body["state"] == "succeeded", (w.name, task_id, body)
             owners.add(body["owner"])
     assert len(owners) == 2, "both workers own some of the tasks, so half the reads were forwarded"
+    views = [await w.get("/circuits") for w in workers]
+    assert set(views[0]["providers"]) == set(views[1]["providers"]) == {"local"} and views[0]["worker"] != views[1]["worker"]
     for w in workers:
         body = await w.get("/tasks/no-such-task")
         assert body == {"error": "unknown task_id 'no-such-task'"}
@@ -92,6 +94,8 @@ async def test_cancel_over_http_becomes_a_job_event(cluster_factory):
     """POST /jobs/<id>/cancel needs the token and publishes a cancel JobRequest on agent.jobs for the orchestrator."""
     c = cluster_factory([unique("webjobs")], None, AGENTS_STREAM_API_TOKEN=TOKEN)
     w = await c.started()
+    health = await w.get("/healthz")
+    assert health["status"] == "ok" and health["worker"] == (await w.readyz())["worker"]
     job_id = unique("job")
     assert (await post(w, f"/jobs/{job_id}/cancel", {"by": "ops"}, token=None))[0] == 401
     status_code, body = await post(w, f"/jobs/{job_id}/cancel", {"by": "ops", "reason": "wrong input"})
