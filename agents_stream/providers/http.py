@@ -161,8 +161,12 @@ class HTTPProvider(Provider):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # total= bounds connect + send + read, so no call outlives timeout_s
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.config.timeout_s))
+            # total= bounds connect + send + read, so no call outlives timeout_s. No connection cap of the
+            # session's own (aiohttp's default is 100): the executor's call slots and the provider's
+            # concurrency limit bound the calls, and a call waiting for a pooled connection spent its timeout.
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=self.config.timeout_s), connector=aiohttp.TCPConnector(limit=0),
+            )
         return self._session
 
     def _key(self) -> str | None:
