@@ -133,6 +133,9 @@ class Runtime:
             self.ledger.orchestrator = Orchestrator(self.ledger, app.jobs_table, app.timers_table, list(config.agents))
         self._paused: set[TP] = set()
         self.stalls = StallDetector(settings.stall_after_s)
+        self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
+        self._reread_tasks: set[asyncio.Task[None]] = set()
+        self.ledger.on_gap = self.reread
         self.started = False  # output topics declared and executor running: /readyz says ready
         self.stopping = False
         self.finishing: set[str] = set()  # tasks whose final outcome this worker sent while stopping
@@ -263,6 +266,50 @@ class Runtime:
                 return False
             await asyncio.sleep(0.05)
         return True
+
+    def reread(self, tp: TP, offset: int) -> bool:
+        """Records of ``tp`` from ``offset`` never reached the ledger: seek back there (once per offset every few
+        seconds: the records already fetched past the gap arrive meanwhile and report the same gap).
+        True when a seek was started (the ledger logs it and alerts)."""
+        now = time.monotonic()
+        last = self._rereads.get(tp)
+        if last is not None and last[0] == offset and now - last[1] < 5.0:
+            return False
+        self._rereads[tp] = (offset, now)
+
+        async def seek() -> None:
+            consumer = self.app.consumer
+            if self.app.in_recovery or getattr(self.app, "rebalancing", False) or tp not in consumer.assignment():
+                return  # the rebalance seeks to the commits, which never pass the gap
+            try:
+                await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)
+            except Exception as exc:  # the progress check seeks again if this one did not happen
+                log.warning("Could not seek %s:%d back to %d (%r); the progress check retries", tp.topic, tp.partition, offset, exc)
+
+        task = asyncio.ensure_future(seek())
+        self._reread_tasks.add(task)
+        task.add_done_callback(self._reread_tasks.discard)
+        return True
+
+    async def seed_starts(self, assigned: set[TP]) -> None:
+        """Tell the watermark where reading starts on each newly assigned input partition (the group's commit),
+        so records Faust drops right after the rebalance are a gap, not a new start."""
+        fresh = {tp for tp in assigned if tp.topic in self.app.managed_topics and self.app.watermark.next_offset(tp) is None}
+        if not fresh:
+            return
+        consumer = self.app.consumer
+        try:
+            starts = await asyncio.wait_for(consumer.committed_offsets(fresh), timeout=10.0)
+            unset = {tp for tp, at in starts.items() if at is None}
+            if unset:  # no commit yet: reading starts at the earliest offset (auto_offset_reset)
+                starts.update(await asyncio.wait_for(consumer.earliest_offsets(*unset), timeout=10.0))
+        except Exception as exc:  # without a start the first record read sets it, as before
+            log.warning("Could not read the committed offsets of %d assigned partitions (%r); a record dropped right "
+                        "after this rebalance is caught by the progress check only", len(fresh), exc)
+            return
+        for tp, at in starts.items():
+            if at is not None:
+                self.app.watermark.start(tp, at)
 
     async def check_progress(self) -> None:
         """Read again, from the first unhandled offset, an assigned partition whose records stopped arriving.
@@ -549,6 +596,12 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     @app.on_partitions_assigned.connect
     async def _assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
         runtime.on_assigned()
+
+    @app.on_rebalance_complete.connect
+    async def _rebalanced(sender: Any, **kwargs: Any) -> None:
+        # After the group settled and before the streams resume (Faust's recovery sends this first):
+        # the broker answers offset requests now, and nothing of the new assignment has been read yet.
+        await runtime.seed_starts(set(app.consumer.assignment()))
 
     @app.task
     async def _start_executor() -> None:

@@ -79,6 +79,9 @@ class Ledger:
         self.orchestrator: Any = None
         self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
+        #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
+        #: reads the partition again from there. True when this is news (worth a log line and an alert).
+        self.on_gap: Callable[[TP, int], bool] = lambda tp, offset: True
         #: tasks awaiting a decision on this worker's partitions: task_id → (partition, agent), for the metrics;
         #: kept by _index and made whole again by every scan_parked (after a restart or a rebalance)
         self.awaiting_approval: dict[str, tuple[TP, str]] = {}
@@ -112,10 +115,10 @@ class Ledger:
             self.control("alert.ledger_error", f"{tp.topic}:{tp.partition}:{message.offset}", None, {"error": repr(exc)})
         finally:
             gap = self.watermark.handled(tp, message.offset)
-            if gap is not None:
-                log.error(
+            if gap is not None and self.on_gap(tp, gap):
+                log.warning(
                     "Offsets %d..%d of %s[%d] never reached the ledger (dropped by the consumer); nothing is committed "
-                    "past %d, so they are read again after a restart or rebalance: restart this worker",
+                    "past %d and the partition is read again from there",
                     gap, message.offset - 1, tp.topic, tp.partition, gap,
                 )
                 self.control("alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None, {"first": gap, "next_seen": message.offset})
@@ -127,13 +130,24 @@ class Ledger:
         try:
             task = parse_task(value, agent=agent, max_bytes=self.settings.payload_max_bytes)
         except PoisonMessage as poison:
+            marker = poison_key(tp.topic, offset)
+            if self.table.get(marker):
+                # A redelivery (a crash or rebalance before the commit passed it): it has its dead letter.
+                log.info("%s[%d]@%d was dead-lettered before; not again", tp.topic, tp.partition, offset)
+                return
             log.warning(
                 "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)",
                 tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
             )
             _, history = requeue_headers(headers)
             extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
-            self._dead_letter(tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra)
+            # The marker is durable with the dead letter, before the offset commits: one record per poison message.
+            self.table[marker] = json.dumps({"at": time.time()})
+            mark = self._changelog_send(tp.partition, marker, self.table.last_changelog)
+            self._dead_letter(
+                tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra,
+                also=[mark],
+            )
             return
         if self.moved(tp, offset, task.task_id, value, headers):
             return
@@ -497,9 +511,9 @@ class Ledger:
 
     def _dead_letter(
         self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str,
-        attempts: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
+        attempts: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None, also: list[Send] | None = None,
     ) -> None:
-        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic)]
+        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic), *(also or [])]
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
         self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc()])
 
@@ -694,6 +708,11 @@ def timer_key(task_id: str) -> str:
 def _parked(record: TaskRecord | None) -> bool:
     """Waiting for a decision, or running after one: found by the scanner, not by a redelivery."""
     return record is not None and record.approval is not None and not record.terminal
+
+
+def poison_key(topic: str, offset: int) -> str:
+    """A poison message's marker in the task table (on its own partition: the changelog follows the source)."""
+    return f"\x00dead/{topic}/{offset}"
 
 
 def spend_key(agent: str, day: str, partition: int) -> str:

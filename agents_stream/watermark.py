@@ -34,22 +34,26 @@ class Watermark:
         if held[offset] <= 0:
             del held[offset]
 
+    def start(self, tp: Hashable, offset: int) -> None:
+        """``tp`` was assigned and reading starts at ``offset`` (the group's commit): a first record
+        handled past it is a gap, not a new start (records the consumer dropped after a rebalance)."""
+        self._next.setdefault(tp, offset)
+
     def handled(self, tp: Hashable, offset: int) -> int | None:
         """The ledger is done with ``offset`` (its effects are durable or held open).
 
         Returns the first skipped offset when ``offset`` jumps past messages never
         handled (our topics have no compaction or transactions, so a gap means the
-        consumer dropped records); that offset is then held for good, so what was
-        never seen is read again by the next owner instead of being committed past.
+        consumer dropped records). The position then stays at that offset: nothing
+        past it is committed, and the caller reads the partition again from there
+        (records handled twice are redeliveries to the ledger).
         """
         expected = self._next.get(tp)
-        gap = None
         if expected is not None and offset > expected:
-            gap = expected
-            self.open(tp, expected)
+            return expected
         if offset + 1 > self._next.get(tp, -1):
             self._next[tp] = offset + 1
-        return gap
+        return None
 
     def commit_offset(self, tp: Hashable) -> int | None:
         """The offset to commit for ``tp`` (Kafka's "next to read"), or None if nothing is known."""

@@ -167,10 +167,15 @@ def receive(
         if record.result is not None:
             return record, [EmitResult(record.result)]
         return record, []
-    if running_here or record.state == AWAITING_APPROVAL:
-        # Our executor already has it (the first delivery's offset is tracked), or
-        # it waits for a human and the decision arrives as an event.
+    if record.state == AWAITING_APPROVAL:
+        # It waits for a human and the decision arrives as an event.
         return record, []
+    if running_here:
+        # Our executor already has it. Hold this offset too: after a rebalance that gave the
+        # partition back to us, the first delivery's hold was dropped with the revoke, and
+        # without this one the watermark would commit past a task with no outcome (lost if
+        # we then crash). Settle releases every offset tracked for the task.
+        return record, [Track()]
     # Running under a lease this process does not hold (we crashed and restarted,
     # or the partition moved here): hold the offset and wait for the owner's
     # outcome. Never take over here, even if the stored lease looks lapsed: after

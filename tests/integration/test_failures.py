@@ -15,7 +15,7 @@ from collections import Counter
 from agents_stream import topics
 from agents_stream.fakellm import status
 
-from .harness import BOOTSTRAP, ROOT, committed, encode, eventually, produce, read_topic, results_for, task, unique
+from .harness import BOOTSTRAP, PARTITIONS, ROOT, committed, encode, eventually, produce, read_topic, results_for, task, unique
 
 
 def calls_per_task(fake, ids: set[str]) -> Counter:
@@ -223,3 +223,30 @@ async def test_task_whose_worker_keeps_dying_is_dead_lettered_for_recovery(clust
     headers = {k: v.decode() for k, v in dlq[0].headers}
     assert headers["error_layer"] == "recovery" and headers["attempts"] == "1"
     assert headers["original_topic"] == topics.task_topic(agent)
+
+
+async def test_poison_message_redelivered_after_a_crash_is_dead_lettered_once(cluster_factory, fake_llm):
+    """A slow task holds the partition's commit below a poison message behind it; the worker is SIGKILLed, the
+    restarted one reads both again: the task gets one result, the poison message still has one dead letter."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    await fake_llm.set_mode(latency=4.0)
+    w = await c.started("a")
+    slow = next(t for t in (task(agent) for _ in range(1000)) if topics.partition_for(t["task_id"].encode(), PARTITIONS) == 0)
+    await produce(topics.task_topic(agent), [encode(slow)], partition=0)
+    await eventually(lambda: fake_llm.in_flight >= 1, timeout=30, interval=0.1, what="the slow call in flight")
+    await produce(topics.task_topic(agent), [(b"poison-1", b"{not json")], partition=0)
+    await read_topic(topics.dlq_topic(agent), timeout=30, until=lambda seen: len(seen) >= 1)
+    assert (await committed(c.app_id, topics.task_topic(agent))).get(0, 0) == 0, "the slow task holds the commit"
+    w.kill()
+    await fake_llm.set_mode(latency=0.0)
+    await c.started("a")
+    results = await results_for({slow["task_id"]}, timeout=90)
+    assert_one_distinct_success(results, {slow["task_id"]})
+    await eventually(lambda: _committed_past(c.app_id, topics.task_topic(agent), 2), timeout=30, what="the commit past both")
+    dead = await read_topic(topics.dlq_topic(agent), timeout=5, until=lambda seen: False)
+    assert len(dead) == 1, f"the poison message has {len(dead)} dead letters"
+
+
+async def _committed_past(group: str, topic: str, offset: int) -> bool:
+    return (await committed(group, topic)).get(0, 0) >= offset

@@ -181,12 +181,32 @@ def test_commit_never_passes_open_or_unhandled(steps: list[tuple[int, list[int],
 
 
 def test_a_gap_in_handled_offsets_is_never_committed_past() -> None:
-    """If the consumer skips records, the commit stays at the first skipped offset (a restart reads them again)."""
+    """If the consumer skips records, the commit stays at the first skipped offset until they are read again."""
     w = Watermark()
-    assert w.handled("tp", 10) is None  # the first offset seen after assignment sets the start
+    assert w.handled("tp", 10) is None  # with no start given, the first offset seen sets it
     assert w.handled("tp", 11) is None
     assert w.handled("tp", 15) == 12, "12..14 never arrived"
     assert w.commit_offset("tp") == 12
-    w.handled("tp", 16)
-    assert w.commit_offset("tp") == 12, "still held: nothing past what was never seen"
-    assert w.handled("tp", 13) is None, "a rewind (seek back) is not a gap"
+    assert w.handled("tp", 16) == 12, "still a gap: nothing past what was never seen"
+    assert w.commit_offset("tp") == 12
+    for offset in range(12, 17):  # read again from 12 (the caller seeks back)
+        assert w.handled("tp", offset) is None
+    assert w.commit_offset("tp") == 17
+
+
+def test_records_dropped_right_after_assignment_are_a_gap() -> None:
+    """Reading starts at the group's commit: a first record past it means the ones before it were dropped
+    (the lost tasks of the SIGKILL benchmark: the new owner committed past records it never saw)."""
+    w = Watermark()
+    w.start("tp", 40)
+    assert w.commit_offset("tp") == 40
+    assert w.handled("tp", 52) == 40
+    assert w.commit_offset("tp") == 40
+    assert w.handled("tp", 40) is None and w.commit_offset("tp") == 41
+
+
+def test_start_does_not_move_a_partition_already_read() -> None:
+    w = Watermark()
+    w.handled("tp", 7)
+    w.start("tp", 3)
+    assert w.commit_offset("tp") == 8
