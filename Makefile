@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The local broker is used unless KAFKA_BROKER points elsewhere.
 LOCAL_BROKER := $(if $(KAFKA_BROKER),,yes)
 
-.PHONY: install run worker test test-unit test-integration broker broker-stop lint fake-llm clean
+.PHONY: install run worker test test-unit test-integration broker broker-stop lint fake-llm clean chaos
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agents-stream needs Python 3.11+")'
@@ -46,11 +46,39 @@ test: install
 	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
 	exit $$rc
 
+# The chaos run at full size (tests/chaos.py, docs/chaos.md): 3 workers, 5,000 tasks, kills, a broker restart.
+# CHAOS_ARGS adds options (e.g. CHAOS_ARGS="--tasks 1000"). A broker this target started is stopped again.
+# Against KAFKA_BROKER (not a broker scripts/broker.sh manages) it runs without the broker restart.
+chaos: install
+	@started=""; \
+	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
+	  bash scripts/broker.sh start || exit $$?; started=yes; \
+	fi; \
+	if [ -n "$(LOCAL_BROKER)" ]; then bootstrap="127.0.0.1:$${KAFKA_PORT:-9092}"; extra=""; \
+	else bootstrap="$$(echo '$(KAFKA_BROKER)' | sed 's#kafka://##g')"; extra="--no-broker-restart"; fi; \
+	KAFKA_BOOTSTRAP="$$bootstrap" $(PY) -m tests.chaos --tasks 5000 $$extra $(CHAOS_ARGS); rc=$$?; \
+	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
+	exit $$rc
+
 test-unit: install
 	$(PY) -m pytest -q tests/unit tests/agents
 
 lint: install
 	$(VENV)/bin/ruff check agents_stream tables tests bench
+
+# Benchmarks B1-B5 (bench/run.py): prints the table and writes docs/benchmarks.md; about 12 minutes on 2 cores.
+# Not part of `make test`. BENCH_ARGS adds options (e.g. BENCH_ARGS="--quick" or "--only B1,B3").
+# A local broker (port $${KAFKA_PORT:-9092}) is started if KAFKA_BROKER is not set and none runs; stopped again after.
+.PHONY: bench
+bench: install
+	@started=""; \
+	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
+	  bash scripts/broker.sh start || exit $$?; started=yes; \
+	fi; \
+	if [ -n "$(LOCAL_BROKER)" ]; then export KAFKA_BOOTSTRAP="127.0.0.1:$${KAFKA_PORT:-9092}"; fi; \
+	$(PY) bench/run.py $(BENCH_ARGS); rc=$$?; \
+	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
+	exit $$rc
 
 clean:
 	rm -rf .data/worker build *.egg-info
