@@ -1,0 +1,149 @@
+"""`make bench`: run the benchmarks (all, or `--only B1,B3`), print the table, write docs/benchmarks.md.
+
+    .venv/bin/python bench/run.py [--quick] [--only B1,B3] [--no-write]
+
+Needs a broker: KAFKA_BOOTSTRAP (host:port) or KAFKA_BROKER (kafka://host:port), default 127.0.0.1:9092.
+Every benchmark has a timeout and stops the processes it started (by PID) whatever happens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import atexit
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if not os.environ.get("KAFKA_BOOTSTRAP") and os.environ.get("KAFKA_BROKER"):
+    from agents_stream.settings import bootstrap_servers
+
+    os.environ["KAFKA_BOOTSTRAP"] = bootstrap_servers(os.environ["KAFKA_BROKER"])
+
+from bench import b1_throughput, b2_provider_latency, b3_latency, b4_failover, b5_memory, common  # noqa: E402
+from bench.report import Row, markdown, table  # noqa: E402
+
+#: sizes: full (the documented run) and --quick (a smoke run on a busy machine)
+SIZES = {
+    "full": {"b1_n": 10_000, "b2_n": 5_000, "b2_sync_n": 50, "b3_s": 30.0, "b4_rate": 80.0, "b4_before_s": 15.0,
+             "b4_after_s": 90.0, "b5_n": 1_000_000},
+    "quick": {"b1_n": 2_000, "b2_n": 1_000, "b2_sync_n": 15, "b3_s": 8.0, "b4_rate": 40.0, "b4_before_s": 10.0,
+              "b4_after_s": 75.0, "b5_n": 50_000},
+}
+#: each benchmark's own time limit (seconds), full / quick
+TIMEOUTS = {"B1": (900, 300), "B2": (300, 180), "B3": (300, 180), "B4": (360, 300), "B5": (1500, 300)}
+MODULES = {"B1": b1_throughput, "B2": b2_provider_latency, "B3": b3_latency, "B4": b4_failover, "B5": b5_memory}
+DOC = ROOT / "docs" / "benchmarks.md"
+NOTES = ROOT / "bench" / "notes.md"
+
+
+async def main(only: list[str], quick: bool, b3_rate: float | None) -> tuple[list[Row], dict, dict[str, float]]:
+    size = SIZES["quick" if quick else "full"]
+    rows: list[Row] = []
+    raw: dict = {}
+    took: dict[str, float] = {}
+    keep = os.environ.get("BENCH_KEEP_TMP")  # set: worker logs and data dirs stay (for a post-mortem)
+    with (contextlib.nullcontext(tempfile.mkdtemp(prefix="agents-stream-bench-")) if keep
+          else tempfile.TemporaryDirectory(prefix="agents-stream-bench-")) as d:
+        tmp = Path(d)
+        if keep:
+            print(f"keeping logs and data under {tmp}", flush=True)
+        for name in only:
+            limit = TIMEOUTS[name][1 if quick else 0]
+            if name == "B1":
+                coro = b1_throughput.run(tmp, size["b1_n"])
+            elif name == "B2":
+                coro = b2_provider_latency.run(tmp, size["b2_n"], size["b2_sync_n"])
+            elif name == "B3":
+                b1 = raw.get("B1", {}).get("ours", {}).get("rate")
+                rate = b3_rate or (b1 / 2 if b1 else 500.0)
+                coro = b3_latency.run(tmp, rate, size["b3_s"])
+            elif name == "B4":
+                coro = b4_failover.run(tmp, size["b4_rate"], size["b4_before_s"], size["b4_after_s"])
+            else:
+                coro = b5_memory.run(tmp, size["b5_n"])
+            print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
+            started = time.monotonic()
+            try:
+                got, raw[name] = await asyncio.wait_for(coro, limit)
+                rows += got
+            except asyncio.TimeoutError:
+                rows.append(Row(name, f"TIMEOUT after {limit}s", "not measured"))
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(Row(name, "FAILED", f"{type(exc).__name__}: {str(exc)[:120]}"))
+            finally:
+                common.stop_all()
+            took[name] = time.monotonic() - started
+            print(f"[{time.strftime('%H:%M:%S')}] {name} done in {took[name]:.0f}s", flush=True)
+            for line in table([r for r in rows if r.bench == name]):
+                print("   ", line, flush=True)
+    return rows, raw, took
+
+
+def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, machine: dict[str, str], only: list[str]) -> None:
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [
+        "# Benchmarks",
+        "",
+        "Written by `make bench` (`bench/run.py`); do not edit by hand. Targets are goals printed next to the",
+        "figures, not assertions. All flows run on one machine against one local broker, each in its own processes",
+        "(workers and baselines are separate OS processes; the driver that publishes and reads the results is another).",
+        "",
+    ]
+    if quick:
+        lines += ["> **Quick run (`--quick`): small sizes, not the documented figures.** Run `make bench` for those.", ""]
+    lines += [f"Run: {when}, benchmarks {', '.join(only)}, {sum(took.values()):.0f} s in all "
+              f"({', '.join(f'{k} {v:.0f} s' for k, v in took.items())}).", "", "## Machine", ""]
+    lines += [f"- {k}: {v}" for k, v in machine.items()]
+    lines += ["", "## Results", "", *markdown(rows), "", "## How each figure is measured", ""]
+    for name in only:
+        doc = (MODULES[name].__doc__ or "").strip()
+        lines += [f"### {name}", "", doc, ""]
+    if NOTES.exists():  # findings written by hand (profiles, what limits a figure): kept across runs
+        lines += [NOTES.read_text().strip(), ""]
+    lines += [
+        "### Sizes", "",
+        f"`{'--quick' if quick else 'full'}`: " + ", ".join(f"{k}={v:,}" if isinstance(v, int) else f"{k}={v:g}"
+                                                            for k, v in SIZES["quick" if quick else "full"].items()),
+        "", "## Raw figures", "", "```json", json.dumps(raw, indent=1, default=str, sort_keys=True), "```", "",
+    ]
+    DOC.write_text("\n".join(lines))
+
+
+def cli() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", default="B1,B2,B3,B4,B5", help="comma-separated subset, e.g. B1,B3")
+    parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; figures not final)")
+    parser.add_argument("--b3-rate", type=float, default=None, help="B3's rate when B1 is not run (default: half of B1's, else 500/s)")
+    parser.add_argument("--no-write", action="store_true", help=f"print only; leave {DOC.relative_to(ROOT)} alone")
+    args = parser.parse_args()
+    only = [x.strip().upper() for x in args.only.split(",") if x.strip()]
+    unknown = [x for x in only if x not in MODULES]
+    if unknown:
+        parser.error(f"unknown benchmarks {unknown}; known: {', '.join(MODULES)}")
+    atexit.register(common.stop_all)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: every finally stops its processes
+    machine = common.machine()
+    print("Machine:", *(f"  {k}: {v}" for k, v in machine.items()), sep="\n", flush=True)
+    rows, raw, took = asyncio.run(main(only, args.quick, args.b3_rate))
+    print(f"\nagents-stream benchmarks{' (QUICK: small sizes, not final)' if args.quick else ''}:"
+          f" {sum(took.values()):.0f} s\n")
+    print("\n".join(table(rows)))
+    if not args.no_write:
+        write_doc(rows, raw, took, args.quick, machine, only)
+        print(f"\nwritten: {DOC.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(cli())
