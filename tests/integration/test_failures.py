@@ -15,7 +15,19 @@ from collections import Counter
 from agents_stream import topics
 from agents_stream.fakellm import status
 
-from .harness import BOOTSTRAP, PARTITIONS, ROOT, committed, encode, eventually, produce, read_topic, results_for, task, unique
+from .harness import (
+    BOOTSTRAP,
+    PARTITIONS,
+    ROOT,
+    committed,
+    encode,
+    eventually,
+    produce,
+    read_topic,
+    results_for,
+    task,
+    unique,
+)
 
 
 def calls_per_task(fake, ids: set[str]) -> Counter:
