@@ -282,6 +282,14 @@ class Runtime:
             if self.app.in_recovery or getattr(self.app, "rebalancing", False) or tp not in consumer.assignment():
                 return  # the rebalance seeks to the commits, which never pass the gap
             try:
+                earliest = (await asyncio.wait_for(consumer.earliest_offsets(tp), timeout=10.0)).get(tp)
+                if earliest is not None and offset < earliest:
+                    log.warning(
+                        "Offsets %d..%d of %s:%d were deleted by retention before they were read; going on from %d",
+                        offset, earliest - 1, tp.topic, tp.partition, earliest,
+                    )
+                    self.app.watermark.skip_to(tp, earliest)
+                    return
                 await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)
             except Exception as exc:  # the progress check seeks again if this one did not happen
                 log.warning("Could not seek %s:%d back to %d (%r); the progress check retries", tp.topic, tp.partition, offset, exc)

@@ -39,6 +39,11 @@ class Watermark:
         handled past it is a gap, not a new start (records the consumer dropped after a rebalance)."""
         self._next.setdefault(tp, offset)
 
+    def skip_to(self, tp: Hashable, offset: int) -> None:
+        """The records before ``offset`` no longer exist (deleted by retention): expect ``offset`` next."""
+        if self._next.get(tp, offset) < offset:
+            self._next[tp] = offset
+
     def handled(self, tp: Hashable, offset: int) -> int | None:
         """The ledger is done with ``offset`` (its effects are durable or held open).
 

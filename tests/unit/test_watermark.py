@@ -210,3 +210,13 @@ def test_start_does_not_move_a_partition_already_read() -> None:
     w.handled("tp", 7)
     w.start("tp", 3)
     assert w.commit_offset("tp") == 8
+
+
+def test_records_deleted_by_retention_are_skipped_not_waited_for() -> None:
+    w = Watermark()
+    w.start("tp", 5)
+    assert w.handled("tp", 30) == 5
+    w.skip_to("tp", 30)
+    assert w.handled("tp", 30) is None and w.commit_offset("tp") == 31
+    w.skip_to("tp", 10)  # never backwards
+    assert w.commit_offset("tp") == 31
