@@ -141,12 +141,11 @@ class Ledger:
             )
             _, history = requeue_headers(headers)
             extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
-            # The marker is durable with the dead letter, before the offset commits: one record per poison message.
-            self.table[marker] = json.dumps({"at": time.time()})
-            mark = self._changelog_send(tp.partition, marker, self.table.last_changelog)
+            # The marker is written only once the dead letter is confirmed: a marker without its dead letter would
+            # lose it. A crash before the marker lands (and before the commit) can still give a second record.
             self._dead_letter(
                 tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra,
-                also=[mark],
+                then=[lambda p=tp.partition, k=marker: self._mark(p, k)],
             )
             return
         if self.moved(tp, offset, task.task_id, value, headers):
@@ -511,11 +510,18 @@ class Ledger:
 
     def _dead_letter(
         self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str,
-        attempts: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None, also: list[Send] | None = None,
+        attempts: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
+        then: list[Callable[[], None]] | None = None,
     ) -> None:
-        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic), *(also or [])]
+        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic)]
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
-        self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc()])
+        self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc(), *(then or [])])
+
+    def _mark(self, partition: int, key: str) -> None:
+        """Write a marker outside the stream's event (after a confirmation): the store, then its changelog."""
+        value = json.dumps({"at": time.time()})
+        self.table.data[key] = value
+        self.table.send_changelog(partition, key, value)
 
     def _dlq_send(
         self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
