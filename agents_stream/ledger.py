@@ -145,7 +145,8 @@ class Ledger:
             # lose it. A crash before the marker lands (and before the commit) can still give a second record.
             self._dead_letter(
                 tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra,
-                then=[lambda p=tp.partition, k=marker: self._mark(p, k)],
+                # Through this app's outcomes topic, on the same partition: the ledger writes the marker in its own loop.
+                then=[lambda p=tp.partition, k=marker: self._send(self.outcomes, k.encode(), MARK_EVENT, partition=p)],
             )
             return
         if self.moved(tp, offset, task.task_id, value, headers):
@@ -277,6 +278,10 @@ class Ledger:
         if parsed is None:
             return
         task_id, event, kind = parsed
+        if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it (see _on_task)
+            self.table[task_id] = json.dumps({"at": time.time()})
+            self._deliver(tp, offset, [self._changelog_send(tp.partition, task_id, self.table.last_changelog)])
+            return
         dispatch = event.get("dispatch")
         record = self._get(task_id)
         now = time.time()
@@ -517,11 +522,6 @@ class Ledger:
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
         self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc(), *(then or [])])
 
-    def _mark(self, partition: int, key: str) -> None:
-        """Write a marker outside the stream's event (after a confirmation): the store, then its changelog."""
-        value = json.dumps({"at": time.time()})
-        self.table.data[key] = value
-        self.table.send_changelog(partition, key, value)
 
     def _dlq_send(
         self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
@@ -714,6 +714,9 @@ def timer_key(task_id: str) -> str:
 def _parked(record: TaskRecord | None) -> bool:
     """Waiting for a decision, or running after one: found by the scanner, not by a redelivery."""
     return record is not None and record.approval is not None and not record.terminal
+
+
+MARK_EVENT = json.dumps({"schema_version": 1, "kind": "dead_lettered"}).encode()
 
 
 def poison_key(topic: str, offset: int) -> str:
