@@ -225,6 +225,30 @@ class Runtime:
             log.info("Intake resumed on %d partitions", len(resume))
         self._paused = want
 
+    def _watched(self) -> set[TP]:
+        """Between rebalances: the assigned input partitions that should be fetched (not paused by us, not held
+        back by a full stream buffer). Empty during a rebalance or table recovery, which pause on purpose."""
+        consumer = self.app.consumer
+        if self.app.in_recovery or getattr(self.app, "rebalancing", False) or not self.started:
+            return set()
+        try:
+            assigned = consumer.assignment()
+        except Exception:  # not started yet
+            return set()
+        return {
+            tp for tp in assigned
+            if tp.topic in self.app.managed_topics and tp not in self._paused and tp not in consumer._buffered_partitions
+        }
+
+    async def _reading_starts(self, tps: set[TP]) -> dict[TP, int | None]:
+        """Where reading starts on ``tps``: the group's commit, or the earliest offset without one (auto_offset_reset)."""
+        consumer = self.app.consumer
+        starts = await asyncio.wait_for(consumer.committed_offsets(tps), timeout=10.0)
+        unset = {tp for tp, at in starts.items() if at is None}
+        if unset:
+            starts.update(await asyncio.wait_for(consumer.earliest_offsets(*unset), timeout=10.0))
+        return starts
+
     def check_flow(self) -> None:
         """Every assigned input partition we did not pause must be fetched: resume one Faust left paused.
 
@@ -234,18 +258,8 @@ class Runtime:
         every partition during a rebalance and recovery on purpose, so this looks only between them.
         """
         consumer = self.app.consumer
-        if self.app.in_recovery or getattr(self.app, "rebalancing", False) or not self.started:
-            return
-        try:
-            assigned = consumer.assignment()
-        except Exception:
-            return
-        active = consumer._get_active_partitions()
-        stuck = {
-            tp for tp in assigned
-            if tp.topic in self.app.managed_topics and tp not in self._paused and tp not in active
-            and tp not in consumer._buffered_partitions
-        }
+        watched = self._watched()
+        stuck = watched - consumer._get_active_partitions() if watched else set()
         if stuck:
             log.warning(
                 "Partitions %s were assigned but not being fetched (left paused across a rebalance); resuming them",
@@ -305,12 +319,8 @@ class Runtime:
         fresh = {tp for tp in assigned if tp.topic in self.app.managed_topics and self.app.watermark.next_offset(tp) is None}
         if not fresh:
             return
-        consumer = self.app.consumer
         try:
-            starts = await asyncio.wait_for(consumer.committed_offsets(fresh), timeout=10.0)
-            unset = {tp for tp, at in starts.items() if at is None}
-            if unset:  # no commit yet: reading starts at the earliest offset (auto_offset_reset)
-                starts.update(await asyncio.wait_for(consumer.earliest_offsets(*unset), timeout=10.0))
+            starts = await self._reading_starts(fresh)
         except Exception as exc:  # without a start the first record read sets it, as before
             log.warning("Could not read the committed offsets of %d assigned partitions (%r); a record dropped right "
                         "after this rebalance is caught by the progress check only", len(fresh), exc)
@@ -326,40 +336,25 @@ class Runtime:
         committed offset 0, end offset 1, and the task at offset 0 never reaching the ledger: Faust's
         fetcher had passed it (docs/decisions.md). Nothing was lost, but nothing moved until a restart.
         """
-        consumer = self.app.consumer
-        if self.app.in_recovery or getattr(self.app, "rebalancing", False) or not self.started:
-            return
-        try:
-            assigned = consumer.assignment()
-        except Exception:
-            return
-        watched = {
-            tp for tp in assigned
-            if tp.topic in self.app.managed_topics and tp not in self._paused and tp not in consumer._buffered_partitions
-        }
+        watched = self._watched()
         if not watched:
             return
-        ends = await asyncio.wait_for(consumer.highwaters(*watched), timeout=10.0)
+        ends = await asyncio.wait_for(self.app.consumer.highwaters(*watched), timeout=10.0)
         positions = {tp: self.app.watermark.next_offset(tp) for tp in watched}
         unknown = {tp for tp, at in positions.items() if at is None and (ends.get(tp) or 0) > 0}
-        if unknown:  # nothing handled since the assignment: the group's commit is where reading starts
-            positions.update(await asyncio.wait_for(consumer.committed_offsets(unknown), timeout=10.0))
-            fresh = {tp for tp in unknown if positions.get(tp) is None}
-            if fresh:  # no commit yet: reading starts at the earliest offset (auto_offset_reset)
-                positions.update(await asyncio.wait_for(consumer.earliest_offsets(*fresh), timeout=10.0))
+        if unknown:  # the start was not seeded at the assignment (its lookup failed)
+            positions.update(await self._reading_starts(unknown))
         now = time.monotonic()
         for tp in sorted(watched):
             end, at = ends.get(tp), positions.get(tp)
             if end is None or at is None or not self.stalls.observe(tp, at, end, now):
                 continue
-            if self.app.in_recovery or getattr(self.app, "rebalancing", False) or tp not in consumer.assignment():
-                return  # a rebalance began while we looked: it seeks to the commits itself
             log.warning(
                 "Partition %s:%d has %d unread records but its read position %d has not moved for %.0fs; "
                 "reading it again from %d (nothing was committed past it). If this repeats, report it with this log.",
                 tp.topic, tp.partition, end - at, at, self.settings.stall_after_s, at,
             )
-            await asyncio.wait_for(consumer.seek(tp, at), timeout=10.0)
+            self.reread(tp, at)
             self.send_control(
                 "alert.partition_reread", self.worker_id, None,
                 {"partition": f"{tp.topic}:{tp.partition}", "offset": at, "end": end},
