@@ -40,15 +40,16 @@ log = logging.getLogger(__name__)
 class LedgerTable(faust.Table):
     """A Table that keeps the future of its last changelog send, so the ledger can await durability.
 
-    Faust sends changelog records fire-and-forget (FAUST-NOTES.md "Tables").
+    Faust sends changelog records fire-and-forget (FAUST-NOTES.md "Tables"). Its ``on_key_set`` and
+    ``on_key_del`` call ``send_changelog`` directly (not ``_send_changelog``), so that is where the future
+    is caught: one changelog record per table write, the one the ledger awaits.
     """
 
     last_changelog: Any = None
 
-    def _send_changelog(self, event: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None) -> None:
-        if event is None:
-            raise RuntimeError("Cannot modify table outside of agent/stream.")
-        self.last_changelog = self.send_changelog(event.message.partition, key, value, key_serializer, value_serializer)
+    def send_changelog(self, partition: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None) -> Any:
+        self.last_changelog = super().send_changelog(partition, key, value, key_serializer, value_serializer)
+        return self.last_changelog
 
 
 class AgentsStreamApp(faust.App):

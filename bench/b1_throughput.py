@@ -18,7 +18,6 @@ from typing import Any
 
 from bench import common
 from bench.common import (
-    PRODUCT_DEFAULTS,
     Watch,
     base_env,
     create_topics,
@@ -30,7 +29,6 @@ from bench.common import (
     unique,
 )
 from bench.report import Row, rate, ratio
-from tests.integration.harness import Cluster
 
 
 async def _measure(in_topic: str, out: Watch, agent: str, n: int, pid: int | None = None) -> dict[str, Any]:
@@ -53,33 +51,20 @@ def _value(r: dict[str, Any]) -> str:
 async def ours(tmp: Path, n: int, **settings: str) -> dict[str, Any]:
     """With BENCH_PYSPY=<path of py-spy> the worker is sampled during the measurement (collapsed stacks,
     written to BENCH_PROFILE_OUT or <tmp>/b1-ours.pyspy)."""
-    agent = unique("b1")
-    cluster = Cluster(common.subdir(tmp, "cluster"), [agent], None, settings={**PRODUCT_DEFAULTS, **settings})
-    worker = common.track(cluster.worker().start())
-    out = Watch("agent.results")
-    try:
-        await worker.wait_ready(timeout=120)
-        topic = f"agent.tasks.{agent}"
-        await out.start()
-        await flow_ready(topic, out, agent)
+    async with common.one_worker(tmp, "b1", **settings) as flow:
+        pid = flow.worker.proc.pid
         spy = None
         if os.environ.get("BENCH_PYSPY"):
             target = os.environ.get("BENCH_PROFILE_OUT") or str(tmp / "b1-ours.pyspy")
-            spy = spawn([os.environ["BENCH_PYSPY"], "record", "--format", "raw", "--rate", "200", "-p", str(worker.proc.pid),
+            spy = spawn([os.environ["BENCH_PYSPY"], "record", "--format", "raw", "--rate", "200", "-p", str(pid),
                          "-o", target], base_env(), tmp / "py-spy.log")
             await asyncio.sleep(1.0)
         try:
-            result = await _measure(topic, out, agent, n, worker.proc.pid)
+            result = await _measure(flow.topic, flow.out, flow.agent, n, pid)
         finally:
             stop(spy, signal.SIGINT)
-        result["pid"] = worker.proc.pid
+        result["pid"] = pid
         return result
-    except Exception:
-        print(worker.tail(), file=sys.stderr)
-        raise
-    finally:
-        await out.stop()
-        worker.close()
 
 
 async def _external(tmp: Path, n: int, name: str, args: list[str], env: dict[str, str], topics: list[str]) -> dict[str, Any]:

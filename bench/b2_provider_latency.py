@@ -16,9 +16,8 @@ from typing import Any
 
 from bench import common
 from bench.b1_throughput import _external, _measure, _value
-from bench.common import PRODUCT_DEFAULTS, Watch, base_env, flow_ready, spawn, stop, unique
+from bench.common import base_env, spawn, stop, unique
 from bench.report import Row, ratio
-from tests.integration.harness import Cluster
 
 LATENCY_S = 0.2
 
@@ -48,22 +47,8 @@ async def _stats(url: str) -> dict[str, Any]:
 
 
 async def ours(tmp: Path, n: int, url: str) -> dict[str, Any]:
-    agent = unique("b2")
-    cluster = Cluster(common.subdir(tmp, "cluster"), [agent], url, settings=dict(PRODUCT_DEFAULTS))
-    worker = common.track(cluster.worker().start())
-    out = Watch("agent.results")
-    try:
-        await worker.wait_ready(timeout=120)
-        topic = f"agent.tasks.{agent}"
-        await out.start()
-        await flow_ready(topic, out, agent)
-        return await _measure(topic, out, agent, n, worker.proc.pid)
-    except Exception:
-        print(worker.tail(), file=sys.stderr)
-        raise
-    finally:
-        await out.stop()
-        worker.close()
+    async with common.one_worker(tmp, "b2", url) as flow:
+        return await _measure(flow.topic, flow.out, flow.agent, n, flow.worker.proc.pid)
 
 
 async def sync_worker(tmp: Path, n: int, url: str) -> dict[str, Any]:

@@ -5,41 +5,26 @@ monotonic clock); the first two seconds of sends are warm-up and not counted.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import PRODUCT_DEFAULTS, Watch, flow_ready, percentile, publish_paced, task_ids, unique
+from bench.common import percentile, publish_paced, task_ids
 from bench.report import Row
-from tests.integration.harness import Cluster
 
 WARMUP_S = 2.0
 
 
 async def run(tmp: Path, rate: float, seconds: float) -> tuple[list[Row], dict[str, Any]]:
-    agent = unique("b3")
-    cluster = Cluster(common.subdir(tmp, "cluster"), [agent], None, settings=dict(PRODUCT_DEFAULTS))
-    worker = common.track(cluster.worker().start())
-    out = Watch("agent.results")
-    try:
-        await worker.wait_ready(timeout=120)
-        topic = f"agent.tasks.{agent}"
-        await out.start()
-        await flow_ready(topic, out, agent)
+    async with common.one_worker(tmp, "b3") as flow:
         ids = task_ids("b3", int(rate * (seconds + WARMUP_S)))
         sent: dict[str, float] = {}
-        await publish_paced(topic, agent, ids, rate, sent)
-        complete = await out.wait_all(ids, timeout=60)
-    except Exception:
-        print(worker.tail(), file=sys.stderr)
-        raise
-    finally:
-        await out.stop()
-        worker.close()
+        await publish_paced(flow.topic, flow.agent, ids, rate, sent)
+        complete = await flow.out.wait_all(ids, timeout=60)
+        seen = dict(flow.out.seen)
     first = min(sent.values())
     counted = [i for i in ids if sent[i] - first >= WARMUP_S]
-    lat = [(out.seen[i] - sent[i]) * 1000 for i in counted if i in out.seen]
+    lat = [(seen[i] - sent[i]) * 1000 for i in counted if i in seen]
     p50, p99 = percentile(lat, 50), percentile(lat, 99)
     res = {"rate": rate, "n": len(counted), "done": len(lat), "p50_ms": p50, "p99_ms": p99,
            "max_ms": max(lat) if lat else float("nan"), "complete": complete}

@@ -15,10 +15,10 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import suppress
+from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, AsyncIterator
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -192,6 +192,38 @@ async def flow_ready(in_topic: str, out: Watch, agent: str, timeout: float = 120
     await publish_all(in_topic, agent, ids)
     if not await out.wait_all(ids, timeout):
         raise RuntimeError(f"warm-up records did not come out of the flow {in_topic} → {out.topic} within {timeout:.0f}s")
+
+
+@dataclass
+class Flow:
+    """One agents-stream worker with its task topic warmed up, and a Watch on ``agent.results``."""
+
+    agent: str
+    topic: str
+    worker: Any
+    out: Watch
+
+
+@asynccontextmanager
+async def one_worker(tmp: Path, prefix: str, llm_url: str | None = None, **settings: str) -> AsyncIterator[Flow]:
+    """Start one worker (product defaults, plus ``settings``) for a new agent, wait until every partition
+    flows, yield; print the worker's log tail if the body fails; stop the worker and the watch."""
+    agent = unique(prefix)
+    cluster = harness.Cluster(subdir(tmp, "cluster"), [agent], llm_url, settings={**PRODUCT_DEFAULTS, **settings})
+    worker = track(cluster.worker().start())
+    out = Watch("agent.results")
+    try:
+        await worker.wait_ready(timeout=120)
+        topic = f"agent.tasks.{agent}"
+        await out.start()
+        await flow_ready(topic, out, agent)
+        yield Flow(agent, topic, worker, out)
+    except Exception:
+        print(worker.tail(), file=sys.stderr)
+        raise
+    finally:
+        await out.stop()
+        worker.close()
 
 
 # -- processes ---------------------------------------------------------------------------

@@ -36,6 +36,13 @@ async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluste
     offsets = await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent)), timeout=20, what="a committed offset")
     assert offsets == 1
     assert len([r for r in fake_llm.requests if r.task_id == t["task_id"]]) == 1
+    # One changelog record per table write (running, then succeeded): the ledger awaits the table's own send
+    # rather than sending the record a second time.
+    changelog = await read_topic(
+        f"{c.app_id}-tasks-changelog", until=lambda seen: len(seen) >= 2, timeout=30,
+        keep=lambda m: m.key == json.dumps(t["task_id"]).encode(),  # Faust writes changelog keys as JSON
+    )
+    assert [json.loads(m.value)["state"] for m in changelog] == ["running", "succeeded"]
 
 
 async def test_keyless_task_is_routed_to_its_partition_and_answered_once(cluster_factory, fake_llm):
