@@ -34,7 +34,11 @@ async def confirmed(
     attempt = 0
     while True:
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout=CONFIRM_TIMEOUT_S)
+            if not fut.done():  # asyncio.wait neither cancels the send on a timeout nor needs a shield
+                await asyncio.wait((fut,), timeout=CONFIRM_TIMEOUT_S)
+            if not fut.done():
+                raise TimeoutError(f"no answer from the broker within {CONFIRM_TIMEOUT_S:.0f}s")
+            fut.result()  # the send's own error, if any
             return
         except asyncio.CancelledError:
             raise

@@ -22,7 +22,7 @@ from faust.types import TP
 from agents_stream import metrics, pricing, topics
 from agents_stream.approvals import Notifier, link, slack_message
 from agents_stream.config import ApprovalPolicy
-from agents_stream.delivery import Send, confirmed
+from agents_stream.delivery import CONFIRM_TIMEOUT_S, Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
 from agents_stream.jobs import fan_in_event
@@ -582,6 +582,9 @@ class Ledger:
     async def _confirm(self, tp: TP, offset: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
         where = f"{tp.topic}:{tp.partition}:{offset}"
         try:
+            waiting = [f for f in started if not f.done()]
+            if waiting:  # one wait for all of them; confirmed() below retries any that failed or timed out
+                await asyncio.wait(waiting, timeout=CONFIRM_TIMEOUT_S)
             for send, fut in zip(sends, started, strict=True):
                 await confirmed(
                     send,

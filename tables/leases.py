@@ -57,6 +57,10 @@ class TaskRecord(JsonRecord):
     def terminal(self) -> bool:
         return self.state in TERMINAL
 
+    def to_json(self) -> dict[str, Any]:
+        # Every field is a str, number or None: a shallow dict, without asdict's deep copy (twice per task).
+        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
 
 # Effects: what the ledger must do after a transition.
 @dataclass(frozen=True)

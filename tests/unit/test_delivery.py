@@ -39,3 +39,25 @@ async def test_an_attempt_already_started_is_awaited_not_repeated():
     first = send()
     await confirmed(send, what="test", alert=lambda exc: None, first=first)
     assert len(attempts) == 1
+
+
+async def test_a_send_the_broker_never_answers_is_sent_again_after_the_timeout(monkeypatch):
+    """An attempt with no answer is not waited on forever: after the timeout it is sent again (and not cancelled)."""
+    from agents_stream import delivery
+
+    monkeypatch.setattr(delivery, "CONFIRM_TIMEOUT_S", 0.05)
+    monkeypatch.setattr(delivery, "backoff", lambda attempt, base, cap: 0.01)
+    loop = asyncio.get_running_loop()
+    hung = loop.create_future()
+    sent: list[asyncio.Future] = []
+
+    def send() -> asyncio.Future:
+        fut = hung if not sent else loop.create_future()
+        if sent:
+            fut.set_result("ok")
+        sent.append(fut)
+        return fut
+
+    await asyncio.wait_for(confirmed(send, what="test", alert=lambda exc: None, first=send()), timeout=5)
+    assert len(sent) == 2
+    assert not hung.cancelled()  # the first attempt may still land: a duplicate is allowed, a loss is not
