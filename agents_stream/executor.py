@@ -593,7 +593,8 @@ class Executor:
         in_flight = metrics.provider_in_flight.labels(provider.name)
         in_flight.inc()
         try:
-            completion = await asyncio.wait_for(provider.complete(prompt), timeout=provider.config.timeout_s + 5.0)
+            async with asyncio.timeout(provider.config.timeout_s + 5.0):  # no task per call, unlike wait_for
+                completion = await provider.complete(prompt)
         except asyncio.CancelledError:
             result = outcome = "cancelled"
             raise

@@ -55,6 +55,20 @@ class OpenTask:
     requested: float = 0.0  # when the scanner last asked for a re-dispatch
 
 
+@dataclass(eq=False)
+class _Delivery:
+    """The sends one event started, on their way to the broker; its offset is held until all are confirmed."""
+
+    tp: TP
+    offset: int
+    sends: list[Send]
+    started: list[Any]
+    after: list[Callable[[], None]]
+    left: int = 0
+    timer: asyncio.TimerHandle | None = None
+    settled: bool = False
+
+
 class Ledger:
     def __init__(self, app: Any, settings: Settings, executor: Executor, worker_id: str) -> None:
         self.app = app
@@ -85,7 +99,8 @@ class Ledger:
         #: tasks awaiting a decision on this worker's partitions: task_id → (partition, agent), for the metrics;
         #: kept by _index and made whole again by every scan_parked (after a restart or a rebalance)
         self.awaiting_approval: dict[str, tuple[TP, str]] = {}
-        self._deliveries: set[asyncio.Task] = set()
+        self._pending: set[_Delivery] = set()  # deliveries waiting on the broker (callbacks, no task)
+        self._deliveries: set[asyncio.Task] = set()  # deliveries being retried
         self._timer_asked: dict[str, float] = {}
         self._topics: dict[str, Any] = {}
 
@@ -572,19 +587,56 @@ class Ledger:
         return send
 
     def _deliver(self, tp: TP, offset: int, sends: list[Send], after: list[Callable[[], None]] | None = None) -> None:
-        """Hold ``offset`` open until every send is confirmed, then run ``after``."""
+        """Hold ``offset`` open until every send is confirmed, then run ``after``.
+
+        The common case costs no task: a callback on each send's future counts them down (two deliveries per
+        task, so this is on the hot path). A send that failed, or had no answer within CONFIRM_TIMEOUT_S,
+        hands the delivery to a task that retries it (``_confirm``).
+        """
         self.watermark.open(tp, offset)
-        started = [send() for send in sends]
-        task = asyncio.ensure_future(self._confirm(tp, offset, sends, started, after or []))
+        delivery = _Delivery(tp, offset, sends, [send() for send in sends], after or [])
+        waiting = [f for f in delivery.started if not f.done()]
+        if not waiting:
+            self._settle(delivery)
+            return
+        delivery.left = len(waiting)
+        delivery.timer = asyncio.get_running_loop().call_later(CONFIRM_TIMEOUT_S, self._settle, delivery)
+        self._pending.add(delivery)
+        for fut in waiting:
+            fut.add_done_callback(lambda _, d=delivery: self._answered(d))
+
+    def _answered(self, delivery: _Delivery) -> None:
+        delivery.left -= 1
+        if delivery.left == 0:
+            self._settle(delivery)
+
+    def _settle(self, delivery: _Delivery) -> None:
+        """Every send of ``delivery`` answered (or the timeout came): release its offset, or retry in a task."""
+        if delivery.settled:
+            return
+        delivery.settled = True
+        self._pending.discard(delivery)
+        if delivery.timer is not None:
+            delivery.timer.cancel()
+        tp, offset = delivery.tp, delivery.offset
+        if all(f.done() and not f.cancelled() and f.exception() is None for f in delivery.started):
+            try:
+                for fn in delivery.after:
+                    fn()
+            except Exception as exc:  # a bug in a follow-up must not hold the offset forever
+                log.exception("A follow-up of %s[%d]@%d failed after its sends were confirmed: %r", tp.topic, tp.partition, offset, exc)
+            finally:
+                self.watermark.close(tp, offset)
+            return
+        # a failed send is retried from its error; one with no answer yet is sent again now
+        started = [f if f.done() else None for f in delivery.started]
+        task = asyncio.ensure_future(self._confirm(tp, offset, delivery.sends, started, delivery.after))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
     async def _confirm(self, tp: TP, offset: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
         where = f"{tp.topic}:{tp.partition}:{offset}"
         try:
-            waiting = [f for f in started if not f.done()]
-            if waiting:  # one wait for all of them; confirmed() below retries any that failed or timed out
-                await asyncio.wait(waiting, timeout=CONFIRM_TIMEOUT_S)
             for send, fut in zip(sends, started, strict=True):
                 await confirmed(
                     send,
@@ -598,11 +650,16 @@ class Ledger:
             self.watermark.close(tp, offset)
 
     def delivering(self) -> int:
-        """Sends not yet confirmed by the broker (their offsets are held open)."""
-        return len(self._deliveries)
+        """Deliveries not yet confirmed by the broker (their offsets are held open)."""
+        return len(self._pending) + len(self._deliveries)
 
     async def stop(self) -> None:
-        """Cancel deliveries still pending: their offsets were never committed, so nothing is lost."""
+        """Drop deliveries still pending: their offsets were never committed, so nothing is lost."""
+        for delivery in list(self._pending):  # their offsets stay held: nothing after them is committed
+            delivery.settled = True
+            if delivery.timer is not None:
+                delivery.timer.cancel()
+        self._pending.clear()
         for task in list(self._deliveries):
             task.cancel()
         if self._deliveries:

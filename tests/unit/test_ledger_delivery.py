@@ -1,0 +1,104 @@
+"""The ledger's deliveries (Ledger._deliver): an event's offset is held until every send it started is confirmed.
+
+Sends are futures this test answers by hand, so each path is exercised without a broker: confirmed, failed and
+retried, unanswered past the timeout and re-sent, and dropped at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+from faust.types import TP
+
+from agents_stream import ledger as ledger_module
+from agents_stream.ledger import Ledger
+from agents_stream.settings import Settings
+from agents_stream.watermark import Watermark
+
+TP0 = TP("agent.tasks.a", 0)
+
+
+class Sends:
+    """A send whose attempts are futures the test resolves; ``attempts`` lists them in order."""
+
+    def __init__(self) -> None:
+        self.attempts: list[asyncio.Future] = []
+
+    def __call__(self) -> asyncio.Future:
+        fut = asyncio.get_running_loop().create_future()
+        self.attempts.append(fut)
+        return fut
+
+
+def _ledger() -> Ledger:
+    app = SimpleNamespace(watermark=Watermark(), task_table={}, answers_table={}, timers_table={})
+    ledger = Ledger(app, Settings(), executor=None, worker_id="w")  # type: ignore[arg-type]
+    ledger.control = lambda *args, **kwargs: None  # type: ignore[method-assign]  # alerts need a producer
+    return ledger
+
+
+async def _spin(rounds: int = 5) -> None:
+    for _ in range(rounds):
+        await asyncio.sleep(0)
+
+
+async def test_the_offset_is_released_and_the_follow_up_runs_once_every_send_is_confirmed():
+    ledger = _ledger()
+    a, b = Sends(), Sends()
+    done: list[str] = []
+    ledger.watermark.handled(TP0, 7)
+    ledger._deliver(TP0, 7, [a, b], [lambda: done.append("dispatch")])
+    a.attempts[0].set_result("ok")
+    await _spin()
+    assert ledger.watermark.commit_offset(TP0) == 7 and not done, "held while one send is unanswered"
+    b.attempts[0].set_result("ok")
+    await _spin()
+    assert done == ["dispatch"]
+    assert ledger.watermark.commit_offset(TP0) == 8
+    assert ledger.delivering() == 0
+
+
+async def test_a_failed_send_is_sent_again_and_the_offset_held_until_it_is_confirmed(monkeypatch):
+    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
+    ledger = _ledger()
+    a = Sends()
+    done: list[str] = []
+    ledger.watermark.handled(TP0, 3)
+    ledger._deliver(TP0, 3, [a], [lambda: done.append("after")])
+    a.attempts[0].set_exception(ConnectionError("broker down"))
+    await _spin(20)
+    assert len(a.attempts) == 2, "re-sent after the error"
+    assert ledger.watermark.commit_offset(TP0) == 3 and not done
+    a.attempts[1].set_result("ok")
+    await _spin(20)
+    assert done == ["after"] and ledger.watermark.commit_offset(TP0) == 4
+    assert ledger.delivering() == 0
+
+
+async def test_a_send_with_no_answer_is_sent_again_after_the_timeout(monkeypatch):
+    monkeypatch.setattr(ledger_module, "CONFIRM_TIMEOUT_S", 0.05)
+    ledger = _ledger()
+    a = Sends()
+    ledger.watermark.handled(TP0, 0)
+    ledger._deliver(TP0, 0, [a])
+    await asyncio.sleep(0.2)
+    assert len(a.attempts) == 2, "sent again once the first attempt had no answer in time"
+    assert not a.attempts[0].cancelled(), "the first attempt may still land (a duplicate, never a loss)"
+    assert ledger.watermark.commit_offset(TP0) == 0
+    a.attempts[1].set_result("ok")
+    await _spin(20)
+    assert ledger.watermark.commit_offset(TP0) == 1
+
+
+async def test_deliveries_pending_at_shutdown_keep_their_offsets_held():
+    ledger = _ledger()
+    a = Sends()
+    done: list[str] = []
+    ledger.watermark.handled(TP0, 5)
+    ledger._deliver(TP0, 5, [a], [lambda: done.append("after")])
+    await ledger.stop()
+    a.attempts[0].set_result("ok")  # confirmed after the stop: too late to count
+    await _spin()
+    assert not done
+    assert ledger.watermark.commit_offset(TP0) == 5
