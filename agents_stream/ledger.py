@@ -61,6 +61,7 @@ class _Delivery:
 
     tp: TP
     offset: int
+    gen: int  # the watermark generation of its hold
     sends: list[Send]
     started: list[Any]
     after: list[Callable[[], None]]
@@ -91,7 +92,8 @@ class Ledger:
         self.notifier = Notifier()
         #: the job orchestrator (agents_stream.jobs) when this app runs it; it shares this loop
         self.orchestrator: Any = None
-        self.task_offsets: dict[str, list[tuple[TP, int]]] = {}
+        #: the offsets held for each running task, with the watermark generation of each hold
+        self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
         self.open_tasks: dict[str, OpenTask] = {}
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
@@ -99,6 +101,9 @@ class Ledger:
         #: tasks awaiting a decision on this worker's partitions: task_id → (partition, agent), for the metrics;
         #: kept by _index and made whole again by every scan_parked (after a restart or a rebalance)
         self.awaiting_approval: dict[str, tuple[TP, str]] = {}
+        #: poison messages dead-lettered by this worker whose marker is not written yet: (partition, offset) →
+        #: a future done once the dead letter is confirmed
+        self._dead_letters: dict[tuple[TP, int], asyncio.Future] = {}
         self._pending: set[_Delivery] = set()  # deliveries waiting on the broker (callbacks, no task)
         self._deliveries: set[asyncio.Task] = set()  # deliveries being retried
         self._timer_asked: dict[str, float] = {}
@@ -150,6 +155,15 @@ class Ledger:
                 # A redelivery (a crash or rebalance before the commit passed it): it has its dead letter.
                 log.info("%s[%d]@%d was dead-lettered before; not again", tp.topic, tp.partition, offset)
                 return
+            on_its_way = self._dead_letters.get((tp, offset))
+            if on_its_way is not None:
+                # Redelivered to this worker (its partition came back after a rebalance) before the marker landed:
+                # the first dead letter is still on its way (or just confirmed). Hold the offset until it is.
+                log.info("%s[%d]@%d is being dead-lettered already; not again", tp.topic, tp.partition, offset)
+                self._deliver(tp, offset, [lambda f=on_its_way: f])
+                return
+            done = asyncio.get_running_loop().create_future()
+            self._dead_letters[(tp, offset)] = done
             log.warning(
                 "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)",
                 tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
@@ -161,7 +175,10 @@ class Ledger:
             self._dead_letter(
                 tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra,
                 # Through this app's outcomes topic, on the same partition: the ledger writes the marker in its own loop.
-                then=[lambda p=tp.partition, k=marker: self._send(self.outcomes, k.encode(), MARK_EVENT, partition=p)],
+                then=[
+                    lambda p=tp.partition, k=marker: self._send(self.outcomes, k.encode(), MARK_EVENT, partition=p),
+                    lambda: done.done() or done.set_result(None),
+                ],
             )
             return
         if self.moved(tp, offset, task.task_id, value, headers):
@@ -294,6 +311,7 @@ class Ledger:
             return
         task_id, event, kind = parsed
         if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it (see _on_task)
+            self._forget_dead_letter(task_id, tp.partition)
             self.table[task_id] = json.dumps({"at": time.time()})
             self._deliver(tp, offset, [self._changelog_send(tp.partition, task_id, self.table.last_changelog)])
             return
@@ -453,8 +471,7 @@ class Ledger:
             after.append(lambda a=record.agent, o=outcome: metrics.tasks.labels(a, o).inc())
         for effect in effects:
             if isinstance(effect, leases.Track):
-                self.task_offsets.setdefault(task_id, []).append((tp, offset))
-                self.watermark.open(tp, offset)
+                self.task_offsets.setdefault(task_id, []).append((tp, offset, self.watermark.open(tp, offset)))
             elif isinstance(effect, leases.Dispatch):
                 payload = task or TaskPayload.model_validate_json(record.payload)
                 dispatch = effect.dispatch
@@ -493,8 +510,8 @@ class Ledger:
             elif isinstance(effect, leases.Notify):
                 after.append(lambda r=record, lv=effect.level: self._notify(task_id, r, lv))
             elif isinstance(effect, leases.Settle):
-                for held_tp, held_offset in self.task_offsets.pop(task_id, []):
-                    after.append(lambda t=held_tp, o=held_offset: self.watermark.close(t, o))
+                for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
+                    after.append(lambda t=held_tp, o=held_offset, g=gen: self.watermark.close(t, o, g))
         if sends or after:
             self._deliver(tp, offset, sends, after)
 
@@ -593,8 +610,8 @@ class Ledger:
         task, so this is on the hot path). A send that failed, or had no answer within CONFIRM_TIMEOUT_S,
         hands the delivery to a task that retries it (``_confirm``).
         """
-        self.watermark.open(tp, offset)
-        delivery = _Delivery(tp, offset, sends, [send() for send in sends], after or [])
+        gen = self.watermark.open(tp, offset)
+        delivery = _Delivery(tp, offset, gen, sends, [send() for send in sends], after or [])
         waiting = [f for f in delivery.started if not f.done()]
         if not waiting:
             self._settle(delivery)
@@ -626,15 +643,15 @@ class Ledger:
             except Exception as exc:  # a bug in a follow-up must not hold the offset forever
                 log.exception("A follow-up of %s[%d]@%d failed after its sends were confirmed: %r", tp.topic, tp.partition, offset, exc)
             finally:
-                self.watermark.close(tp, offset)
+                self.watermark.close(tp, offset, delivery.gen)
             return
         # a failed send is retried from its error; one with no answer yet is sent again now
         started = [f if f.done() else None for f in delivery.started]
-        task = asyncio.ensure_future(self._confirm(tp, offset, delivery.sends, started, delivery.after))
+        task = asyncio.ensure_future(self._confirm(tp, offset, delivery.gen, delivery.sends, started, delivery.after))
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    async def _confirm(self, tp: TP, offset: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
+    async def _confirm(self, tp: TP, offset: int, gen: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
         where = f"{tp.topic}:{tp.partition}:{offset}"
         try:
             for send, fut in zip(sends, started, strict=True):
@@ -647,7 +664,7 @@ class Ledger:
             for fn in after:
                 fn()
         finally:
-            self.watermark.close(tp, offset)
+            self.watermark.close(tp, offset, gen)
 
     def delivering(self) -> int:
         """Deliveries not yet confirmed by the broker (their offsets are held open)."""
@@ -730,13 +747,22 @@ class Ledger:
             })
         return sorted(waiting, key=lambda w: w["requested_at"] or 0.0)
 
+    def _forget_dead_letter(self, marker: str, partition: int) -> None:
+        """The marker of a poison message is being written: the in-memory note of its dead letter is no longer needed."""
+        _, _, rest = marker.partition("/")
+        topic, _, offset = rest.rpartition("/")
+        if offset.isdigit():
+            self._dead_letters.pop((TP(topic, partition), int(offset)), None)
+
     def forget(self, tps: set[TP]) -> None:
         """Partitions revoked: their open tasks and held offsets now belong to the next owner."""
+        # notes of dead letters still on their way are kept: the partition may come back to this worker
+        self._dead_letters = {k: f for k, f in self._dead_letters.items() if k[0] not in tps or not f.done()}
         self.watermark.forget(tps)
         self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
         self.awaiting_approval = {t: held for t, held in self.awaiting_approval.items() if held[0] not in tps}
         for task_id, offs in list(self.task_offsets.items()):
-            kept = [(t, o) for t, o in offs if t not in tps]
+            kept = [held for held in offs if held[0] not in tps]
             if kept:
                 self.task_offsets[task_id] = kept
             else:

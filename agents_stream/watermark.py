@@ -20,16 +20,23 @@ class Watermark:
     def __init__(self) -> None:
         self._open: dict[Hashable, Counter[int]] = {}
         self._next: dict[Hashable, int] = {}
+        #: bumped each time ``tp`` is forgotten: a hold taken before a revoke is not released by mistake
+        #: from the holds taken after the same partition came back
+        self._generation: dict[Hashable, int] = {}
 
-    def open(self, tp: Hashable, offset: int) -> None:
-        """Hold ``offset`` of ``tp``: nothing at or after it is committed until ``close``."""
+    def open(self, tp: Hashable, offset: int) -> int:
+        """Hold ``offset`` of ``tp``: nothing at or after it is committed until ``close``.
+        Returns the hold's generation, to give back to ``close``."""
         self._open.setdefault(tp, Counter())[offset] += 1
+        return self._generation.get(tp, 0)
 
-    def close(self, tp: Hashable, offset: int) -> None:
-        """Release one hold of ``offset`` (holds are counted: open twice, close twice)."""
+    def close(self, tp: Hashable, offset: int, generation: int) -> None:
+        """Release one hold of ``offset`` taken in ``generation`` (holds are counted: open twice, close twice)."""
+        if generation != self._generation.get(tp, 0):
+            return  # taken before the partition was revoked: forget() dropped it, the holds now are newer ones
         held = self._open.get(tp)
         if not held or offset not in held:
-            return  # the partition was revoked meanwhile: nothing to release
+            return
         held[offset] -= 1
         if held[offset] <= 0:
             del held[offset]
@@ -81,6 +88,7 @@ class Watermark:
         for tp in tps:
             self._open.pop(tp, None)
             self._next.pop(tp, None)
+            self._generation[tp] = self._generation.get(tp, 0) + 1
 
     def tracked(self) -> set[Hashable]:
         return set(self._next) | set(self._open)

@@ -102,3 +102,48 @@ async def test_deliveries_pending_at_shutdown_keep_their_offsets_held():
     await _spin()
     assert not done
     assert ledger.watermark.commit_offset(TP0) == 5
+
+
+async def test_a_poison_message_redelivered_while_its_dead_letter_is_on_its_way_is_not_dead_lettered_again():
+    """The chaos run's double dead letters: a broker restart's rebalance gave a partition back to the same worker
+    while its dead letter was still unconfirmed, and the redelivery, finding no marker yet, sent a second one."""
+    ledger = _ledger()
+    sent: list[tuple[str, asyncio.Future]] = []
+
+    def send(topic, key, value, *, partition=None, headers=None):  # type: ignore[no-untyped-def]
+        fut = asyncio.get_running_loop().create_future()
+        sent.append((topic, fut))
+        return fut
+
+    ledger._send = send  # type: ignore[method-assign]
+    tp = TP("agent.tasks.a", 1)
+    ledger._on_task(tp, 63, b"k", b"\xff not utf-8", [])
+    ledger.watermark.handled(tp, 63)
+    assert [t for t, _ in sent] == ["agent.tasks.a.dlq"]
+    ledger.forget({tp})  # revoked and assigned again: redelivered from the commit
+    ledger.watermark.start(tp, 63)
+    ledger._on_task(tp, 63, b"k", b"\xff not utf-8", [])
+    ledger.watermark.handled(tp, 63)
+    assert [t for t, _ in sent] == ["agent.tasks.a.dlq"], "no second dead letter"
+    assert ledger.watermark.commit_offset(tp) == 63, "held until the first dead letter is confirmed"
+    sent[0][1].set_result("ok")
+    await _spin(10)
+    assert [t for t, _ in sent] == ["agent.tasks.a.dlq", ledger.outcomes], "then the marker event"
+    assert ledger.watermark.commit_offset(tp) == 64
+
+
+async def test_a_delivery_confirmed_after_a_revoke_does_not_release_the_hold_of_the_redelivery():
+    ledger = _ledger()
+    old, new = Sends(), Sends()
+    ledger.watermark.handled(TP0, 9)
+    ledger._deliver(TP0, 9, [old])
+    ledger.forget({TP0})  # revoked, assigned again, redelivered from the commit
+    ledger.watermark.start(TP0, 9)
+    ledger._deliver(TP0, 9, [new])
+    ledger.watermark.handled(TP0, 9)
+    old.attempts[0].set_result("ok")
+    await _spin()
+    assert ledger.watermark.commit_offset(TP0) == 9, "the old delivery released nothing of the new assignment"
+    new.attempts[0].set_result("ok")
+    await _spin()
+    assert ledger.watermark.commit_offset(TP0) == 10

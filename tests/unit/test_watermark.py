@@ -34,7 +34,7 @@ def test_commit_never_passes_an_open_offset() -> None:
     for offset in range(10):
         wm.handled(TP, offset)
     assert wm.commit_offset(TP) == 3
-    wm.close(TP, 3)
+    wm.close(TP, 3, 0)
     assert wm.commit_offset(TP) == 10
 
 
@@ -46,11 +46,11 @@ def test_commit_stops_at_lowest_open_offset() -> None:
             wm.open(TP, offset)
         wm.handled(TP, offset)
     assert wm.commit_offset(TP) == 2
-    wm.close(TP, 5)
+    wm.close(TP, 5, 0)
     assert wm.commit_offset(TP) == 2
-    wm.close(TP, 2)
+    wm.close(TP, 2, 0)
     assert wm.commit_offset(TP) == 8
-    wm.close(TP, 8)
+    wm.close(TP, 8, 0)
     assert wm.commit_offset(TP) == 10
 
 
@@ -61,10 +61,10 @@ def test_holds_are_counted() -> None:
     wm.open(TP, 4)
     wm.handled(TP, 4)
     assert wm.open_count(TP) == 2
-    wm.close(TP, 4)
+    wm.close(TP, 4, 0)
     assert wm.commit_offset(TP) == 4
     assert wm.open_count(TP) == 1
-    wm.close(TP, 4)
+    wm.close(TP, 4, 0)
     assert wm.commit_offset(TP) == 5
     assert wm.open_count(TP) == 0
 
@@ -74,11 +74,11 @@ def test_close_of_unknown_offset_is_a_noop() -> None:
     wm = Watermark()
     wm.open(TP, 2)
     wm.handled(TP, 6)
-    wm.close(TP, 3)
-    wm.close(TP2, 2)
+    wm.close(TP, 3, 0)
+    wm.close(TP2, 2, 0)
     assert wm.commit_offset(TP) == 2
-    wm.close(TP, 2)
-    wm.close(TP, 2)  # extra close: must not go negative and swallow a later open
+    wm.close(TP, 2, 0)
+    wm.close(TP, 2, 0)  # extra close: must not go negative and swallow a later open
     wm.open(TP, 2)
     assert wm.commit_offset(TP) == 2
     assert wm.open_count(TP) == 1
@@ -90,9 +90,26 @@ def test_close_after_revocation_is_a_noop() -> None:
     wm.open(TP, 5)
     wm.handled(TP, 5)
     wm.forget([TP])
-    wm.close(TP, 5)
+    wm.close(TP, 5, 0)
     assert wm.commit_offset(TP) is None
     assert wm.open_count() == 0
+
+
+def test_a_hold_from_before_a_revoke_does_not_release_one_taken_after_the_partition_came_back() -> None:
+    """A delivery started before a revoke and confirmed after the same partition came back to this worker
+    must not release the hold its redelivery took: nothing past that offset may be committed before it is durable."""
+    wm = Watermark()
+    before = wm.open(TP, 5)
+    wm.handled(TP, 5)
+    wm.forget([TP])  # revoked, then assigned again
+    wm.start(TP, 5)
+    after = wm.open(TP, 5)  # the redelivery holds it again (a running task's Track, a new send)
+    wm.handled(TP, 5)
+    wm.handled(TP, 6)
+    wm.close(TP, 5, before)  # the old delivery is confirmed now
+    assert wm.commit_offset(TP) == 5, "still held by the redelivery"
+    wm.close(TP, 5, after)
+    assert wm.commit_offset(TP) == 7
 
 
 def test_forget_drops_only_the_revoked_partitions() -> None:
@@ -169,7 +186,7 @@ def test_commit_never_passes_open_or_unhandled(steps: list[tuple[int, list[int],
         wm.handled(TP, offset)
         for pick in closes:
             if holds:
-                wm.close(TP, holds.pop(pick % len(holds)))
+                wm.close(TP, holds.pop(pick % len(holds)), 0)
         commit = wm.commit_offset(TP)
         assert commit is not None
         assert commit <= offset + 1
