@@ -56,6 +56,15 @@ class OpenTask:
 
 
 @dataclass(eq=False)
+class _Poison:
+    """A poison message this worker dead-letters: asked for on the outcomes topic, then sent (once)."""
+
+    dead_letter: Callable[[], None]
+    done: asyncio.Future  # done once the dead letter is confirmed (or it is no longer this worker's to send)
+    sending: bool = False
+
+
+@dataclass(eq=False)
 class _Delivery:
     """The sends one event started, on their way to the broker; its offset is held until all are confirmed."""
 
@@ -101,9 +110,8 @@ class Ledger:
         #: tasks awaiting a decision on this worker's partitions: task_id → (partition, agent), for the metrics;
         #: kept by _index and made whole again by every scan_parked (after a restart or a rebalance)
         self.awaiting_approval: dict[str, tuple[TP, str]] = {}
-        #: poison messages dead-lettered by this worker whose marker is not written yet: (partition, offset) →
-        #: a future done once the dead letter is confirmed
-        self._dead_letters: dict[tuple[TP, int], asyncio.Future] = {}
+        #: poison messages this worker is dead-lettering, until their marker is written (see _on_poison)
+        self._poison: dict[tuple[TP, int], _Poison] = {}
         self._pending: set[_Delivery] = set()  # deliveries waiting on the broker (callbacks, no task)
         self._deliveries: set[asyncio.Task] = set()  # deliveries being retried
         self._timer_asked: dict[str, float] = {}
@@ -150,40 +158,65 @@ class Ledger:
         try:
             task = parse_task(value, agent=agent, max_bytes=self.settings.payload_max_bytes)
         except PoisonMessage as poison:
-            marker = poison_key(tp.topic, offset)
-            if self.table.get(marker):
-                # A redelivery (a crash or rebalance before the commit passed it): it has its dead letter.
-                log.info("%s[%d]@%d was dead-lettered before; not again", tp.topic, tp.partition, offset)
-                return
-            on_its_way = self._dead_letters.get((tp, offset))
-            if on_its_way is not None:
-                # Redelivered to this worker (its partition came back after a rebalance) before the marker landed:
-                # the first dead letter is still on its way (or just confirmed). Hold the offset until it is.
-                log.info("%s[%d]@%d is being dead-lettered already; not again", tp.topic, tp.partition, offset)
-                self._deliver(tp, offset, [lambda f=on_its_way: f])
-                return
-            done = asyncio.get_running_loop().create_future()
-            self._dead_letters[(tp, offset)] = done
-            log.warning(
-                "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)",
-                tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
-            )
-            _, history = requeue_headers(headers)
-            extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
-            # The marker is written only once the dead letter is confirmed: a marker without its dead letter would
-            # lose it. A crash before the marker lands (and before the commit) can still give a second record.
-            self._dead_letter(
-                tp, offset, agent, key, value, poison.reason + (f": {poison.detail}" if poison.detail else ""), "schema", 1, extra,
-                # Through this app's outcomes topic, on the same partition: the ledger writes the marker in its own loop.
-                then=[
-                    lambda p=tp.partition, k=marker: self._send(self.outcomes, k.encode(), MARK_EVENT, partition=p),
-                    lambda: done.done() or done.set_result(None),
-                ],
-            )
+            self._on_poison(tp, offset, agent, key, value, headers, poison)
             return
         if self.moved(tp, offset, task.task_id, value, headers):
             return
         self._apply_task(tp, offset, task, value, headers)
+
+    def _on_poison(self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, headers: Any, poison: PoisonMessage) -> None:
+        """Layer 1: a message no agent can use gets one dead letter, also when it is delivered again.
+
+        A marker in the task table (written once the dead letter is confirmed) answers a redelivery. It is
+        asked for through this app's outcomes topic, on the message's partition, rather than at once: a worker
+        that died between its dead letter and the marker's write left its ``dead_lettered`` event there, so the
+        new owner reads that first and finds the marker when its own request comes up. A worker that gets the
+        partition back while its dead letter is still on its way waits for that one.
+        """
+        marker = poison_key(tp.topic, offset)
+        if self.table.get(marker):
+            log.info("%s[%d]@%d was dead-lettered before; not again", tp.topic, tp.partition, offset)
+            return
+        pending = self._poison.get((tp, offset))
+        if pending is not None:
+            log.info("%s[%d]@%d is being dead-lettered already; not again", tp.topic, tp.partition, offset)
+            self._deliver(tp, offset, [lambda f=pending.done: f])
+            return
+        done = asyncio.get_running_loop().create_future()
+        reason = poison.reason + (f": {poison.detail}" if poison.detail else "")
+        _, history = requeue_headers(headers)
+        extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
+
+        def dead_letter() -> None:
+            log.warning(
+                "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)", tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
+            )
+            self._dead_letter(
+                tp, offset, agent, key, value, reason, "schema", 1, extra,
+                then=[
+                    lambda: self._send(self.outcomes, marker.encode(), MARK_EVENT, partition=tp.partition),
+                    lambda: done.done() or done.set_result(None),
+                ],
+            )
+
+        self._poison[(tp, offset)] = _Poison(dead_letter, done)
+        # The offset is held until the dead letter is confirmed (``done``), whoever's request acts.
+        request = lambda: self._send(self.outcomes, marker.encode(), DEAD_LETTER_REQUEST, partition=tp.partition)  # noqa: E731
+        self._deliver(tp, offset, [request, lambda: done])
+
+    def _on_dead_letter_request(self, partition: int, marker: str) -> None:
+        source = _poison_source(marker, partition)
+        pending = self._poison.get(source) if source else None
+        if pending is None or pending.sending:
+            return  # asked by a worker that died before acting (its message came here and asks again), or a repeat
+        if self.table.get(marker):
+            log.info("%s[%d]@%d was dead-lettered by another worker before; not again", source[0].topic, partition, source[1])
+            del self._poison[source]
+            if not pending.done.done():
+                pending.done.set_result(None)
+            return
+        pending.sending = True
+        pending.dead_letter()
 
     def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None) -> None:
         now = time.time()
@@ -310,8 +343,13 @@ class Ledger:
         if parsed is None:
             return
         task_id, event, kind = parsed
-        if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it (see _on_task)
-            self._forget_dead_letter(task_id, tp.partition)
+        if kind == "dead_letter":  # this worker asked to dead-letter a poison message (see _on_poison)
+            self._on_dead_letter_request(tp.partition, task_id)
+            return
+        if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it (see _on_poison)
+            pending = self._poison.pop(_poison_source(task_id, tp.partition), None)  # type: ignore[arg-type]
+            if pending is not None and not pending.done.done():
+                pending.done.set_result(None)  # a dead letter of it is confirmed (another worker's, before it died)
             self.table[task_id] = json.dumps({"at": time.time()})
             self._deliver(tp, offset, [self._changelog_send(tp.partition, task_id, self.table.last_changelog)])
             return
@@ -747,17 +785,14 @@ class Ledger:
             })
         return sorted(waiting, key=lambda w: w["requested_at"] or 0.0)
 
-    def _forget_dead_letter(self, marker: str, partition: int) -> None:
-        """The marker of a poison message is being written: the in-memory note of its dead letter is no longer needed."""
-        _, _, rest = marker.partition("/")
-        topic, _, offset = rest.rpartition("/")
-        if offset.isdigit():
-            self._dead_letters.pop((TP(topic, partition), int(offset)), None)
-
     def forget(self, tps: set[TP]) -> None:
         """Partitions revoked: their open tasks and held offsets now belong to the next owner."""
-        # notes of dead letters still on their way are kept: the partition may come back to this worker
-        self._dead_letters = {k: f for k, f in self._dead_letters.items() if k[0] not in tps or not f.done()}
+        for source, pending in list(self._poison.items()):
+            if source[0] not in tps or (pending.sending and not pending.done.done()):
+                continue  # a dead letter on its way is waited for if the partition comes back (see _on_poison)
+            del self._poison[source]  # not asked yet: the next owner asks (its hold here is gone with the partition)
+            if not pending.done.done():
+                pending.done.set_result(None)
         self.watermark.forget(tps)
         self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
         self.awaiting_approval = {t: held for t, held in self.awaiting_approval.items() if held[0] not in tps}
@@ -803,6 +838,14 @@ def _parked(record: TaskRecord | None) -> bool:
 
 
 MARK_EVENT = json.dumps({"schema_version": 1, "kind": "dead_lettered"}).encode()
+DEAD_LETTER_REQUEST = json.dumps({"schema_version": 1, "kind": "dead_letter"}).encode()
+
+
+def _poison_source(marker: str, partition: int) -> tuple[TP, int] | None:
+    """(partition, offset) of the poison message a marker key (see poison_key) names."""
+    _, _, rest = marker.partition("/")
+    topic, _, offset = rest.rpartition("/")
+    return (TP(topic, partition), int(offset)) if topic and offset.isdigit() else None
 
 
 def poison_key(topic: str, offset: int) -> str:

@@ -104,32 +104,99 @@ async def test_deliveries_pending_at_shutdown_keep_their_offsets_held():
     assert ledger.watermark.commit_offset(TP0) == 5
 
 
-async def test_a_poison_message_redelivered_while_its_dead_letter_is_on_its_way_is_not_dead_lettered_again():
-    """The chaos run's double dead letters: a broker restart's rebalance gave a partition back to the same worker
-    while its dead letter was still unconfirmed, and the redelivery, finding no marker yet, sent a second one."""
+class Table(dict):
+    """The task table as the ledger uses it: a dict whose writes leave a changelog future (confirmed at once)."""
+
+    last_changelog: asyncio.Future | None = None
+
+    def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
+        super().__setitem__(key, value)
+        self.last_changelog = asyncio.get_running_loop().create_future()
+        self.last_changelog.set_result("ok")
+
+
+def _poison_ledger() -> tuple[Ledger, list[tuple[str, bytes | None, asyncio.Future]]]:
+    """A ledger whose sends are recorded as (topic, value, future); the test confirms them."""
     ledger = _ledger()
-    sent: list[tuple[str, asyncio.Future]] = []
+    ledger.table = Table()
+    sent: list[tuple[str, bytes | None, asyncio.Future]] = []
 
     def send(topic, key, value, *, partition=None, headers=None):  # type: ignore[no-untyped-def]
         fut = asyncio.get_running_loop().create_future()
-        sent.append((topic, fut))
+        sent.append((topic, value, fut))
         return fut
 
     ledger._send = send  # type: ignore[method-assign]
-    tp = TP("agent.tasks.a", 1)
-    ledger._on_task(tp, 63, b"k", b"\xff not utf-8", [])
-    ledger.watermark.handled(tp, 63)
-    assert [t for t, _ in sent] == ["agent.tasks.a.dlq"]
-    ledger.forget({tp})  # revoked and assigned again: redelivered from the commit
-    ledger.watermark.start(tp, 63)
-    ledger._on_task(tp, 63, b"k", b"\xff not utf-8", [])
-    ledger.watermark.handled(tp, 63)
-    assert [t for t, _ in sent] == ["agent.tasks.a.dlq"], "no second dead letter"
-    assert ledger.watermark.commit_offset(tp) == 63, "held until the first dead letter is confirmed"
-    sent[0][1].set_result("ok")
+    return ledger, sent
+
+
+def _kinds(ledger: Ledger, sent: list[tuple[str, bytes | None, asyncio.Future]]) -> list[str]:
+    """What was sent, as 'dlq' or the outcome event's kind."""
+    import json
+
+    return ["dlq" if topic.endswith(".dlq") else json.loads(value)["kind"] for topic, value, _ in sent]
+
+
+async def _confirm_all(sent: list[tuple[str, bytes | None, asyncio.Future]]) -> None:
+    for _, _, fut in sent:
+        if not fut.done():
+            fut.set_result("ok")
     await _spin(10)
-    assert [t for t, _ in sent] == ["agent.tasks.a.dlq", ledger.outcomes], "then the marker event"
-    assert ledger.watermark.commit_offset(tp) == 64
+
+
+TP1 = TP("agent.tasks.a", 1)
+PILL = b"\xff not utf-8"
+
+
+async def test_a_poison_message_is_dead_lettered_once_its_request_comes_back_and_then_marked():
+    ledger, sent = _poison_ledger()
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    assert _kinds(ledger, sent) == ["dead_letter"], "asked through the outcomes topic first"
+    ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), sent[0][1])
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq"]
+    assert ledger.watermark.commit_offset(TP1) == 63, "held until the dead letter is confirmed"
+    await _confirm_all(sent)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
+    assert ledger.watermark.commit_offset(TP1) == 64
+    ledger._on_outcome(TP(ledger.outcomes, 1), 1, ledger_module.poison_key(TP1.topic, 63).encode(), sent[2][1])
+    ledger._on_task(TP1, 63, b"k", PILL, [])  # redelivered after a crash: the marker answers
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
+
+
+async def test_a_poison_message_redelivered_while_its_dead_letter_is_on_its_way_is_not_dead_lettered_again():
+    """The chaos run's double dead letters: a broker restart's rebalance gave a partition back to the same worker
+    while its dead letter was still unconfirmed, and the redelivery, finding no marker yet, sent a second one."""
+    ledger, sent = _poison_ledger()
+    marker = ledger_module.poison_key(TP1.topic, 63).encode()
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    ledger._on_outcome(TP(ledger.outcomes, 1), 0, marker, ledger_module.DEAD_LETTER_REQUEST)
+    ledger.forget({TP1})  # revoked and assigned again: redelivered from the commit
+    ledger.watermark.start(TP1, 63)
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq"], "no second request, no second dead letter"
+    assert ledger.watermark.commit_offset(TP1) == 63, "held until the first dead letter is confirmed"
+    await _confirm_all(sent)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
+    assert ledger.watermark.commit_offset(TP1) == 64
+
+
+async def test_a_worker_that_died_before_its_marker_was_written_leaves_no_second_dead_letter():
+    """Worker A dead-lettered the message and sent its dead_lettered event, then died before the commit. The new
+    owner gets the message again, asks; A's event is ahead of the request on the same partition, so the new owner
+    writes the marker first and its request finds it."""
+    ledger, sent = _poison_ledger()
+    marker = ledger_module.poison_key(TP1.topic, 63).encode()
+    ledger.watermark.start(TP1, 63)
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    ledger._on_outcome(TP(ledger.outcomes, 1), 10, marker, ledger_module.MARK_EVENT)  # A's, before ours
+    ledger._on_outcome(TP(ledger.outcomes, 1), 11, marker, ledger_module.DEAD_LETTER_REQUEST)  # ours
+    await _confirm_all(sent)
+    assert _kinds(ledger, sent) == ["dead_letter"], "no dead letter: A's is there"
+    assert ledger.watermark.commit_offset(TP1) == 64
 
 
 async def test_a_delivery_confirmed_after_a_revoke_does_not_release_the_hold_of_the_redelivery():
