@@ -123,6 +123,19 @@ class Ledger:
         """Apply one event. Never raises: an exception leaving the stream loop would ack it."""
         message = event.message
         tp = message.tp
+        gap = self.watermark.gap(tp, message.offset)
+        if gap is not None:
+            # Records before this one never reached the ledger (dropped by the consumer). This one is not applied
+            # now: it comes again, in order, once the partition is read from the gap (an outcome partition's
+            # order is what lets a dead owner's events be read before what this worker asks for since).
+            if self.on_gap(tp, gap):
+                log.warning(
+                    "Offsets %d..%d of %s[%d] never reached the ledger (dropped by the consumer); nothing is committed "
+                    "past %d and the partition is read again from there",
+                    gap, message.offset - 1, tp.topic, tp.partition, gap,
+                )
+                self.control("alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None, {"first": gap, "next_seen": message.offset})
+            return
         try:
             if message.topic == self.outcomes:
                 self._on_outcome(tp, message.offset, event.key, event.value)
@@ -142,14 +155,7 @@ class Ledger:
             self.watermark.open(tp, message.offset)
             self.control("alert.ledger_error", f"{tp.topic}:{tp.partition}:{message.offset}", None, {"error": repr(exc)})
         finally:
-            gap = self.watermark.handled(tp, message.offset)
-            if gap is not None and self.on_gap(tp, gap):
-                log.warning(
-                    "Offsets %d..%d of %s[%d] never reached the ledger (dropped by the consumer); nothing is committed "
-                    "past %d and the partition is read again from there",
-                    gap, message.offset - 1, tp.topic, tp.partition, gap,
-                )
-                self.control("alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None, {"first": gap, "next_seen": message.offset})
+            self.watermark.handled(tp, message.offset)
 
     # -- task messages ---------------------------------------------------------------
 
@@ -193,16 +199,32 @@ class Ledger:
             )
             self._dead_letter(
                 tp, offset, agent, key, value, reason, "schema", 1, extra,
-                then=[
-                    lambda: self._send(self.outcomes, marker.encode(), MARK_EVENT, partition=tp.partition),
-                    lambda: done.done() or done.set_result(None),
-                ],
+                then=[lambda: self._retrying(self._mark(tp, marker, done))],
             )
 
         self._poison[(tp, offset)] = _Poison(dead_letter, done)
         # The offset is held until the dead letter is confirmed (``done``), whoever's request acts.
         request = lambda: self._send(self.outcomes, marker.encode(), DEAD_LETTER_REQUEST, partition=tp.partition)  # noqa: E731
         self._deliver(tp, offset, [request, lambda: done])
+
+    async def _mark(self, tp: TP, marker: str, done: asyncio.Future) -> None:
+        """A poison message's dead letter is confirmed: send its ``dead_lettered`` event (the ledger writes the
+        marker when it reads it) until the broker has it; only then is its offset released (``done``)."""
+        try:
+            await confirmed(
+                lambda: self._send(self.outcomes, marker.encode(), MARK_EVENT, partition=tp.partition),
+                what=f"the dead_lettered event of {tp.topic}:{tp.partition}",
+                alert=lambda exc: self.control("alert.broker_send_failing", marker.lstrip("\x00"), None, {"error": repr(exc)}),
+            )
+        finally:
+            if not done.done():
+                done.set_result(None)
+
+    def _retrying(self, coro: Any) -> None:
+        """Run ``coro`` as a delivery task (cancelled at stop, counted by ``delivering``)."""
+        task = asyncio.ensure_future(coro)
+        self._deliveries.add(task)
+        task.add_done_callback(self._deliveries.discard)
 
     def _on_dead_letter_request(self, partition: int, marker: str) -> None:
         source = _poison_source(marker, partition)
@@ -685,9 +707,7 @@ class Ledger:
             return
         # a failed send is retried from its error; one with no answer yet is sent again now
         started = [f if f.done() else None for f in delivery.started]
-        task = asyncio.ensure_future(self._confirm(tp, offset, delivery.gen, delivery.sends, started, delivery.after))
-        self._deliveries.add(task)
-        task.add_done_callback(self._deliveries.discard)
+        self._retrying(self._confirm(tp, offset, delivery.gen, delivery.sends, started, delivery.after))
 
     async def _confirm(self, tp: TP, offset: int, gen: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
         where = f"{tp.topic}:{tp.partition}:{offset}"

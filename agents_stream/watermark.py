@@ -51,6 +51,11 @@ class Watermark:
         if self._next.get(tp, offset) < offset:
             self._next[tp] = offset
 
+    def gap(self, tp: Hashable, offset: int) -> int | None:
+        """The first offset never handled when ``offset`` would jump past it (see ``handled``), else None."""
+        expected = self._next.get(tp)
+        return expected if expected is not None and offset > expected else None
+
     def handled(self, tp: Hashable, offset: int) -> int | None:
         """The ledger is done with ``offset`` (its effects are durable or held open).
 
