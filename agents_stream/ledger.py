@@ -220,6 +220,13 @@ class Ledger:
             if not done.done():
                 done.set_result(None)
 
+    def _release_poison(self, source: tuple[TP, int] | None) -> None:
+        """This worker no longer dead-letters ``source`` (its marker is written, or it is another worker's now):
+        forget it and release the offset hold that waits for it."""
+        pending = self._poison.pop(source, None)  # type: ignore[arg-type]
+        if pending is not None and not pending.done.done():
+            pending.done.set_result(None)
+
     def _retrying(self, coro: Any) -> None:
         """Run ``coro`` as a delivery task (cancelled at stop, counted by ``delivering``)."""
         task = asyncio.ensure_future(coro)
@@ -233,9 +240,7 @@ class Ledger:
             return  # asked by a worker that died before acting (its message came here and asks again), or a repeat
         if self.table.get(marker):
             log.info("%s[%d]@%d was dead-lettered by another worker before; not again", source[0].topic, partition, source[1])
-            del self._poison[source]
-            if not pending.done.done():
-                pending.done.set_result(None)
+            self._release_poison(source)
             return
         pending.sending = True
         pending.dead_letter()
@@ -369,9 +374,7 @@ class Ledger:
             self._on_dead_letter_request(tp.partition, task_id)
             return
         if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it (see _on_poison)
-            pending = self._poison.pop(_poison_source(task_id, tp.partition), None)  # type: ignore[arg-type]
-            if pending is not None and not pending.done.done():
-                pending.done.set_result(None)  # a dead letter of it is confirmed (another worker's, before it died)
+            self._release_poison(_poison_source(task_id, tp.partition))  # its dead letter is confirmed (ours or another's)
             self.table[task_id] = json.dumps({"at": time.time()})
             self._deliver(tp, offset, [self._changelog_send(tp.partition, task_id, self.table.last_changelog)])
             return
@@ -614,7 +617,6 @@ class Ledger:
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
         self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc(), *(then or [])])
 
-
     def _dlq_send(
         self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
         source: TP, offset: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
@@ -705,24 +707,25 @@ class Ledger:
             finally:
                 self.watermark.close(tp, offset, delivery.gen)
             return
-        # a failed send is retried from its error; one with no answer yet is sent again now
-        started = [f if f.done() else None for f in delivery.started]
-        self._retrying(self._confirm(tp, offset, delivery.gen, delivery.sends, started, delivery.after))
+        self._retrying(self._confirm(delivery))
 
-    async def _confirm(self, tp: TP, offset: int, gen: int, sends: list[Send], started: list[Any], after: list[Callable[[], None]]) -> None:
+    async def _confirm(self, delivery: _Delivery) -> None:
+        """Retry ``delivery`` until the broker confirms every send: a failed send from its error, one with no
+        answer yet sent again now; then run its follow-ups and release its offset."""
+        tp, offset = delivery.tp, delivery.offset
         where = f"{tp.topic}:{tp.partition}:{offset}"
         try:
-            for send, fut in zip(sends, started, strict=True):
+            for send, fut in zip(delivery.sends, delivery.started, strict=True):
                 await confirmed(
                     send,
                     what=f"the effects of {where}",
                     alert=lambda exc: self.control("alert.broker_send_failing", where, None, {"error": repr(exc)}),
-                    first=fut,
+                    first=fut if fut.done() else None,  # not done by now: it had no answer in time
                 )
-            for fn in after:
+            for fn in delivery.after:
                 fn()
         finally:
-            self.watermark.close(tp, offset, gen)
+            self.watermark.close(tp, offset, delivery.gen)
 
     def delivering(self) -> int:
         """Deliveries not yet confirmed by the broker (their offsets are held open)."""
@@ -810,9 +813,7 @@ class Ledger:
         for source, pending in list(self._poison.items()):
             if source[0] not in tps or (pending.sending and not pending.done.done()):
                 continue  # a dead letter on its way is waited for if the partition comes back (see _on_poison)
-            del self._poison[source]  # not asked yet: the next owner asks (its hold here is gone with the partition)
-            if not pending.done.done():
-                pending.done.set_result(None)
+            self._release_poison(source)  # not asked yet: the next owner asks (its hold here is gone with the partition)
         self.watermark.forget(tps)
         self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
         self.awaiting_approval = {t: held for t, held in self.awaiting_approval.items() if held[0] not in tps}

@@ -65,9 +65,9 @@ class Watermark:
         past it is committed, and the caller reads the partition again from there
         (records handled twice are redeliveries to the ledger).
         """
-        expected = self._next.get(tp)
-        if expected is not None and offset > expected:
-            return expected
+        gap = self.gap(tp, offset)
+        if gap is not None:
+            return gap
         if offset + 1 > self._next.get(tp, -1):
             self._next[tp] = offset + 1
         return None
