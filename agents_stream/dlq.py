@@ -20,7 +20,7 @@ from agents_stream import topics
 from agents_stream.settings import bootstrap_servers
 from agents_stream.topics import HISTORY_HEADER, REQUEUE_HEADER
 
-__all__ = ["DeadLetter", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue", "requeue_headers_for", "summary"]
+__all__ = ["DeadLetter", "find_dead_letter", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue", "requeue_headers_for", "summary"]
 
 #: the contract's dead-letter headers (DESIGN.md), kept in the history of a requeued task
 STANDARD_HEADERS = ("error_reason", "error_layer", "original_topic", "original_partition", "original_offset", "failed_at", "attempts")
@@ -154,11 +154,9 @@ async def dlq_topics(broker: str, agent: str | None, timeout: float = 30.0, *, s
     return sorted(n for n in names if n.startswith(topics.TASK_PREFIX) and n.endswith(".dlq"))
 
 
-async def read_dead_letters(
-    broker: str, names: list[str], timeout: float = 60.0, *, security: Mapping[str, Any] | None = None,
-) -> list[DeadLetter]:
-    """Every record of these topics, from the beginning up to their end when the read started."""
-    from aiokafka import AIOKafkaConsumer, TopicPartition
+async def _partitions(broker: str, names: list[str], timeout: float, security: Mapping[str, Any] | None) -> list[Any]:
+    """The partitions of those of ``names`` that exist on the broker."""
+    from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap_servers(broker), **(security or {}))
@@ -168,7 +166,17 @@ async def read_dead_letters(
         described = await asyncio.wait_for(admin.describe_topics([n for n in names if n in existing]), timeout) if existing & set(names) else []
     finally:
         await admin.close()
-    parts = [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
+    return [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
+
+
+async def _read(
+    broker: str, names: list[str], timeout: float, security: Mapping[str, Any] | None, since_ms: int | None = None,
+) -> list[DeadLetter]:
+    """The records of these topics up to their end when the read started: from the beginning, or from the first
+    record written at or after ``since_ms`` (ms since the epoch)."""
+    from aiokafka import AIOKafkaConsumer
+
+    parts = await _partitions(broker, names, timeout, security)
     if not parts:
         return []
     consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap_servers(broker), group_id=None, enable_auto_commit=False, **(security or {}))
@@ -176,9 +184,17 @@ async def read_dead_letters(
     out: list[DeadLetter] = []
     try:
         consumer.assign(parts)
-        await asyncio.wait_for(consumer.seek_to_beginning(*parts), timeout)
         ends = await asyncio.wait_for(consumer.end_offsets(parts), timeout)
-        remaining = {tp for tp in parts if ends[tp] > 0}
+        if since_ms is None:
+            await asyncio.wait_for(consumer.seek_to_beginning(*parts), timeout)
+            remaining = {tp for tp in parts if ends[tp] > 0}
+        else:
+            starts = await asyncio.wait_for(consumer.offsets_for_times(dict.fromkeys(parts, since_ms)), timeout)
+            remaining = set()
+            for tp, found in starts.items():
+                if found is not None and found.offset < ends[tp]:  # None: nothing written since then
+                    consumer.seek(tp, found.offset)
+                    remaining.add(tp)
         deadline = asyncio.get_running_loop().time() + timeout
         while remaining:
             if asyncio.get_running_loop().time() > deadline:
@@ -194,7 +210,28 @@ async def read_dead_letters(
                     remaining.discard(tp)
     finally:
         await asyncio.wait_for(consumer.stop(), timeout)
+    return out
+
+
+async def read_dead_letters(
+    broker: str, names: list[str], timeout: float = 60.0, *, security: Mapping[str, Any] | None = None,
+) -> list[DeadLetter]:
+    """Every record of these topics, from the beginning up to their end when the read started."""
+    out = await _read(broker, names, timeout, security)
     return sorted(out, key=lambda d: (d.topic, d.headers.get("failed_at", ""), d.partition, d.offset))
+
+
+async def find_dead_letter(
+    broker: str, topic: str, source: tuple[str, int, int], since: float, timeout: float = 30.0,
+    *, security: Mapping[str, Any] | None = None,
+) -> DeadLetter | None:
+    """The record of ``topic`` written at or after ``since`` (seconds since the epoch) for the message at
+    ``source`` (topic, partition, offset), as its ``original_*`` headers name it; None when there is none."""
+    want = {"original_topic": source[0], "original_partition": str(source[1]), "original_offset": str(source[2])}
+    for dl in await _read(broker, [topic], timeout, security, since_ms=max(0, int(since * 1000))):
+        if all(dl.headers.get(name) == value for name, value in want.items()):
+            return dl
+    return None
 
 
 async def requeue(

@@ -19,10 +19,12 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from agents_stream import metrics, pricing, topics
+from agents_stream import dlq as dlq_tools
+from agents_stream import kafka_security, metrics, pricing, topics
 from agents_stream.approvals import Notifier, link, slack_message
+from agents_stream.backoff import backoff
 from agents_stream.config import ApprovalPolicy
-from agents_stream.delivery import CONFIRM_TIMEOUT_S, Send, confirmed
+from agents_stream.delivery import ALERT_AFTER, CONFIRM_TIMEOUT_S, Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
 from agents_stream.jobs import fan_in_event
@@ -61,6 +63,7 @@ class _Poison:
 
     dead_letter: Callable[[], None]
     done: asyncio.Future  # done once the dead letter is confirmed (or it is no longer this worker's to send)
+    dlq: str  # the dead-letter topic it goes to
     sending: bool = False
 
 
@@ -180,7 +183,7 @@ class Ledger:
         partition back while its dead letter is still on its way waits for that one.
         """
         marker = poison_key(tp.topic, offset)
-        if self.table.get(marker):
+        if self._marker(marker) == DONE:
             log.info("%s[%d]@%d was dead-lettered before; not again", tp.topic, tp.partition, offset)
             return
         pending = self._poison.get((tp, offset))
@@ -202,7 +205,7 @@ class Ledger:
                 then=[lambda: self._retrying(self._mark(tp, marker, done))],
             )
 
-        self._poison[(tp, offset)] = _Poison(dead_letter, done)
+        self._poison[(tp, offset)] = _Poison(dead_letter, done, topics.dlq_topic(agent))
         # The offset is held until the dead letter is confirmed (``done``), whoever's request acts.
         request = lambda: self._send(self.outcomes, marker.encode(), DEAD_LETTER_REQUEST, partition=tp.partition)  # noqa: E731
         self._deliver(tp, offset, [request, lambda: done])
@@ -233,17 +236,76 @@ class Ledger:
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
 
-    def _on_dead_letter_request(self, partition: int, marker: str) -> None:
-        source = _poison_source(marker, partition)
+    def _on_dead_letter_request(self, tp: TP, offset: int, marker: str) -> None:
+        """This worker's request to dead-letter a poison message came back (see _on_poison).
+
+        The marker first says the dead letter is being sent (``sending``), and the dead letter goes once that
+        is in the changelog. A worker that then died before its ``dead_lettered`` event leaves that state to the
+        next owner, which looks for the dead letter on the topic before it sends one (``_unless_sent``).
+        """
+        source = _poison_source(marker, tp.partition)
         pending = self._poison.get(source) if source else None
         if pending is None or pending.sending:
             return  # asked by a worker that died before acting (its message came here and asks again), or a repeat
-        if self.table.get(marker):
-            log.info("%s[%d]@%d was dead-lettered by another worker before; not again", source[0].topic, partition, source[1])
+        state = self._marker(marker)
+        if state == DONE:
+            log.info("%s[%d]@%d was dead-lettered by another worker before; not again", source[0].topic, tp.partition, source[1])
             self._release_poison(source)
             return
         pending.sending = True
-        pending.dead_letter()
+        if state is not None:  # begun by a worker that stopped before it was marked: it may be on the topic
+            self._retrying(self._unless_sent(source, marker, state, pending))
+            return
+        self.table[marker] = json.dumps({"sending": time.time(), "by": self.worker_id})
+        self._deliver(tp, offset, [self._changelog_send(tp.partition, marker, self.table.last_changelog)], [pending.dead_letter])
+
+    async def _unless_sent(self, source: tuple[TP, int], marker: str, since: float, pending: _Poison) -> None:
+        """Dead-letter ``source`` unless a dead letter begun at ``since`` by an earlier owner is on the topic:
+        then only mark it. The message's offset stays held meanwhile; a failed read is retried."""
+        tp, offset = source
+        attempt = 0
+        while True:
+            try:
+                found = await self.find_dead_letter(pending.dlq, (tp.topic, tp.partition, offset), since)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                attempt += 1
+                delay = backoff(attempt, base=0.5, cap=10.0)
+                log.warning(
+                    "Could not read %s to learn whether %s[%d]@%d was dead-lettered before (%r); the message stays "
+                    "held. Retry %d in %.1fs; check the broker if this repeats.",
+                    pending.dlq, tp.topic, tp.partition, offset, exc, attempt, delay,
+                )
+                if attempt == ALERT_AFTER:
+                    self.control("alert.broker_read_failing", marker.lstrip("\x00"), None, {"error": repr(exc)})
+                await asyncio.sleep(delay)
+        if found is None:
+            log.info("%s[%d]@%d: the dead letter an earlier owner began is not on %s; sending it", tp.topic, tp.partition, offset, pending.dlq)
+            pending.dead_letter()
+            return
+        log.info(
+            "%s[%d]@%d was dead-lettered (%s) by an owner that stopped before marking it; marked now, not sent again",
+            tp.topic, tp.partition, offset, found.ref,
+        )
+        await self._mark(tp, marker, pending.done)
+
+    async def find_dead_letter(self, dlq: str, source: tuple[str, int, int], since: float) -> Any:
+        """The dead letter on ``dlq`` of the message at ``source`` (topic, partition, offset), written after
+        ``since``; None when there is none. (A unit test replaces it.)"""
+        return await dlq_tools.find_dead_letter(
+            self.settings.broker, dlq, source, since - DEAD_LETTER_CLOCK_SLACK_S, timeout=30.0,
+            security=kafka_security.client_kwargs(self.settings),
+        )
+
+    def _marker(self, marker: str) -> Any:
+        """A poison message's marker: None, DONE, or when an owner began its dead letter (``sending``)."""
+        data = self.table.get(marker)
+        if not data:
+            return None
+        sending = json.loads(data).get("sending")
+        return DONE if sending is None else float(sending)
 
     def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None) -> None:
         now = time.time()
@@ -371,7 +433,7 @@ class Ledger:
             return
         task_id, event, kind = parsed
         if kind == "dead_letter":  # this worker asked to dead-letter a poison message (see _on_poison)
-            self._on_dead_letter_request(tp.partition, task_id)
+            self._on_dead_letter_request(tp, offset, task_id)
             return
         if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it (see _on_poison)
             self._release_poison(_poison_source(task_id, tp.partition))  # its dead letter is confirmed (ours or another's)
@@ -858,6 +920,9 @@ def _parked(record: TaskRecord | None) -> bool:
     return record is not None and record.approval is not None and not record.terminal
 
 
+DONE = "done"  # a marker's state once the dead letter is confirmed (see Ledger._marker)
+#: how far before an earlier owner began a dead letter its record is looked for (clocks of workers and broker)
+DEAD_LETTER_CLOCK_SLACK_S = 600.0
 MARK_EVENT = json.dumps({"schema_version": 1, "kind": "dead_lettered"}).encode()
 DEAD_LETTER_REQUEST = json.dumps({"schema_version": 1, "kind": "dead_letter"}).encode()
 

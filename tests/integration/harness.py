@@ -194,11 +194,14 @@ async def create_topics(names: list[str], partitions: int = PARTITIONS) -> None:
         await admin.close()
 
 
-async def produce(topic: str, records: list[tuple[bytes | None, bytes | None]], *, partition: int | None = None) -> None:
+async def produce(
+    topic: str, records: list[tuple[bytes | None, bytes | None]], *, partition: int | None = None,
+    headers: list[tuple[str, bytes]] | None = None,
+) -> None:
     producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all")
     await asyncio.wait_for(producer.start(), 30)
     try:
-        futs = [await producer.send(topic, value=v, key=k, partition=partition) for k, v in records]
+        futs = [await producer.send(topic, value=v, key=k, partition=partition, headers=headers) for k, v in records]
         await asyncio.wait_for(asyncio.gather(*futs), 30)
     finally:
         await producer.stop()

@@ -14,12 +14,14 @@ from collections import Counter
 
 from agents_stream import topics
 from agents_stream.fakellm import status
+from agents_stream.ledger import poison_key
 
 from .harness import (
     BOOTSTRAP,
     PARTITIONS,
     ROOT,
     committed,
+    create_topics,
     encode,
     eventually,
     produce,
@@ -260,5 +262,34 @@ async def test_poison_message_redelivered_after_a_crash_is_dead_lettered_once(cl
     assert len(dead) == 1, f"the poison message has {len(dead)} dead letters"
 
 
-async def _committed_past(group: str, topic: str, offset: int) -> bool:
-    return (await committed(group, topic)).get(0, 0) >= offset
+async def test_a_dead_letter_a_dead_worker_sent_but_never_marked_is_not_sent_again(cluster_factory, fake_llm):
+    """The state a SIGKILL can leave between a dead letter and its marker: the changelog says a worker began the
+    dead letters of two poison messages. One is on the dead-letter topic (the worker died after sending it), the
+    other is not (it died before). The next worker sends only the missing one: one dead letter each."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    source, dlq, changelog = topics.task_topic(agent), topics.dlq_topic(agent), f"{c.app_id}-tasks-changelog"
+    await create_topics([source, dlq, changelog])
+    began = json.dumps(json.dumps({"sending": time.time() - 5, "by": "dead-worker"})).encode()  # Faust's encoding
+    for partition in (0, 1):
+        await produce(source, [(f"pill-{partition}".encode(), b"{not json")], partition=partition)
+        await produce(changelog, [(json.dumps(poison_key(source, 0)).encode(), began)], partition=partition)
+    sent_before = [
+        ("error_reason", b"bad_json"), ("error_layer", b"schema"), ("original_topic", source.encode()),
+        ("original_partition", b"0"), ("original_offset", b"0"), ("attempts", b"1"),
+    ]
+    await produce(dlq, [(b"pill-0", b"{not json")], headers=sent_before)
+    w = await c.started("a")
+    await eventually(lambda: _committed_past(c.app_id, source, 1, partitions=(0, 1)), timeout=60, what="both pills committed")
+    dead = await read_topic(dlq, timeout=5, until=lambda seen: False)
+    per_pill = Counter(dict(m.headers)["original_partition"] for m in dead)
+    assert per_pill == {b"0": 1, b"1": 1}, f"dead letters per pill partition: {per_pill}"
+    assert "marked now, not sent again" in w.tail(400), "the first pill's dead letter was found on the topic"
+    marks = await read_topic(changelog, timeout=5, until=lambda seen: False, keep=lambda m: b"dead/" in (m.key or b""))
+    last = {m.partition: json.loads(json.loads(m.value)) for m in marks}
+    assert all("at" in last[p] for p in (0, 1)), f"both marked dead-lettered: {last}"
+
+
+async def _committed_past(group: str, topic: str, offset: int, partitions: tuple[int, ...] = (0,)) -> bool:
+    done = await committed(group, topic)
+    return all(done.get(p, 0) >= offset for p in partitions)

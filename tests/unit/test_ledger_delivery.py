@@ -243,3 +243,83 @@ async def test_a_record_past_a_gap_is_not_applied_before_the_records_it_skipped(
     assert [json.loads(value)["kind"] for _, value, _ in sent] == ["dead_letter"] * 3
     assert sorted(ledger._poison) == [(TP1, 5), (TP1, 6), (TP1, 7)]
     assert gaps == [(TP1, 5)]
+
+
+class SlowTable(Table):
+    """A task table whose changelog sends the test confirms by hand (``changelog`` lists them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changelog: list[asyncio.Future] = []
+
+    def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
+        dict.__setitem__(self, key, value)
+        self.last_changelog = asyncio.get_running_loop().create_future()
+        self.changelog.append(self.last_changelog)
+
+
+async def test_the_marker_says_sending_in_the_changelog_before_the_dead_letter_goes():
+    """So a worker that dies after its dead letter leaves the next owner a sign to look for it on the topic."""
+    ledger, sent = _poison_ledger()
+    ledger.table = SlowTable()
+    marker = ledger_module.poison_key(TP1.topic, 63)
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    ledger._on_outcome(TP(ledger.outcomes, 1), 0, marker.encode(), ledger_module.DEAD_LETTER_REQUEST)
+    assert json.loads(ledger.table[marker])["by"] == "w"
+    assert _kinds(ledger, sent) == ["dead_letter"], "no dead letter before the changelog has the marker"
+    ledger.table.changelog[0].set_result("ok")
+    await _spin(10)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq"]
+    await _confirm_all(sent)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
+    assert ledger.watermark.commit_offset(TP1) == 64
+
+
+def _begun_by_a_dead_owner(found: object, fail: int = 0) -> tuple[Ledger, list, list]:
+    """A ledger whose table says another worker began the dead letter of TP1@63 and never marked it; its DLQ
+    lookup answers ``found`` after failing ``fail`` times. Returns (ledger, sent, lookups)."""
+    ledger, sent = _poison_ledger()
+    ledger.table[ledger_module.poison_key(TP1.topic, 63)] = json.dumps({"sending": 1000.0, "by": "dead"})
+    lookups: list[tuple] = []
+
+    async def find(dlq, source, since):  # type: ignore[no-untyped-def]
+        lookups.append((dlq, source, since))
+        if len(lookups) <= fail:
+            raise ConnectionError("broker down")
+        return found
+
+    ledger.find_dead_letter = find  # type: ignore[method-assign]
+    return ledger, sent, lookups
+
+
+async def _redeliver_and_ask(ledger: Ledger, sent: list) -> None:
+    marker = ledger_module.poison_key(TP1.topic, 63).encode()
+    ledger.watermark.start(TP1, 63)
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    assert _kinds(ledger, sent) == ["dead_letter"], "a begun dead letter is not a done one: ask"
+    ledger._on_outcome(TP(ledger.outcomes, 1), 11, marker, ledger_module.DEAD_LETTER_REQUEST)
+    ledger.watermark.handled(TP(ledger.outcomes, 1), 11)
+
+
+async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_sent_again():
+    """The moderate chaos run's last double dead letter: a worker was SIGKILLed after its dead letter reached the
+    topic and before its dead_lettered event did. The next owner finds it there."""
+    ledger, sent, lookups = _begun_by_a_dead_owner(found=SimpleNamespace(ref="agent.tasks.a.dlq:3:0"))
+    await _redeliver_and_ask(ledger, sent)
+    await _confirm_all(sent)
+    assert lookups == [("agent.tasks.a.dlq", (TP1.topic, 1, 63), 1000.0)]
+    assert _kinds(ledger, sent) == ["dead_letter", "dead_lettered"], "marked, no second dead letter"
+    assert ledger.watermark.commit_offset(TP1) == 64
+
+
+async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypatch):
+    monkeypatch.setattr(ledger_module, "backoff", lambda attempt, base, cap: 0.0)
+    ledger, sent, lookups = _begun_by_a_dead_owner(found=None, fail=2)
+    await _redeliver_and_ask(ledger, sent)
+    await _spin(20)
+    assert len(lookups) == 3, "a failed lookup is retried, the message held meanwhile"
+    await _confirm_all(sent)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
+    assert ledger.watermark.commit_offset(TP1) == 64
