@@ -694,7 +694,38 @@ class Ledger:
             *(extra or []),
         ]
         target = topic or topics.dlq_topic(agent)
-        return lambda: self._send(target, key, value, headers=headers)
+        attempts: list[asyncio.Future] = []
+        since = time.time()
+
+        def send() -> "asyncio.Future[Any]":
+            if attempts:  # a retry: the attempt before may have landed (an error or a timeout hides that)
+                fut = asyncio.ensure_future(self._send_unless_there(
+                    attempts[-1], target, (source.topic, source.partition, offset), since,
+                    lambda: self._send(target, key, value, headers=headers),
+                ))
+                self._deliveries.add(fut)  # owned: cancelled at stop
+                fut.add_done_callback(self._deliveries.discard)
+            else:
+                fut = self._send(target, key, value, headers=headers)
+            attempts.append(fut)
+            return fut
+
+        return send
+
+    async def _send_unless_there(
+        self, previous: asyncio.Future, dlq: str, source: tuple[str, int, int], since: float, send: Send,
+    ) -> Any:
+        """Re-send a dead letter only when it is not on the topic: wait until the attempt before has its answer
+        (an unanswered one may still land), then look for it (``find_dead_letter``)."""
+        if not previous.done():
+            await asyncio.wait((previous,), timeout=CONFIRM_TIMEOUT_S)
+        if previous.done() and not previous.cancelled() and previous.exception() is None:
+            return previous.result()  # it landed after all
+        found = await self.find_dead_letter(dlq, source, since)
+        if found is not None:
+            log.info("The dead letter of %s:%d:%d is on %s (%s) although its send failed; not sent again", *source, dlq, found.ref)
+            return found
+        return await send()
 
     def control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         """Publish a control event (best effort: losing one loses no work, so it holds no offset)."""

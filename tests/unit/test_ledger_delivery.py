@@ -323,3 +323,57 @@ async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypa
     await _confirm_all(sent)
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
     assert ledger.watermark.commit_offset(TP1) == 64
+
+
+async def _dead_letter_whose_send_fails(monkeypatch, found: object) -> tuple[Ledger, list, list]:
+    """A poison message whose dead-letter send fails (the broker may have appended it all the same)."""
+    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
+    ledger, sent = _poison_ledger()
+    lookups: list[tuple] = []
+
+    async def find(dlq, source, since):  # type: ignore[no-untyped-def]
+        lookups.append((dlq, source))
+        return found
+
+    ledger.find_dead_letter = find  # type: ignore[method-assign]
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), ledger_module.DEAD_LETTER_REQUEST)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq"]
+    sent[1][2].set_exception(ConnectionError("connection lost before the answer"))
+    await _confirm_all(sent)
+    return ledger, sent, lookups
+
+
+async def test_a_dead_letter_whose_failed_send_landed_all_the_same_is_not_sent_again(monkeypatch):
+    ledger, sent, lookups = await _dead_letter_whose_send_fails(monkeypatch, found=SimpleNamespace(ref="agent.tasks.a.dlq:2:5"))
+    assert lookups == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], "looked on the topic before re-sending"
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"], "not sent a second time"
+    assert ledger.watermark.commit_offset(TP1) == 64
+
+
+async def test_a_dead_letter_whose_failed_send_did_not_land_is_sent_again(monkeypatch):
+    ledger, sent, lookups = await _dead_letter_whose_send_fails(monkeypatch, found=None)
+    assert len(lookups) == 1
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dlq", "dead_lettered"]
+    assert ledger.watermark.commit_offset(TP1) == 64
+
+
+async def test_a_dead_letter_unanswered_past_the_timeout_is_waited_for_not_sent_again(monkeypatch):
+    monkeypatch.setattr(ledger_module, "CONFIRM_TIMEOUT_S", 0.05)
+    ledger, sent = _poison_ledger()
+    lookups: list[tuple] = []
+
+    async def find(dlq, source, since):  # type: ignore[no-untyped-def]
+        lookups.append(source)
+
+    ledger.find_dead_letter = find  # type: ignore[method-assign]
+    ledger._on_task(TP1, 63, b"k", PILL, [])
+    ledger.watermark.handled(TP1, 63)
+    ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), ledger_module.DEAD_LETTER_REQUEST)
+    sent[0][2].set_result("ok")
+    await asyncio.sleep(0.08)  # the timeout passed: the retry waits for the first attempt's answer
+    sent[1][2].set_result("ok")  # which comes late, and says it landed
+    await _confirm_all(sent)
+    assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"] and lookups == []
+    assert ledger.watermark.commit_offset(TP1) == 64
