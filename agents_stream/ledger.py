@@ -22,9 +22,8 @@ from faust.types import TP
 from agents_stream import dlq as dlq_tools
 from agents_stream import kafka_security, metrics, pricing, topics
 from agents_stream.approvals import Notifier, link, slack_message
-from agents_stream.backoff import backoff
 from agents_stream.config import ApprovalPolicy
-from agents_stream.delivery import ALERT_AFTER, CONFIRM_TIMEOUT_S, Send, confirmed
+from agents_stream.delivery import CONFIRM_TIMEOUT_S, Send, confirmed, retried
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
 from agents_stream.jobs import fan_in_event
@@ -263,24 +262,12 @@ class Ledger:
         """Dead-letter ``source`` unless a dead letter begun at ``since`` by an earlier owner is on the topic:
         then only mark it. The message's offset stays held meanwhile; a failed read is retried."""
         tp, offset = source
-        attempt = 0
-        while True:
-            try:
-                found = await self.find_dead_letter(pending.dlq, (tp.topic, tp.partition, offset), since)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                attempt += 1
-                delay = backoff(attempt, base=0.5, cap=10.0)
-                log.warning(
-                    "Could not read %s to learn whether %s[%d]@%d was dead-lettered before (%r); the message stays "
-                    "held. Retry %d in %.1fs; check the broker if this repeats.",
-                    pending.dlq, tp.topic, tp.partition, offset, exc, attempt, delay,
-                )
-                if attempt == ALERT_AFTER:
-                    self.control("alert.broker_read_failing", marker.lstrip("\x00"), None, {"error": repr(exc)})
-                await asyncio.sleep(delay)
+        found = await retried(
+            lambda _: self.find_dead_letter(pending.dlq, (tp.topic, tp.partition, offset), since),
+            failed=f"Could not read {pending.dlq} to learn whether {tp.topic}[{tp.partition}]@{offset} was dead-lettered "
+            "before; the message stays held",
+            alert=lambda exc: self.control("alert.broker_read_failing", marker.lstrip("\x00"), None, {"error": repr(exc)}),
+        )
         if found is None:
             log.info("%s[%d]@%d: the dead letter an earlier owner began is not on %s; sending it", tp.topic, tp.partition, offset, pending.dlq)
             pending.dead_letter()

@@ -315,7 +315,7 @@ async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_s
 
 
 async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypatch):
-    monkeypatch.setattr(ledger_module, "backoff", lambda attempt, base, cap: 0.0)
+    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
     ledger, sent, lookups = _begun_by_a_dead_owner(found=None, fail=2)
     await _redeliver_and_ask(ledger, sent)
     await _spin(20)
