@@ -184,17 +184,16 @@ async def _read(
     out: list[DeadLetter] = []
     try:
         consumer.assign(parts)
+        await asyncio.wait_for(consumer.seek_to_beginning(*parts), timeout)
         ends = await asyncio.wait_for(consumer.end_offsets(parts), timeout)
-        if since_ms is None:
-            await asyncio.wait_for(consumer.seek_to_beginning(*parts), timeout)
-            remaining = {tp for tp in parts if ends[tp] > 0}
-        else:
-            starts = await asyncio.wait_for(consumer.offsets_for_times(dict.fromkeys(parts, since_ms)), timeout)
-            remaining = set()
+        remaining = {tp for tp in parts if ends[tp] > 0}
+        if since_ms is not None:
+            starts = await asyncio.wait_for(consumer.offsets_for_times(dict.fromkeys(remaining, since_ms)), timeout)
             for tp, found in starts.items():
-                if found is not None and found.offset < ends[tp]:  # None: nothing written since then
+                if found is None or found.offset >= ends[tp]:  # nothing written since then
+                    remaining.discard(tp)
+                else:
                     consumer.seek(tp, found.offset)
-                    remaining.add(tp)
         deadline = asyncio.get_running_loop().time() + timeout
         while remaining:
             if asyncio.get_running_loop().time() > deadline:
