@@ -150,7 +150,7 @@ async def dlq_topics(broker: str, agent: str | None, timeout: float = 30.0, *, s
     try:
         names = await asyncio.wait_for(admin.list_topics(), timeout)
     finally:
-        await admin.close()
+        await asyncio.wait_for(admin.close(), timeout)
     return sorted(n for n in names if n.startswith(topics.TASK_PREFIX) and n.endswith(".dlq"))
 
 
@@ -165,7 +165,7 @@ async def _partitions(broker: str, names: list[str], timeout: float, security: M
         existing = set(await asyncio.wait_for(admin.list_topics(), timeout))
         described = await asyncio.wait_for(admin.describe_topics([n for n in names if n in existing]), timeout) if existing & set(names) else []
     finally:
-        await admin.close()
+        await asyncio.wait_for(admin.close(), timeout)
     return [TopicPartition(d["topic"], p["partition"]) for d in described for p in d["partitions"]]
 
 

@@ -23,7 +23,7 @@ from agents_stream import dlq as dlq_tools
 from agents_stream import kafka_security, metrics, pricing, topics
 from agents_stream.approvals import Notifier, link, slack_message
 from agents_stream.config import ApprovalPolicy
-from agents_stream.delivery import CONFIRM_TIMEOUT_S, Send, confirmed, retried
+from agents_stream.delivery import CONFIRM_TIMEOUT_S, Send, confirmed
 from agents_stream.errors import PoisonMessage
 from agents_stream.executor import Executor
 from agents_stream.jobs import fan_in_event
@@ -60,9 +60,8 @@ class OpenTask:
 class _Poison:
     """A poison message this worker dead-letters: asked for on the outcomes topic, then sent (once)."""
 
-    dead_letter: Callable[[], None]
+    dead_letter: Callable[[float | None], None]  # given when an earlier owner may have sent it (see _dlq_send)
     done: asyncio.Future  # done once the dead letter is confirmed (or it is no longer this worker's to send)
-    dlq: str  # the dead-letter topic it goes to
     sending: bool = False
 
 
@@ -195,16 +194,16 @@ class Ledger:
         _, history = requeue_headers(headers)
         extra = [(HISTORY_HEADER, history.encode("utf-8"))] if history else []
 
-        def dead_letter() -> None:
+        def dead_letter(sent_since: float | None) -> None:
             log.warning(
                 "Dead-lettering %s[%d]@%d: %s (layer 1; see %s)", tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
             )
             self._dead_letter(
-                tp, offset, agent, key, value, reason, "schema", 1, extra,
+                tp, offset, agent, key, value, reason, "schema", 1, extra, sent_since=sent_since,
                 then=[lambda: self._retrying(self._mark(tp, marker, done))],
             )
 
-        self._poison[(tp, offset)] = _Poison(dead_letter, done, topics.dlq_topic(agent))
+        self._poison[(tp, offset)] = _Poison(dead_letter, done)
         # The offset is held until the dead letter is confirmed (``done``), whoever's request acts.
         request = lambda: self._send(self.outcomes, marker.encode(), DEAD_LETTER_REQUEST, partition=tp.partition)  # noqa: E731
         self._deliver(tp, offset, [request, lambda: done])
@@ -229,18 +228,19 @@ class Ledger:
         if pending is not None and not pending.done.done():
             pending.done.set_result(None)
 
-    def _retrying(self, coro: Any) -> None:
+    def _retrying(self, coro: Any) -> "asyncio.Task[Any]":
         """Run ``coro`` as a delivery task (cancelled at stop, counted by ``delivering``)."""
         task = asyncio.ensure_future(coro)
         self._deliveries.add(task)
         task.add_done_callback(self._deliveries.discard)
+        return task
 
     def _on_dead_letter_request(self, tp: TP, offset: int, marker: str) -> None:
         """This worker's request to dead-letter a poison message came back (see _on_poison).
 
         The marker first says the dead letter is being sent (``sending``), and the dead letter goes once that
         is in the changelog. A worker that then died before its ``dead_lettered`` event leaves that state to the
-        next owner, which looks for the dead letter on the topic before it sends one (``_unless_sent``).
+        next owner, whose dead letter looks on the topic before it is sent (``_dlq_send``).
         """
         source = _poison_source(marker, tp.partition)
         pending = self._poison.get(source) if source else None
@@ -252,31 +252,11 @@ class Ledger:
             self._release_poison(source)
             return
         pending.sending = True
-        if state is not None:  # begun by a worker that stopped before it was marked: it may be on the topic
-            self._retrying(self._unless_sent(source, marker, state, pending))
+        if state is not None:  # begun by an owner that stopped before it was marked: it may be on the topic
+            pending.dead_letter(float(state))
             return
         self.table[marker] = json.dumps({"sending": time.time(), "by": self.worker_id})
-        self._deliver(tp, offset, [self._changelog_send(tp.partition, marker, self.table.last_changelog)], [pending.dead_letter])
-
-    async def _unless_sent(self, source: tuple[TP, int], marker: str, since: float, pending: _Poison) -> None:
-        """Dead-letter ``source`` unless a dead letter begun at ``since`` by an earlier owner is on the topic:
-        then only mark it. The message's offset stays held meanwhile; a failed read is retried."""
-        tp, offset = source
-        found = await retried(
-            lambda _: self.find_dead_letter(pending.dlq, (tp.topic, tp.partition, offset), since),
-            failed=f"Could not read {pending.dlq} to learn whether {tp.topic}[{tp.partition}]@{offset} was dead-lettered "
-            "before; the message stays held",
-            alert=lambda exc: self.control("alert.broker_read_failing", marker.lstrip("\x00"), None, {"error": repr(exc)}),
-        )
-        if found is None:
-            log.info("%s[%d]@%d: the dead letter an earlier owner began is not on %s; sending it", tp.topic, tp.partition, offset, pending.dlq)
-            pending.dead_letter()
-            return
-        log.info(
-            "%s[%d]@%d was dead-lettered (%s) by an owner that stopped before marking it; marked now, not sent again",
-            tp.topic, tp.partition, offset, found.ref,
-        )
-        await self._mark(tp, marker, pending.done)
+        self._deliver(tp, offset, [self._changelog_send(tp.partition, marker, self.table.last_changelog)], [lambda: pending.dead_letter(None)])
 
     async def find_dead_letter(self, dlq: str, source: tuple[str, int, int], since: float) -> Any:
         """The dead letter on ``dlq`` of the message at ``source`` (topic, partition, offset), written after
@@ -286,7 +266,7 @@ class Ledger:
             security=kafka_security.client_kwargs(self.settings),
         )
 
-    def _marker(self, marker: str) -> Any:
+    def _marker(self, marker: str) -> str | float | None:
         """A poison message's marker: None, DONE, or when an owner began its dead letter (``sending``)."""
         data = self.table.get(marker)
         if not data:
@@ -660,16 +640,19 @@ class Ledger:
     def _dead_letter(
         self, tp: TP, offset: int, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str,
         attempts: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
-        then: list[Callable[[], None]] | None = None,
+        then: list[Callable[[], None]] | None = None, sent_since: float | None = None,
     ) -> None:
-        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic)]
+        sends = [self._dlq_send(agent, key, value, reason, layer, attempts, tp, offset, extra, topic, sent_since)]
         self.control("task.dead_lettered", (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}", agent, {"reason": reason, "layer": layer})
         self._deliver(tp, offset, sends, [lambda: metrics.dead_letters.labels(agent or metrics.NO_AGENT, layer).inc(), *(then or [])])
 
     def _dlq_send(
         self, agent: str, key: bytes | None, value: bytes | None, reason: str, layer: str, attempts: int,
         source: TP, offset: int, extra: list[tuple[str, bytes]] | None = None, topic: str | None = None,
+        sent_since: float | None = None,
     ) -> Send:
+        """The send of one dead letter. Its retries (and its first attempt too when ``sent_since`` says an earlier
+        owner may have sent it since then) look on the topic first and send only if it is not there."""
         headers = [
             ("error_reason", reason.encode("utf-8")),
             ("error_layer", layer.encode()),
@@ -681,38 +664,44 @@ class Ledger:
             *(extra or []),
         ]
         target = topic or topics.dlq_topic(agent)
-        attempts: list[asyncio.Future] = []
-        since = time.time()
+        where = (source.topic, source.partition, offset)
+        since = time.time() if sent_since is None else sent_since
+        tried: list[asyncio.Future] = []  # every attempt so far
+        sent: list[asyncio.Future] = []  # the records among them actually sent
+
+        def put() -> "asyncio.Future[Any]":
+            fut = self._send(target, key, value, headers=headers)
+            sent.append(fut)
+            return fut
 
         def send() -> "asyncio.Future[Any]":
-            if attempts:  # a retry: the attempt before may have landed (an error or a timeout hides that)
-                fut = asyncio.ensure_future(self._send_unless_there(
-                    attempts[-1], target, (source.topic, source.partition, offset), since,
-                    lambda: self._send(target, key, value, headers=headers),
-                ))
-                self._deliveries.add(fut)  # owned: cancelled at stop
-                fut.add_done_callback(self._deliveries.discard)
-            else:
-                fut = self._send(target, key, value, headers=headers)
-            attempts.append(fut)
+            fut = put() if not tried and sent_since is None else self._retrying(self._unless_there(list(tried), sent, target, where, since, put))
+            tried.append(fut)
             return fut
 
         return send
 
-    async def _send_unless_there(
-        self, previous: asyncio.Future, dlq: str, source: tuple[str, int, int], since: float, send: Send,
+    async def _unless_there(
+        self, tried: list[asyncio.Future], sent: list[asyncio.Future], dlq: str, source: tuple[str, int, int], since: float,
+        put: Send,
     ) -> Any:
-        """Re-send a dead letter only when it is not on the topic: wait until the attempt before has its answer
-        (an unanswered one may still land), then look for it (``find_dead_letter``)."""
-        if not previous.done():
-            await asyncio.wait((previous,), timeout=CONFIRM_TIMEOUT_S)
-        if previous.done() and not previous.cancelled() and previous.exception() is None:
-            return previous.result()  # it landed after all
+        """One attempt of a dead letter that may be on the topic already: wait for the attempts before (an
+        unanswered send may still land), look for it (``find_dead_letter``), and send it only if it is not there."""
+        waiting = [f for f in (*tried, *sent) if not f.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=CONFIRM_TIMEOUT_S)
+        landed = next((f for f in sent if _confirmed(f)), None)
+        if landed is not None:
+            return landed.result()
         found = await self.find_dead_letter(dlq, source, since)
         if found is not None:
-            log.info("The dead letter of %s:%d:%d is on %s (%s) although its send failed; not sent again", *source, dlq, found.ref)
+            log.info("The dead letter of %s[%d]@%d is on %s already (%s); not sent again", *source, dlq, found.ref)
             return found
-        return await send()
+        fut = put()
+        await asyncio.wait((fut,), timeout=CONFIRM_TIMEOUT_S)
+        if not fut.done():
+            raise TimeoutError(f"no answer from the broker within {CONFIRM_TIMEOUT_S:.0f}s")
+        return fut.result()
 
     def control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         """Publish a control event (best effort: losing one loses no work, so it holds no offset)."""
@@ -778,7 +767,7 @@ class Ledger:
         if delivery.timer is not None:
             delivery.timer.cancel()
         tp, offset = delivery.tp, delivery.offset
-        if all(f.done() and not f.cancelled() and f.exception() is None for f in delivery.started):
+        if all(_confirmed(f) for f in delivery.started):
             try:
                 for fn in delivery.after:
                     fn()
@@ -943,6 +932,11 @@ DONE = "done"  # a marker's state once the dead letter is confirmed (see Ledger.
 DEAD_LETTER_CLOCK_SLACK_S = 600.0
 MARK_EVENT = json.dumps({"schema_version": 1, "kind": "dead_lettered"}).encode()
 DEAD_LETTER_REQUEST = json.dumps({"schema_version": 1, "kind": "dead_letter"}).encode()
+
+
+def _confirmed(fut: asyncio.Future) -> bool:
+    """The send behind ``fut`` is done and the broker has it."""
+    return fut.done() and not fut.cancelled() and fut.exception() is None
 
 
 def _poison_source(marker: str, partition: int) -> tuple[TP, int] | None:

@@ -276,11 +276,9 @@ async def test_the_marker_says_sending_in_the_changelog_before_the_dead_letter_g
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
-def _begun_by_a_dead_owner(found: object, fail: int = 0) -> tuple[Ledger, list, list]:
-    """A ledger whose table says another worker began the dead letter of TP1@63 and never marked it; its DLQ
-    lookup answers ``found`` after failing ``fail`` times. Returns (ledger, sent, lookups)."""
-    ledger, sent = _poison_ledger()
-    ledger.table[ledger_module.poison_key(TP1.topic, 63)] = json.dumps({"sending": 1000.0, "by": "dead"})
+def _lookups(ledger: Ledger, found: object, fail: int = 0) -> list[tuple]:
+    """Replace the ledger's look on the dead-letter topic: it answers ``found`` after failing ``fail`` times.
+    Returns the lookups made, as (dlq, source, since)."""
     lookups: list[tuple] = []
 
     async def find(dlq, source, since):  # type: ignore[no-untyped-def]
@@ -290,7 +288,15 @@ def _begun_by_a_dead_owner(found: object, fail: int = 0) -> tuple[Ledger, list, 
         return found
 
     ledger.find_dead_letter = find  # type: ignore[method-assign]
-    return ledger, sent, lookups
+    return lookups
+
+
+def _begun_by_a_dead_owner(found: object, fail: int = 0) -> tuple[Ledger, list, list]:
+    """A ledger whose table says another worker began the dead letter of TP1@63 and never marked it; its DLQ
+    lookup answers ``found`` after failing ``fail`` times. Returns (ledger, sent, lookups)."""
+    ledger, sent = _poison_ledger()
+    ledger.table[ledger_module.poison_key(TP1.topic, 63)] = json.dumps({"sending": 1000.0, "by": "dead"})
+    return ledger, sent, _lookups(ledger, found, fail)
 
 
 async def _redeliver_and_ask(ledger: Ledger, sent: list) -> None:
@@ -315,7 +321,7 @@ async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_s
 
 
 async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypatch):
-    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
+    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)  # the lookup is retried as a send
     ledger, sent, lookups = _begun_by_a_dead_owner(found=None, fail=2)
     await _redeliver_and_ask(ledger, sent)
     await _spin(20)
@@ -329,13 +335,7 @@ async def _dead_letter_whose_send_fails(monkeypatch, found: object) -> tuple[Led
     """A poison message whose dead-letter send fails (the broker may have appended it all the same)."""
     monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
     ledger, sent = _poison_ledger()
-    lookups: list[tuple] = []
-
-    async def find(dlq, source, since):  # type: ignore[no-untyped-def]
-        lookups.append((dlq, source))
-        return found
-
-    ledger.find_dead_letter = find  # type: ignore[method-assign]
+    lookups = _lookups(ledger, found)
     ledger._on_task(TP1, 63, b"k", PILL, [])
     ledger.watermark.handled(TP1, 63)
     ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), ledger_module.DEAD_LETTER_REQUEST)
@@ -347,7 +347,7 @@ async def _dead_letter_whose_send_fails(monkeypatch, found: object) -> tuple[Led
 
 async def test_a_dead_letter_whose_failed_send_landed_all_the_same_is_not_sent_again(monkeypatch):
     ledger, sent, lookups = await _dead_letter_whose_send_fails(monkeypatch, found=SimpleNamespace(ref="agent.tasks.a.dlq:2:5"))
-    assert lookups == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], "looked on the topic before re-sending"
+    assert [lookup[:2] for lookup in lookups] == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], "looked on the topic before re-sending"
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"], "not sent a second time"
     assert ledger.watermark.commit_offset(TP1) == 64
 
@@ -362,12 +362,7 @@ async def test_a_dead_letter_whose_failed_send_did_not_land_is_sent_again(monkey
 async def test_a_dead_letter_unanswered_past_the_timeout_is_waited_for_not_sent_again(monkeypatch):
     monkeypatch.setattr(ledger_module, "CONFIRM_TIMEOUT_S", 0.05)
     ledger, sent = _poison_ledger()
-    lookups: list[tuple] = []
-
-    async def find(dlq, source, since):  # type: ignore[no-untyped-def]
-        lookups.append(source)
-
-    ledger.find_dead_letter = find  # type: ignore[method-assign]
+    lookups = _lookups(ledger, found=None)
     ledger._on_task(TP1, 63, b"k", PILL, [])
     ledger.watermark.handled(TP1, 63)
     ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), ledger_module.DEAD_LETTER_REQUEST)
