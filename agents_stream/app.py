@@ -20,19 +20,21 @@ from typing import Any
 import faust
 from faust.types import TP
 
-from agents_stream import kafka_security, metrics, topics, web
-from agents_stream.breaker import Transition
-from agents_stream.circuits import Circuits
 from agents_stream.config import AppConfig, load_config
-from agents_stream.consumer import WatermarkTransport
-from agents_stream.delivery import confirmed
-from agents_stream.executor import AgentPlan, Executor
-from agents_stream.jobs import Orchestrator
-from agents_stream.ledger import Ledger
+from agents_stream.contract import topics
+from agents_stream.execution.executor import AgentPlan, Executor
+from agents_stream.kafka import security as kafka_security
+from agents_stream.kafka.consumer import WatermarkTransport
+from agents_stream.kafka.delivery import confirmed
+from agents_stream.kafka.stall import StallDetector
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ops import metrics, web
+from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
+from agents_stream.resilience.breaker import Transition
+from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers
-from agents_stream.stall import StallDetector
-from agents_stream.watermark import Watermark
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +55,7 @@ class LedgerTable(faust.Table):
 
 
 class AgentsStreamApp(faust.App):
-    """faust.App whose consumer commits the ledger's watermark (agents_stream.consumer)."""
+    """faust.App whose consumer commits the ledger's watermark (agents_stream.kafka.consumer)."""
 
     watermark: Watermark
     managed_topics: frozenset[str] = frozenset()
@@ -529,7 +531,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     outcomes = topics.outcomes_topic(settings.app_id)
     answers = topics.answers_topic(settings.app_id)
     inputs = [*task_topics, outcomes, answers, topics.APPROVALS]
-    if settings.jobs_enabled():  # the orchestrator shares the ledger's loop (agents_stream.jobs)
+    if settings.jobs_enabled():  # the orchestrator shares the ledger's loop (agents_stream.orchestrator)
         inputs += [topics.JOBS, topics.JOB_EVENTS]
     app.managed_topics = frozenset(inputs)
     app.input_topics = inputs
@@ -556,7 +558,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         # Any worker's web view accepts a job cancel, even with the orchestrator elsewhere.
         *([] if settings.jobs_enabled() else [app.topic(topics.JOBS, partitions=n, internal=True)]),
         *(app.topic(topics.task_topic(a), partitions=n, internal=True) for a in config.agents if settings.jobs_enabled() and a not in agents),
-        # One partition: every worker folds the whole log in one order (agents_stream.circuits).
+        # One partition: every worker folds the whole log in one order (agents_stream.resilience.circuits).
         # LogAppendTime: the broker stamps every event, so the fold uses one clock for all workers.
         app.topic(
             topics.CIRCUITS, partitions=1, internal=True, retention=timedelta(days=1),

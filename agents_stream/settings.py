@@ -29,7 +29,7 @@ class Settings:
     """Read with ``Settings.from_env()``; ``agents-stream settings`` prints them all."""
 
     broker: str = _setting("KAFKA_BROKER", "kafka://localhost:9092", "Kafka bootstrap URL(s), comma-separated.")
-    # Broker credentials, used by every Kafka client (agents_stream.kafka_security checks them at start).
+    # Broker credentials, used by every Kafka client (agents_stream.kafka.security checks them at start).
     kafka_security_protocol: str = _setting(
         "AGENTS_STREAM_KAFKA_SECURITY_PROTOCOL", "PLAINTEXT", "Kafka security protocol: PLAINTEXT, SASL_PLAINTEXT, SSL or SASL_SSL.",
     )

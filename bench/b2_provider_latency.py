@@ -25,7 +25,7 @@ LATENCY_S = 0.2
 async def fake_llm(tmp: Path, latency: float) -> tuple[Any, str]:
     """The fake LLM server in a process of its own; returns (process, base URL)."""
     log = tmp / "fake-llm.log"
-    proc = spawn([sys.executable, "-m", "agents_stream.fakellm", "--port", "0", "--latency", str(latency)], base_env(), log)
+    proc = spawn([sys.executable, "-m", "agents_stream.testing.fakellm", "--port", "0", "--latency", str(latency)], base_env(), log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = re.search(r"fake LLM listening on (http://\S+)", common.tail(log, 200))

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+from agents_stream.tables.leases import SUCCEEDED, TaskRecord
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from agents_stream.models import TaskResult, Usage
+from agents_stream.contract.models import TaskResult, Usage
 from bench import common
 from bench.common import BOOTSTRAP, PARTITIONS, PRODUCT_DEFAULTS, partition_of, proc_status, unique
 from bench.report import Row
-from tables.leases import SUCCEEDED, TaskRecord
 from tests.integration.harness import Cluster
 
 TARGET_MB = 300

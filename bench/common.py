@@ -26,7 +26,7 @@ if str(ROOT) not in sys.path:
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition  # noqa: E402
 
-from agents_stream.topics import partition_for  # noqa: E402
+from agents_stream.contract.topics import partition_for  # noqa: E402
 from tests.integration import harness  # noqa: E402
 from tests.integration.harness import BOOTSTRAP, create_topics, unique  # noqa: E402, F401
 

@@ -19,7 +19,7 @@ import math
 from dataclasses import replace
 from typing import Any, Sequence
 
-from tables.leases import (
+from agents_stream.tables.leases import (
     AWAITING_APPROVAL,
     REJECTED,
     RUNNING,

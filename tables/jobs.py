@@ -22,9 +22,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 import jsonschema
+from agents_stream.tables.records import JsonRecord
 from jsonschema.exceptions import best_match
-
-from tables.records import JsonRecord
 
 __all__ = [
     "CANCELLED",

@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from tables.records import JsonRecord
+from agents_stream.tables.records import JsonRecord
 
 RECORD_VERSION = 1
 

@@ -49,8 +49,8 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import KafkaError
 
-from agents_stream import topics
-from agents_stream.fakellm import FakeLLM
+from agents_stream.contract import topics
+from agents_stream.testing.fakellm import FakeLLM
 
 from .integration.harness import (
     BOOTSTRAP,

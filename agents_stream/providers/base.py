@@ -53,7 +53,7 @@ class Provider(abc.ABC):
     """A client for one configured endpoint.
 
     ``complete`` makes exactly one attempt (STYLE.md: one layer owns retries)
-    and raises only the errors of ``agents_stream.errors``: TransientError /
+    and raises only the errors of ``agents_stream.contract.errors``: TransientError /
     RateLimited (timeouts, connection errors, 429, 5xx), PermanentError (400,
     refusals), SystemicError (401/403, bad configuration).
     """

@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 
 from agents_stream.config import ProviderConfig
-from agents_stream.errors import (
+from agents_stream.contract.errors import (
     PermanentError,
     RateLimited,
     SystemicError,

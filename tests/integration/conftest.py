@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 
-from agents_stream.fakellm import FakeLLM
+from agents_stream.testing.fakellm import FakeLLM
 
 from .harness import BOOTSTRAP, Cluster
 

@@ -14,7 +14,7 @@ from urllib.parse import unquote, urlsplit
 import aiohttp
 from aiohttp import web
 
-from agents_stream import topics
+from agents_stream.contract import topics
 
 from .harness import BOOTSTRAP, ROOT, encode, eventually, produce, read_topic, results_for, task, uncommitted, unique
 
@@ -157,7 +157,7 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
 
         env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}"}
         out = subprocess.run(
-            [sys.executable, "-m", "agents_stream.cli", "reject", rejected["task_id"], "--by", "carol", "--comment", "fraud"],
+            [sys.executable, "-m", "agents_stream.ops.cli", "reject", rejected["task_id"], "--by", "carol", "--comment", "fraud"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )
         assert out.returncode == 0, out.stderr

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from agents_stream import topics
+from agents_stream.contract import topics
 
 from .harness import BOOTSTRAP, ROOT, results_for, task, unique
 
@@ -22,7 +22,7 @@ async def test_publish_command_sends_json_lines_that_get_results(cluster_factory
     path.write_text("\n".join(json.dumps(t) for t in ts) + "\nnot json\n")
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "agents_stream.cli", "publish", "--agent", agent, str(path)],
+        [sys.executable, "-m", "agents_stream.ops.cli", "publish", "--agent", agent, str(path)],
         env={**w.env}, capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
     assert proc.returncode == 1 and "line 4" in proc.stderr and "published 3 task(s)" in proc.stderr
@@ -42,7 +42,7 @@ async def test_publish_paces_to_the_rate_and_shows_progress(cluster_factory, fak
     path.write_text("\n".join(json.dumps(t) for t in ts) + "\n")
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "agents_stream.cli", "publish", "--agent", agent, "--rate", "20", "--progress", "--json", str(path)],
+        [sys.executable, "-m", "agents_stream.ops.cli", "publish", "--agent", agent, "--rate", "20", "--progress", "--json", str(path)],
         env={**w.env}, capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr

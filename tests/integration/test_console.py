@@ -12,8 +12,8 @@ from typing import Any
 import aiohttp
 import pytest
 
-from agents_stream import topics
-from agents_stream.console import ASSETS
+from agents_stream.contract import topics
+from agents_stream.ops.console import ASSETS
 
 from .harness import ROOT, encode, eventually, produce, results_for, task, unique
 

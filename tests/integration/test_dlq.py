@@ -8,15 +8,15 @@ import subprocess
 import sys
 from typing import Any
 
-from agents_stream import topics
-from agents_stream.fakellm import status
+from agents_stream.contract import topics
+from agents_stream.testing.fakellm import status
 
 from .harness import ROOT, encode, produce, read_topic, task, unique
 
 
 async def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return await asyncio.to_thread(
-        subprocess.run, [sys.executable, "-m", "agents_stream.cli", "dlq", *args],
+        subprocess.run, [sys.executable, "-m", "agents_stream.ops.cli", "dlq", *args],
         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT,
     )
 

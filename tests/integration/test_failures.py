@@ -12,9 +12,9 @@ import subprocess
 import time
 from collections import Counter
 
-from agents_stream import topics
-from agents_stream.fakellm import status
-from agents_stream.ledger import poison_key
+from agents_stream.contract import topics
+from agents_stream.ledger.ledger import poison_key
+from agents_stream.testing.fakellm import status
 
 from .harness import (
     BOOTSTRAP,
@@ -203,7 +203,7 @@ async def test_second_worker_joining_mid_run_loses_and_duplicates_nothing(cluste
 
 async def test_permanent_provider_error_ends_failed_and_dead_lettered(cluster_factory, fake_llm):
     """HTTP 400 is the task's own fault: one `failed` result and one DLQ record with error_layer=downstream, no retries."""
-    from agents_stream.fakellm import status
+    from agents_stream.testing.fakellm import status
 
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)

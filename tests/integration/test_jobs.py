@@ -12,8 +12,8 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
-from agents_stream import topics
-from agents_stream.fakellm import ok
+from agents_stream.contract import topics
+from agents_stream.testing.fakellm import ok
 
 from .harness import BOOTSTRAP, ROOT, eventually, produce, read_topic, results_for, unique
 
@@ -99,7 +99,7 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     cli_env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "WEB_PORT": str(c.workers[0].web_port)}
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "agents_stream.cli", *argv], cwd=ROOT, env=cli_env, capture_output=True, text=True, timeout=60)
+        return subprocess.run([sys.executable, "-m", "agents_stream.ops.cli", *argv], cwd=ROOT, env=cli_env, capture_output=True, text=True, timeout=60)
 
     watched = cli("jobs", "watch", planned, "--json", "--timeout", "30")
     changes = [json.loads(line) for line in watched.stdout.splitlines()]
@@ -134,7 +134,7 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     await produce(topics.JOBS, [(cancelled.encode(), json.dumps({"job_id": cancelled, "plan": two}).encode())])
     await eventually(lambda: any(r.task_id == f"{cancelled}/x" for r in fake_llm.requests), timeout=30, what="step x in flight")
     env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}"}
-    out = subprocess.run([sys.executable, "-m", "agents_stream.cli", "jobs", "cancel", cancelled, "--by", "ops", "--reason", "wrong input"],
+    out = subprocess.run([sys.executable, "-m", "agents_stream.ops.cli", "jobs", "cancel", cancelled, "--by", "ops", "--reason", "wrong input"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     result = json.loads((await job_results(cancelled))[0].value)

@@ -7,9 +7,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents_stream import topics
-from agents_stream.fakellm import ok, status
-from agents_stream.models import ApprovalDecision
+from agents_stream.contract import topics
+from agents_stream.contract.models import ApprovalDecision
+from agents_stream.testing.fakellm import ok, status
 
 from .harness import encode, eventually, produce, read_topic, results_for, task, unique
 

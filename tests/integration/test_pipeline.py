@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 
-from agents_stream import topics
+from agents_stream.contract import topics
 
 from .harness import (
     PARTITIONS,

@@ -12,10 +12,11 @@ import math
 import time
 from typing import Any
 
-from agents_stream import pricing, topics
 from agents_stream.config import Price
-from agents_stream.fakellm import FakeLLM, ok, status
-from agents_stream.outputs import SIMPLIFY_PREFIX
+from agents_stream.contract import topics
+from agents_stream.execution import pricing
+from agents_stream.execution.outputs import SIMPLIFY_PREFIX
+from agents_stream.testing.fakellm import FakeLLM, ok, status
 
 from .harness import encode, eventually, produce, read_topic, results_for, task, uncommitted, unique
 

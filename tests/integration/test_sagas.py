@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agents_stream import topics
+from agents_stream.contract import topics
 from agents_stream.examples.services import FakeServices
 
 from .harness import encode, eventually, produce, read_topic, results_for, task, unique

@@ -20,7 +20,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 from aiokafka.partitioner import DefaultPartitioner
 
-from agents_stream import topics
+from agents_stream.contract import topics
 
 from .harness import BOOTSTRAP, PARTITIONS, Worker, encode, eventually, produce, results_for, task, unique, write_config
 

@@ -58,7 +58,7 @@ def credentials(port: int, mechanism: str, *, tls: bool, password: str = PASSWOR
 async def publish(agent: str, tasks: list[dict], env: dict[str, str]) -> subprocess.CompletedProcess:
     return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "agents_stream.cli", "publish", "--agent", agent],
+        [sys.executable, "-m", "agents_stream.ops.cli", "publish", "--agent", agent],
         input="".join(json.dumps(t) + "\n" for t in tasks),
         env={**os.environ, **env}, capture_output=True, text=True, timeout=60, cwd=ROOT,
     )

@@ -8,7 +8,7 @@ from collections import Counter
 
 import aiohttp
 
-from agents_stream import topics
+from agents_stream.contract import topics
 
 from .harness import encode, eventually, produce, results_for, task, uncommitted, unique
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import json
 
-from agents_stream import topics
-from agents_stream.consumer import FAULT_DROP_FETCHED
+from agents_stream.contract import topics
+from agents_stream.kafka.consumer import FAULT_DROP_FETCHED
 
 from .harness import encode, produce, read_topic, results_for, task, uncommitted, unique
 

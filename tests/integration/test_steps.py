@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from agents_stream import topics
-from agents_stream.fakellm import hang, ok
+from agents_stream.contract import topics
+from agents_stream.testing.fakellm import hang, ok
 
 from .harness import encode, eventually, produce, results_for, task, unique
 

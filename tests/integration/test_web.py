@@ -9,8 +9,8 @@ from urllib.parse import quote
 
 import aiohttp
 
-from agents_stream import topics
-from agents_stream.fakellm import status
+from agents_stream.contract import topics
+from agents_stream.testing.fakellm import status
 
 from .harness import encode, eventually, produce, read_topic, results_for, task, unique
 

@@ -5,11 +5,20 @@ from __future__ import annotations
 import json
 
 import pytest
+from agents_stream.tables import approvals, leases
+from agents_stream.tables.leases import (
+    AWAITING_APPROVAL,
+    REJECTED,
+    RUNNING,
+    Control,
+    Dispatch,
+    EmitResult,
+    Notify,
+    Track,
+)
 
-from agents_stream import approvals as links
 from agents_stream.config import ApprovalPolicy
-from tables import approvals, leases
-from tables.leases import AWAITING_APPROVAL, REJECTED, RUNNING, Control, Dispatch, EmitResult, Notify, Track
+from agents_stream.ops import notify as links
 
 PAYLOAD = '{"task_id":"r-1","agent_name":"refunds","instruction":"refund order 7"}'
 T0 = 1_000.0

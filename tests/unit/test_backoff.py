@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agents_stream.backoff import backoff
+from agents_stream.resilience.backoff import backoff
 
 
 def test_ceiling_doubles_from_base() -> None:

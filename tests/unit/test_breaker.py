@@ -20,8 +20,9 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from agents_stream import breaker
-from agents_stream.breaker import (
+from agents_stream.config import BreakerConfig
+from agents_stream.resilience import breaker
+from agents_stream.resilience.breaker import (
     CLOSED,
     HALF_OPEN,
     OPEN,
@@ -39,7 +40,6 @@ from agents_stream.breaker import (
     step,
     view,
 )
-from agents_stream.config import BreakerConfig
 
 CFG = BreakerConfig(
     failure_threshold=3,

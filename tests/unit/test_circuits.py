@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from agents_stream.circuits import Circuits, circuit_id
 from agents_stream.config import AppConfig
-from agents_stream.errors import CircuitOpen
+from agents_stream.contract.errors import CircuitOpen
+from agents_stream.resilience.circuits import Circuits, circuit_id
 
 
 @dataclass

@@ -15,7 +15,7 @@ def test_fake_llm_command_serves_on_the_given_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "agents_stream.cli", "fake-llm", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "agents_stream.ops.cli", "fake-llm", "--port", str(port)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 20
@@ -35,7 +35,7 @@ def test_fake_llm_command_serves_on_the_given_port():
 
 def test_settings_command_lists_every_environment_name(capsys):
     """`agents-stream settings` prints each setting's environment name."""
-    from agents_stream.cli import main
+    from agents_stream.ops.cli import main
     from agents_stream.settings import Settings
 
     assert main(["settings"]) == 0

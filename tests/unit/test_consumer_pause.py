@@ -1,10 +1,10 @@
-"""Pausing intake must not drop the batch Faust is delivering (agents_stream.consumer.WatermarkConsumer)."""
+"""Pausing intake must not drop the batch Faust is delivering (agents_stream.kafka.consumer.WatermarkConsumer)."""
 
 from __future__ import annotations
 
 from faust.types import TP
 
-from agents_stream.consumer import WatermarkConsumer
+from agents_stream.kafka.consumer import WatermarkConsumer
 
 
 def test_pausing_keeps_the_batch_in_delivery() -> None:

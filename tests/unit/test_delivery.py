@@ -1,10 +1,10 @@
-"""Layer 3 retries of our own sends (agents_stream.delivery), without a broker."""
+"""Layer 3 retries of our own sends (agents_stream.kafka.delivery), without a broker."""
 
 from __future__ import annotations
 
 import asyncio
 
-from agents_stream.delivery import ALERT_AFTER, confirmed
+from agents_stream.kafka.delivery import ALERT_AFTER, confirmed
 
 
 def scripted(outcomes: list[BaseException | None]):
@@ -43,7 +43,7 @@ async def test_an_attempt_already_started_is_awaited_not_repeated():
 
 async def test_a_send_the_broker_never_answers_is_sent_again_after_the_timeout(monkeypatch):
     """An attempt with no answer is not waited on forever: after the timeout it is sent again (and not cancelled)."""
-    from agents_stream import delivery
+    from agents_stream.kafka import delivery
 
     monkeypatch.setattr(delivery, "CONFIRM_TIMEOUT_S", 0.05)
     monkeypatch.setattr(delivery, "backoff", lambda attempt, base, cap: 0.01)

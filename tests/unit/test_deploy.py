@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agents_stream import metrics
+from agents_stream.ops import metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -174,7 +174,7 @@ def exported_names() -> set[str]:
 
 
 def test_dashboard_queries_only_metrics_the_workers_export() -> None:
-    """Every agents_stream_* name in a panel or variable query exists in agents_stream.metrics, so the dashboard cannot drift."""
+    """Every agents_stream_* name in a panel or variable query exists in agents_stream.ops.metrics, so the dashboard cannot drift."""
     used = {name for q in dashboard_queries() for name in re.findall(r"\bagents_stream_[a-z0-9_]+", q)}
     assert len(used) >= 10, used
     assert used <= exported_names(), f"the dashboard queries metrics no worker exports: {sorted(used - exported_names())}"

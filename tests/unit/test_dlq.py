@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from agents_stream.dlq import DeadLetter, history_of, matches, parse_ref, requeue_headers_for
-from agents_stream.topics import HISTORY_HEADER, REQUEUE_HEADER
+from agents_stream.contract.topics import HISTORY_HEADER, REQUEUE_HEADER
+from agents_stream.ops.dlq import DeadLetter, history_of, matches, parse_ref, requeue_headers_for
 
 
 def dl(**headers: str) -> DeadLetter:

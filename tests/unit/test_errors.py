@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agents_stream.errors import (
+from agents_stream.contract.errors import (
     CircuitOpen,
     PermanentError,
     PoisonMessage,

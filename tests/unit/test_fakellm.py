@@ -16,7 +16,7 @@ import pytest
 import pytest_asyncio
 
 import agents_stream
-from agents_stream.fakellm import SCRIPT_RAN_OUT, FakeLLM, malformed, ok, refusal, status
+from agents_stream.testing.fakellm import SCRIPT_RAN_OUT, FakeLLM, malformed, ok, refusal, status
 
 TIMEOUT = aiohttp.ClientTimeout(total=5)
 BODIES = {
@@ -227,12 +227,12 @@ async def test_malformed_is_200_with_a_foreign_shape(http: aiohttp.ClientSession
 
 @pytest.mark.asyncio
 async def test_cli_serves_on_the_printed_port(http: aiohttp.ClientSession) -> None:
-    """`python -m agents_stream.fakellm --port 0` prints its URL and answers there."""
+    """`python -m agents_stream.testing.fakellm --port 0` prints its URL and answers there."""
     # the child must import this very checkout, installed or not
     root = str(Path(agents_stream.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "agents_stream.fakellm", "--port", "0", "--latency", "0.01",
+        sys.executable, "-m", "agents_stream.testing.fakellm", "--port", "0", "--latency", "0.01",
         stdout=asyncio.subprocess.PIPE, env=env,
     )  # fmt: skip
     try:

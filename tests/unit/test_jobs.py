@@ -8,11 +8,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tables import jobs
-from tables.jobs import (
+from agents_stream.tables import jobs
+from agents_stream.tables.jobs import (
     CANCELLED,
     DISPATCHED,
     FAILED,
@@ -32,6 +29,8 @@ from tables.jobs import (
     PlanError,
     Step,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 AGENTS = ("researcher", "writer", "reviewer")
 JOB = "job-1"

@@ -13,8 +13,8 @@ import faust
 import pytest
 from faust.transport.drivers.aiokafka import credentials_to_aiokafka_auth
 
-from agents_stream import kafka_security
-from agents_stream.kafka_security import KafkaSecurityError, broker_credentials, client_kwargs, parse
+from agents_stream.kafka import security as kafka_security
+from agents_stream.kafka.security import KafkaSecurityError, broker_credentials, client_kwargs, parse
 from agents_stream.settings import Settings
 
 PASSWORD = "s3cr3t-never-shown"
@@ -127,7 +127,7 @@ def test_unreadable_pem_files_fail_naming_the_setting(pem):
 
 def test_the_password_is_never_shown(capsys):
     """The SASL password appears in no repr, description or `agents-stream settings` output."""
-    from agents_stream.cli import main
+    from agents_stream.ops.cli import main
 
     s = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="agents", sasl_password=PASSWORD)
     shown = [repr(s), str(s), repr(parse(s)), parse(s).describe(), repr(broker_credentials(s))]
@@ -142,7 +142,7 @@ def test_the_password_is_never_shown(capsys):
 
 def test_cli_refuses_invalid_security_settings_with_exit_2(monkeypatch, capsys):
     """`agents-stream publish` with a SASL protocol but no user exits 2, naming the missing setting."""
-    from agents_stream.cli import main
+    from agents_stream.ops.cli import main
 
     monkeypatch.setenv("AGENTS_STREAM_KAFKA_SECURITY_PROTOCOL", "SASL_SSL")
     assert main(["publish", "--agent", "analyzer", "-q"]) == 2

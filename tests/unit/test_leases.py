@@ -6,12 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from hypothesis import settings
-from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-from tables import leases
-from tables.leases import (
+from agents_stream.tables import leases
+from agents_stream.tables.leases import (
     DEAD_LETTERED,
     FAILED,
     RUNNING,
@@ -24,6 +20,9 @@ from tables.leases import (
     TaskRecord,
     Track,
 )
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 AGENT = "analyzer"
 TOPIC = "agent.tasks.analyzer"

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 
 from faust.types import TP
 
-from agents_stream import ledger as ledger_module
-from agents_stream.ledger import Ledger
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger import ledger as ledger_module
+from agents_stream.ledger.ledger import Ledger
 from agents_stream.settings import Settings
-from agents_stream.watermark import Watermark
 
 TP0 = TP("agent.tasks.a", 0)
 
@@ -61,7 +61,7 @@ async def test_the_offset_is_released_and_the_follow_up_runs_once_every_send_is_
 
 
 async def test_a_failed_send_is_sent_again_and_the_offset_held_until_it_is_confirmed(monkeypatch):
-    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
+    monkeypatch.setattr("agents_stream.kafka.delivery.backoff", lambda attempt, base, cap: 0.0)
     ledger = _ledger()
     a = Sends()
     done: list[str] = []
@@ -321,7 +321,7 @@ async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_s
 
 
 async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypatch):
-    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)  # the lookup is retried as a send
+    monkeypatch.setattr("agents_stream.kafka.delivery.backoff", lambda attempt, base, cap: 0.0)  # the lookup is retried as a send
     ledger, sent, lookups = _begun_by_a_dead_owner(found=None, fail=2)
     await _redeliver_and_ask(ledger, sent)
     await _spin(20)
@@ -333,7 +333,7 @@ async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypa
 
 async def _dead_letter_whose_send_fails(monkeypatch, found: object) -> tuple[Ledger, list, list]:
     """A poison message whose dead-letter send fails (the broker may have appended it all the same)."""
-    monkeypatch.setattr("agents_stream.delivery.backoff", lambda attempt, base, cap: 0.0)
+    monkeypatch.setattr("agents_stream.kafka.delivery.backoff", lambda attempt, base, cap: 0.0)
     ledger, sent = _poison_ledger()
     lookups = _lookups(ledger, found)
     ledger._on_task(TP1, 63, b"k", PILL, [])

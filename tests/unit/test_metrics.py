@@ -8,16 +8,24 @@ from types import SimpleNamespace
 
 import aiohttp
 import pytest
+from agents_stream.tables import leases
+from agents_stream.tables.leases import (
+    AWAITING_APPROVAL,
+    DEAD_LETTERED,
+    FAILED,
+    REJECTED,
+    RUNNING,
+    SUCCEEDED,
+    TaskRecord,
+)
 from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
-from agents_stream import metrics
-from agents_stream.errors import PermanentError, RateLimited, TransientError
-from agents_stream.ledger import Ledger
+from agents_stream.contract.errors import PermanentError, RateLimited, TransientError
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ops import metrics
 from agents_stream.settings import Settings
-from agents_stream.watermark import Watermark
-from tables import leases
-from tables.leases import AWAITING_APPROVAL, DEAD_LETTERED, FAILED, REJECTED, RUNNING, SUCCEEDED, TaskRecord
 
 
 def _raised_from(cause: BaseException) -> TransientError:

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from agents_stream.errors import PoisonMessage
-from agents_stream.models import ControlEvent, TaskPayload, TaskResult, Usage, parse_task
+from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.models import ControlEvent, TaskPayload, TaskResult, Usage, parse_task
 
 AGENT = "analyzer"
 LIMIT = 262_144

@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from pydantic import BaseModel
 
 from agents_stream.config import AgentConfig
-from agents_stream.models import TaskPayload
-from agents_stream.outputs import (
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.outputs import (
     FormatError,
     OutputSpec,
     corrective,

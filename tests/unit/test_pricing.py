@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from agents_stream.config import Price, load_config
-from agents_stream.pricing import add, cost, day_key
+from agents_stream.execution.pricing import add, cost, day_key
 
 FLASH = Price(input_per_mtok=0.10, output_per_mtok=0.40)
 

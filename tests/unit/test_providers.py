@@ -13,18 +13,18 @@ import pytest
 import pytest_asyncio
 
 from agents_stream.config import ProviderConfig
-from agents_stream.errors import (
+from agents_stream.contract.errors import (
     PermanentError,
     RateLimited,
     SystemicError,
     TaskError,
     TransientError,
 )
-from agents_stream.fakellm import FakeLLM, hang, malformed, ok, refusal, status
 from agents_stream.providers import Prompt, Provider, Usage, build_provider, render_prompt
 from agents_stream.providers.anthropic import ANTHROPIC_VERSION, AnthropicProvider
 from agents_stream.providers.http import parse_retry_after
 from agents_stream.providers.local import LocalProvider
+from agents_stream.testing.fakellm import FakeLLM, hang, malformed, ok, refusal, status
 
 KEY = "sk-test-0f9e8d7c6b5a-not-a-real-key"
 ENV = {

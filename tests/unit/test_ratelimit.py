@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agents_stream.ratelimit import TokenBucket, ramp, share, take
+from agents_stream.resilience.ratelimit import TokenBucket, ramp, share, take
 
 
 def slack(rate: float) -> float:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from agents_stream.config import AgentConfig
-from agents_stream.models import TaskPayload
-from agents_stream.router import (
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.router import (
     CLASSIFIER_INSTRUCTION,
     classifier_prompt,
     heuristic,

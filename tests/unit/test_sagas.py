@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
-from tables import sagas
-from tables.sagas import (
+from agents_stream.tables import sagas
+from agents_stream.tables.sagas import (
     COMPENSATED,
     COMPLETED,
     ActionFailed,
@@ -18,6 +15,8 @@ from tables.sagas import (
     RunAction,
     Saga,
 )
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 REFUND = Saga("refund", ("label", "refund", "notify", "update_order"), pivot="refund")
 

@@ -1,4 +1,4 @@
-from agents_stream.stall import StallDetector
+from agents_stream.kafka.stall import StallDetector
 
 
 def test_a_partition_with_waiting_records_and_no_progress_is_reported_after_the_period() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agents_stream.watermark import Watermark
+from agents_stream.kafka.watermark import Watermark
 
 TP = ("agent.tasks.analyzer", 0)
 TP2 = ("agent.tasks.analyzer", 1)

@@ -11,7 +11,8 @@ import time
 import uuid
 from typing import IO, Any, Iterator
 
-from agents_stream import kafka_security, topics
+from agents_stream.contract import topics
+from agents_stream.kafka import security as kafka_security
 from agents_stream.settings import Settings, bootstrap_servers
 
 
@@ -116,7 +117,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
 
 
 def _cmd_fake_llm(args: argparse.Namespace) -> int:
-    from agents_stream import fakellm
+    from agents_stream.testing import fakellm
 
     return fakellm.main(args.rest) or 0
 
@@ -136,7 +137,7 @@ def _dlq_filters(args: argparse.Namespace) -> dict[str, str | None]:
 
 
 async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
-    from agents_stream import dlq
+    from agents_stream.ops import dlq
 
     security = kafka_security.client_kwargs(settings)
     if args.dlq_command == "show":
@@ -237,7 +238,7 @@ def _broker_unreachable(settings: Settings, what: str, exc: BaseException) -> in
 def _cmd_decide(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agents_stream.models import ApprovalDecision
+    from agents_stream.contract.models import ApprovalDecision
 
     settings = Settings.from_env()
     try:
@@ -392,7 +393,7 @@ def _cmd_jobs_watch(args: argparse.Namespace) -> int:
 def _cmd_jobs(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from agents_stream.jobs import JobRequest
+    from agents_stream.orchestrator import JobRequest
 
     settings = Settings.from_env()
     if args.jobs_command == "cancel":
@@ -524,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fake-llm"]:
         # its own options (--port, --latency, ...) belong to fakellm.main
-        from agents_stream import fakellm
+        from agents_stream.testing import fakellm
 
         return fakellm.main(argv[1:]) or 0
     args = parser.parse_args(argv)

@@ -717,7 +717,7 @@ async def serve_forever(host: str = "127.0.0.1", port: int = 8089, **mode: Any) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``agents-stream fake-llm`` / ``python -m agents_stream.fakellm``."""
+    """``agents-stream fake-llm`` / ``python -m agents_stream.testing.fakellm``."""
     parser = argparse.ArgumentParser(prog="fake-llm", description=__doc__.splitlines()[0])
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8089, help="0 picks a free port (printed)")

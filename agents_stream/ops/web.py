@@ -21,11 +21,13 @@ import aiohttp
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
-from agents_stream import dlq, kafka_security, metrics, topics
-from agents_stream.approvals import LinkError, verify
-from agents_stream.jobs import JobRequest
-from agents_stream.models import ApprovalDecision
-from tables.leases import TaskRecord
+from agents_stream.contract import topics
+from agents_stream.contract.models import ApprovalDecision
+from agents_stream.kafka import security as kafka_security
+from agents_stream.ops import dlq, metrics
+from agents_stream.ops.notify import LinkError, verify
+from agents_stream.orchestrator import JobRequest
+from agents_stream.tables.leases import TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -341,7 +343,7 @@ def register(app: Any) -> None:
     @app.page("/circuits")
     class CircuitsView(View):
         async def get(self, request: Request) -> Response:
-            # The same on every worker: all fold one log (agents_stream.circuits).
+            # The same on every worker: all fold one log (agents_stream.resilience.circuits).
             return self.json({"worker": app.runtime.worker_id, "providers": app.runtime.circuits.describe()})
 
     if getattr(app.runtime.ledger, "orchestrator", None) is not None:
@@ -375,6 +377,6 @@ def register(app: Any) -> None:
         }
         return self.json(body)
 
-    from agents_stream.console import register_console
+    from agents_stream.ops.console import register_console
 
     register_console(app)

@@ -4,7 +4,7 @@ Every worker appends what it learns about a provider (a failed call, a probe
 request or result, a 429's Retry-After, its own presence) to the
 single-partition topic ``agent.circuits``, and every worker folds that whole
 log, in the same order, through the pure state machine of
-``agents_stream.breaker``. So all workers hold the same breaker state, and a
+``agents_stream.resilience.breaker``. So all workers hold the same breaker state, and a
 transition one worker causes is seen by the others within the log's
 propagation delay (tens of milliseconds on a healthy broker).
 
@@ -34,11 +34,12 @@ from typing import Any, Awaitable, Callable
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from agents_stream import breaker, topics
-from agents_stream.breaker import Breaker, Transition
 from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
-from agents_stream.errors import CircuitOpen
-from agents_stream.ratelimit import TokenBucket, ramp, share, take
+from agents_stream.contract import topics
+from agents_stream.contract.errors import CircuitOpen
+from agents_stream.resilience import breaker
+from agents_stream.resilience.breaker import Breaker, Transition
+from agents_stream.resilience.ratelimit import TokenBucket, ramp, share, take
 
 __all__ = ["Circuits", "Permit"]
 
@@ -110,7 +111,7 @@ class Circuits:
                 self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name))
             self.circuits[name] = self._by_id[cid]
         self._bootstrap = bootstrap
-        self._client_kwargs = client_kwargs or {}  # broker credentials (agents_stream.kafka_security)
+        self._client_kwargs = client_kwargs or {}  # broker credentials (agents_stream.kafka.security)
         self._send = send
         self._on_transition = on_transition
         self._on_change = on_change

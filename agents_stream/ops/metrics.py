@@ -14,7 +14,7 @@ from typing import Any, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from agents_stream.errors import RateLimited, TransientError
+from agents_stream.contract.errors import RateLimited, TransientError
 
 REGISTRY = CollectorRegistry()
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from agents_stream import topics
+from agents_stream.contract import topics
+from agents_stream.contract.topics import HISTORY_HEADER, REQUEUE_HEADER
 from agents_stream.settings import bootstrap_servers
-from agents_stream.topics import HISTORY_HEADER, REQUEUE_HEADER
 
 __all__ = ["DeadLetter", "find_dead_letter", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue", "requeue_headers_for", "summary"]
 

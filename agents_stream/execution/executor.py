@@ -12,7 +12,7 @@ A task climbs down its agent's ladder (DESIGN.md "Resilience features"):
 cut at the agent's ``lowest`` confidence; when nothing it may use is
 available the task is **held** here (no result, offset uncommitted) until a
 breaker lets a call through again. Every call goes through the shared
-circuits (agents_stream.circuits): breaker, Retry-After, concurrency and rate
+circuits (agents_stream.resilience.circuits): breaker, Retry-After, concurrency and rate
 limits. The cheap-first router may put the light model first for an easy
 task; that tier escalates to the next when its answer fails the format check
 or says its confidence is low.
@@ -28,13 +28,11 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Awaitable, Callable
 
-from agents_stream import metrics, pricing
-from agents_stream.backoff import backoff
-from agents_stream.circuits import Circuits
 from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
-from agents_stream.errors import CircuitOpen, RateLimited, TransientError, classify
-from agents_stream.models import TaskPayload
-from agents_stream.outputs import (
+from agents_stream.contract.errors import CircuitOpen, RateLimited, TransientError, classify
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import pricing
+from agents_stream.execution.outputs import (
     FormatError,
     OutputSpec,
     corrective,
@@ -43,11 +41,14 @@ from agents_stream.outputs import (
     simplify,
     with_format,
 )
+from agents_stream.execution.router import classifier_prompt, heuristic, parse_classification
+from agents_stream.execution.saga_runner import SagaDefinition, StepContext, load_saga
+from agents_stream.ops import metrics
 from agents_stream.providers.base import Completion, Prompt, Provider
-from agents_stream.router import classifier_prompt, heuristic, parse_classification
-from agents_stream.sagas import SagaDefinition, StepContext, load_saga
+from agents_stream.resilience.backoff import backoff
+from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
-from tables import sagas as saga_machine
+from agents_stream.tables import sagas as saga_machine
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
-from agents_stream.backoff import backoff
+from agents_stream.resilience.backoff import backoff
 
 log = logging.getLogger(__name__)
 

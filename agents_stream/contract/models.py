@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from agents_stream.errors import PoisonMessage
+from agents_stream.contract.errors import PoisonMessage
 
 log = logging.getLogger(__name__)
 

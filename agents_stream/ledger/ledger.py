@@ -19,15 +19,10 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from agents_stream import dlq as dlq_tools
-from agents_stream import kafka_security, metrics, pricing, topics
-from agents_stream.approvals import Notifier, link, slack_message
 from agents_stream.config import ApprovalPolicy
-from agents_stream.delivery import CONFIRM_TIMEOUT_S, Send, confirmed
-from agents_stream.errors import PoisonMessage
-from agents_stream.executor import Executor
-from agents_stream.jobs import fan_in_event
-from agents_stream.models import (
+from agents_stream.contract import topics
+from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.models import (
     ApprovalDecision,
     ControlEvent,
     TaskPayload,
@@ -38,11 +33,19 @@ from agents_stream.models import (
     parse_task,
     utcnow_iso,
 )
-from agents_stream.outputs import fingerprint
+from agents_stream.execution import pricing
+from agents_stream.execution.executor import Executor
+from agents_stream.execution.outputs import fingerprint
+from agents_stream.kafka import security as kafka_security
+from agents_stream.kafka.delivery import CONFIRM_TIMEOUT_S, Send, confirmed
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ops import dlq as dlq_tools
+from agents_stream.ops import metrics
+from agents_stream.ops.notify import Notifier, link, slack_message
+from agents_stream.orchestrator import fan_in_event
 from agents_stream.settings import Settings
-from agents_stream.watermark import Watermark
-from tables import approvals, leases
-from tables.leases import AWAITING_APPROVAL, TaskRecord
+from agents_stream.tables import approvals, leases
+from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +103,7 @@ class Ledger:
         self.policies: dict[str, ApprovalPolicy] = {}
         self.saga_flagged: set[str] = set()
         self.notifier = Notifier()
-        #: the job orchestrator (agents_stream.jobs) when this app runs it; it shares this loop
+        #: the job orchestrator (agents_stream.orchestrator) when this app runs it; it shares this loop
         self.orchestrator: Any = None
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}

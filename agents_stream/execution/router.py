@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from agents_stream.models import TaskPayload
+from agents_stream.contract.models import TaskPayload
 
 __all__ = ["CLASSIFIER_INSTRUCTION", "Estimate", "classifier_prompt", "heuristic", "parse_classification"]
 

@@ -21,11 +21,17 @@ from typing import Any, Literal
 from faust.types import TP
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from agents_stream import topics
-from agents_stream.errors import PoisonMessage
-from agents_stream.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, internal_event, parse_json_model
-from tables import jobs as machine
-from tables.jobs import JobRecord
+from agents_stream.contract import topics
+from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.models import (
+    SCHEMA_VERSION,
+    ApprovalDecision,
+    TaskPayload,
+    internal_event,
+    parse_json_model,
+)
+from agents_stream.tables import jobs as machine
+from agents_stream.tables.jobs import JobRecord
 
 log = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from agents_stream.models import TaskPayload
-from tables import sagas as machine
+from agents_stream.contract.models import TaskPayload
+from agents_stream.tables import sagas as machine
 
 __all__ = ["SagaDefinition", "SagaStep", "StepContext", "load_saga"]
 

@@ -14,7 +14,7 @@ from jsonschema.exceptions import best_match
 from pydantic import BaseModel, ValidationError
 
 from agents_stream.config import AgentConfig
-from agents_stream.models import TaskPayload
+from agents_stream.contract.models import TaskPayload
 
 __all__ = [
     "FormatError",
