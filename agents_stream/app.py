@@ -35,23 +35,9 @@ from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers
+from agents_stream.tables.definitions import define_tables
 
 log = logging.getLogger(__name__)
-
-
-class LedgerTable(faust.Table):
-    """A Table that keeps the future of its last changelog send, so the ledger can await durability.
-
-    Faust sends changelog records fire-and-forget (FAUST-NOTES.md "Tables"). Its ``on_key_set`` and
-    ``on_key_del`` call ``send_changelog`` directly (not ``_send_changelog``), so that is where the future
-    is caught: one changelog record per table write, the one the ledger awaits.
-    """
-
-    last_changelog: Any = None
-
-    def send_changelog(self, partition: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None) -> Any:
-        self.last_changelog = super().send_changelog(partition, key, value, key_serializer, value_serializer)
-        return self.last_changelog
 
 
 class AgentsStreamApp(faust.App):
@@ -463,27 +449,6 @@ async def ensure_topics(
         raise SystemExit(message)
 
 
-def _ledger_table(app: AgentsStreamApp, settings: Settings, name: str, help: str) -> LedgerTable:
-    """A table the ledger owns: str keys, plain versioned JSON values (never pickled), RocksDB via rocksdict."""
-    return app.tables.add(
-        LedgerTable(
-            app,
-            name=name,
-            default=None,
-            partitions=settings.partitions,
-            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
-            beacon=app.tables.beacon,
-            help=help,
-            options={
-                "driver": "rocksdict",
-                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
-                "write_buffer_size": 4 * 1024 * 1024,
-                "max_write_buffer_number": 2,
-            },
-        )
-    )
-
-
 def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
     settings = settings or Settings.from_env()
     config = config or load_config(settings.config_path or None)
@@ -536,14 +501,9 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     app.managed_topics = frozenset(inputs)
     app.input_topics = inputs
 
-    app.task_table = _ledger_table(app, settings, "tasks", "Task ledger: idempotency, leases and stored results, keyed by task_id.")
-    app.answers_table = _ledger_table(
-        app, settings, "answers", "Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
-    )
-    app.jobs_table = _ledger_table(app, settings, "jobs", "Jobs: plan, each step's status and output, the stored job result.")
-    app.timers_table = _ledger_table(
-        app, settings, "timers", "Tasks awaiting approval or running after one, and running jobs: what the scanner watches.",
-    )
+    tables = define_tables(app, settings)
+    # TODO(wiring): pass ``tables`` in instead of hanging them on the app
+    app.task_table, app.answers_table, app.jobs_table, app.timers_table = tables.tasks, tables.answers, tables.jobs, tables.timers
     # Output topics nobody in this app consumes: declared at start (auto-creation is off).
     app.output_topics = [
         app.topic(topics.RESULTS, partitions=n, internal=True),

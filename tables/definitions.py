@@ -1,0 +1,77 @@
+"""The changelog-backed tables of one app: defined once, passed to whoever reads or writes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import faust
+
+from agents_stream.settings import Settings
+
+
+class LedgerTable(faust.Table):
+    """A Table that keeps the future of its last changelog send, so the ledger can await durability.
+
+    Faust sends changelog records fire-and-forget (FAUST-NOTES.md "Tables"). Its ``on_key_set`` and
+    ``on_key_del`` call ``send_changelog`` directly (not ``_send_changelog``), so that is where the future
+    is caught: one changelog record per table write, the one the ledger awaits.
+    """
+
+    last_changelog: Any = None
+
+    def send_changelog(
+        self, partition: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None,
+    ) -> Any:
+        self.last_changelog = super().send_changelog(partition, key, value, key_serializer, value_serializer)
+        return self.last_changelog
+
+
+@dataclass(frozen=True)
+class Tables:
+    """Every table of the app. The ledger agent is the only writer of each (DESIGN.md "One writer per table")."""
+
+    tasks: LedgerTable  # task_id → TaskRecord JSON, plus poison markers and spend (agents_stream.tables.leases)
+    answers: LedgerTable  # task fingerprint → the last good answer (the cache tier)
+    jobs: LedgerTable  # job_id → JobRecord JSON (agents_stream.tables.jobs)
+    timers: LedgerTable  # parked tasks and running jobs: what the scanner watches
+
+    def all(self) -> list[LedgerTable]:
+        return [self.tasks, self.answers, self.jobs, self.timers]
+
+
+def _table(app: faust.App, settings: Settings, name: str, help: str) -> LedgerTable:
+    """A table the ledger owns: str keys, plain versioned JSON values (never pickled), RocksDB via rocksdict."""
+    return app.tables.add(
+        LedgerTable(
+            app,
+            name=name,
+            default=None,
+            partitions=settings.partitions,
+            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
+            beacon=app.tables.beacon,
+            help=help,
+            options={
+                "driver": "rocksdict",
+                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
+                "write_buffer_size": 4 * 1024 * 1024,
+                "max_write_buffer_number": 2,
+            },
+        )
+    )
+
+
+def define_tables(app: faust.App, settings: Settings) -> Tables:
+    """Add the app's tables to ``app`` (Faust recovers them at start) and return them."""
+    return Tables(
+        tasks=_table(app, settings, "tasks", "Task ledger: idempotency, leases and stored results, keyed by task_id."),
+        answers=_table(
+            app, settings, "answers",
+            "Last good answer per task fingerprint (agent + instruction + context), for the cache tier.",
+        ),
+        jobs=_table(app, settings, "jobs", "Jobs: plan, each step's status and output, the stored job result."),
+        timers=_table(
+            app, settings, "timers",
+            "Tasks awaiting approval or running after one, and running jobs: what the scanner watches.",
+        ),
+    )
