@@ -223,7 +223,10 @@ _JSON_TYPES = {dict: "object", list: "array", str: "string", bool: "boolean", in
 
 def _schema_message(error: jsonschema.ValidationError) -> str:
     # jsonschema's own messages quote the whole offending value: a 101-task plan would drown the reason
-    kind, limit, value = error.validator, error.validator_value, error.instance
+    # Errors out of a validator always carry these (jsonschema's Unset is for errors built by hand).
+    kind: Any = error.validator
+    limit: Any = error.validator_value
+    value: Any = error.instance
     if kind == "maxItems":
         return f"{len(value)} items, at most {limit} allowed"
     if kind == "minItems":
@@ -374,8 +377,8 @@ def submit(
         goal=goal,
         planner=planner,
     )
-    if plan is None:
-        if planner not in agents:
+    if goal is not None:  # no plan (checked above): the planner writes one
+        if planner is None or planner not in agents:
             return _finish(new, {}, reason=f"unknown_planner: {planner!r} is not a known agent", now=now)
         return new, [
             Control("job.started", {"planner": planner}),
@@ -421,11 +424,11 @@ def on_result(
         if status == FAILED:
             return _finish(record, {}, reason=f"planner_failed: {error or 'no reason given'}", now=now)
         try:
-            steps = validate_plan(output, agents)
+            plan_steps = validate_plan(output, agents)
         except PlanError as exc:
             return _finish(record, {}, reason=f"invalid_plan: {exc}", now=now)
         planned = replace(record, state=RUNNING)
-        return _start(planned, steps, Control("job.planned", {"steps": len(steps)}), now=now)
+        return _start(planned, plan_steps, Control("job.planned", {"steps": len(plan_steps)}), now=now)
     if step_id is None or step_id not in record.steps or record.steps[step_id]["status"] != DISPATCHED:
         return record, []
     steps = {k: dict(v) for k, v in record.steps.items()}

@@ -20,7 +20,6 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "faust", "-A", "agents_stream.app", "worker", "-l", args.loglevel]
     # exec: the worker *is* this process, so SIGTERM from Docker/Kubernetes reaches Faust.
     os.execv(sys.executable, argv)
-    return 0  # pragma: no cover
 
 
 def _lines(source: IO[str]) -> Iterator[tuple[int, str]]:
