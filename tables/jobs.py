@@ -481,7 +481,9 @@ def _planner_instruction(goal: str, agents: Collection[str]) -> str:
     )
 
 
-def _start(record: JobRecord, plan: tuple[Step, ...], started: Control, *, now: float) -> tuple[JobRecord, list[Effect]]:
+def _start(
+    record: JobRecord, plan: tuple[Step, ...], started: Control, *, now: float
+) -> tuple[JobRecord, list[Effect]]:
     steps = {
         s.id: {
             "agent": s.agent,
