@@ -61,7 +61,7 @@ chaos: install
 	exit $$rc
 
 test-unit: install
-	$(PY) -m pytest -q tests/unit tests/agents
+	$(PY) -m pytest -q tests/unit
 
 # ruff, then mypy (pyproject [tool.mypy]). Either failing fails the target, so .ci/run stops before the tests.
 lint: install

@@ -175,17 +175,11 @@ def receive(
         # It waits for a human and the decision arrives as an event.
         return record, []
     if running_here:
-        # Our executor already has it. Hold this offset too: after a rebalance that gave the
-        # partition back to us, the first delivery's hold was dropped with the revoke, and
-        # without this one the watermark would commit past a task with no outcome (lost if
-        # we then crash). Settle releases every offset tracked for the task.
+        # Our executor has it; hold this offset too: a revoke and re-assign dropped the first delivery's hold
+        # (docs/decisions.md, "Holds and take-overs in the lease machine"). Settle releases every hold of the task.
         return record, [Track()]
-    # Running under a lease this process does not hold (we crashed and restarted,
-    # or the partition moved here): hold the offset and wait for the owner's
-    # outcome. Never take over here, even if the stored lease looks lapsed: after
-    # a rebalance longer than the lease, the live owner's renewals are still
-    # unread in the outcomes topic, and this record predates them. The scanner's
-    # `expired` event goes through that topic behind them (``expire``).
+    # Another owner's lease (or ours before a restart): hold and wait for its outcome. Never take over here, even
+    # if the lease looks lapsed: only the scanner's `expired` event does (``expire``; docs/decisions.md, Delivery).
     return record, [Track()]
 
 

@@ -161,9 +161,8 @@ class HTTPProvider(Provider):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # total= bounds connect + send + read, so no call outlives timeout_s. No connection cap of the
-            # session's own (aiohttp's default is 100): the executor's call slots and the provider's
-            # concurrency limit bound the calls, and a call waiting for a pooled connection spent its timeout.
+            # total= bounds connect + send + read: no call outlives timeout_s. No pool cap (aiohttp's default is 100):
+            # the executor's slots and the provider's limit bound calls; one queued for a connection would time out.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s), connector=aiohttp.TCPConnector(limit=0),
             )
