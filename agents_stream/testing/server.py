@@ -22,7 +22,7 @@ from agents_stream.testing.wire import KEY_HEADERS, error_body, prompt_text, ren
 
 __all__ = ["FakeLLM", "RecordedRequest"]
 
-# The name it has always logged under: log filters and docs point at agents_stream.testing.fakellm.
+# The public entry's name, as before the split: a logging config that names it keeps working.
 log = logging.getLogger("agents_stream.testing.fakellm")
 
 #: headers never recorded: their values are secrets (only their presence is)
