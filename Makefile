@@ -63,10 +63,12 @@ chaos: install
 test-unit: install
 	$(PY) -m pytest -q tests/unit
 
-# ruff, then mypy (pyproject [tool.mypy]). Either failing fails the target, so .ci/run stops before the tests.
+# ruff and mypy (pyproject [tool.mypy]); both run, and either failing fails the target (.ci/run stops there).
 lint: install
-	$(VENV)/bin/ruff check agents_stream tables tests bench
-	@$(MAKE) --no-print-directory typecheck
+	@rc=0; \
+	$(VENV)/bin/ruff check agents_stream tables tests bench || rc=1; \
+	$(MAKE) --no-print-directory typecheck || rc=1; \
+	exit $$rc
 
 # mypy names a module by its path: the link puts tables/ where its installed name (agents_stream.tables) says;
 # sed turns the link's paths in the report back into the repository's.
