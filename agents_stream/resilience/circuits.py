@@ -20,11 +20,12 @@ from agents_stream.resilience import breaker, circuit_events
 from agents_stream.resilience.breaker import Breaker, Transition
 from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
 
-__all__ = ["Circuits", "LogRecord", "Permit", "circuit_id"]
+__all__ = ["Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[bytes, bytes], Any]
+#: appends one (key, value) to agent.circuits; may return a future (its failure is logged)
+Publish = Callable[[bytes, bytes], Any]
 OnTransition = Callable[[str, Transition, bool], None]
 
 #: how long a worker waits for its own failure event to come back before calling anyway
@@ -87,7 +88,7 @@ class Circuits:
         providers: list[str],
         worker_id: str,
         *,
-        send: Send,
+        send: Publish,
         on_transition: OnTransition,
         on_change: Callable[[], None],
         spend_report: Callable[[], dict[str, Any]] = dict,
