@@ -1,4 +1,4 @@
-"""Typed internal events: the records only our workers write (outcomes, cache, job events, circuits), encoded and decoded.
+"""Typed internal events: the records only our workers write (outcomes, cache, job events, circuits) and their codec.
 
 Four topic families, each a union discriminated by ``kind``::
 
@@ -24,7 +24,7 @@ import logging
 from dataclasses import dataclass
 from typing import Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_serializer
 
 from agents_stream.contract.models import SCHEMA_VERSION, Confidence, Status, Usage
 
@@ -239,6 +239,11 @@ class JobTaskResult(_Versioned):
     kind: Literal["result"] = "result"
     result: FannedInResult
 
+    @field_serializer("result")
+    def _as_sent(self, result: FannedInResult) -> dict[str, Any]:
+        # The stub of a result that never came has no output, confidence or source: keep them absent.
+        return result.model_dump(mode="json", exclude_unset=True)
+
 
 class JobDeadline(_Versioned):
     """The lease scanner saw a job's deadline pass: end it."""
@@ -359,7 +364,7 @@ CIRCUITS: Family[CircuitsEvent] = _family("circuits", CircuitsEvent)
 
 def _dump(event: BaseModel) -> dict[str, Any]:
     data = event.model_dump(mode="json")
-    omit = getattr(event, "OMIT_IF_NONE", frozenset())
+    omit: frozenset[str] = getattr(event, "OMIT_IF_NONE", frozenset())
     return {k: v for k, v in data.items() if not (v is None and k in omit)}
 
 
@@ -411,7 +416,9 @@ class Where(Protocol):
     def partition(self) -> int: ...
 
 
-def read_event(where: Where, offset: int, key: bytes | None, value: bytes | None, family: Family[E]) -> tuple[str, E] | None:
+def read_event(
+    where: Where, offset: int, key: bytes | None, value: bytes | None, family: Family[E],
+) -> tuple[str, E] | None:
     """(key, event) of a record only our workers write, or None (logged) for a broken one: it carries no
     work to lose, so it is skipped rather than dead-lettered."""
     try:
