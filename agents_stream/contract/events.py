@@ -71,7 +71,7 @@ class _Versioned(InternalEvent):
     kind: str
 
 
-# -- agents.outcomes.<app>: the executor, the lease scanner and the cache tell the ledger -----------------------
+# -- agent.outcomes.<app>: the executor, the lease scanner and the cache tell the ledger -----------------------
 
 
 class TaskSucceeded(_Versioned):
