@@ -270,13 +270,16 @@ class _CircuitBase(InternalEvent):
 
 
 class CircuitHello(_CircuitBase):
-    """A worker's presence: the endpoints it calls and its partitions' spend of the day."""
+    """A worker's presence: the endpoints it calls and its partitions' spend of the day. Every worker sends all
+    three; None means absent, which the fold reads as no endpoints, app "" and no spend (as it always has)."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"providers", "app", "spend"})
 
     kind: Literal["hello"] = "hello"
-    providers: list[str]
-    app: str
+    providers: list[str] | None = None
+    app: str | None = None
     #: agent → UTC day → partition → USD
-    spend: dict[str, dict[str, dict[str, float]]]
+    spend: dict[str, dict[str, dict[str, float]]] | None = None
 
 
 class CircuitTransition(_CircuitBase):

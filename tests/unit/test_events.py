@@ -253,12 +253,17 @@ def raw_circuit(kind: str, **fields: Any) -> bytes:
 
 
 def test_todays_circuits_test_records_decode() -> None:
-    """The shape tests/unit/test_circuits.py writes (no probe_id, no provider, an int clock) is a valid event."""
+    """The shapes tests/unit/test_circuits.py writes (no probe_id, no provider, a hello without providers, an int
+    clock) are valid events."""
     failure = decode(raw_circuit("failure", provider=CID), CIRCUITS)
     assert isinstance(failure, CircuitFailure) and failure.probe_id is None and failure.at == 0.0
     hello = decode(json.dumps({"v": 1, "id": "x", "kind": "hello", "worker": "o", "at": 0, "providers": [], "app": "",
                                "spend": {}}), CIRCUITS)
     assert isinstance(hello, CircuitHello) and hello.provider is None
+    spend_only = decode(raw_circuit("hello", worker="w1", app="app", spend={"a": {"2026-11-29": {"0": 1.5}}}), CIRCUITS)
+    assert isinstance(spend_only, CircuitHello) and spend_only.providers is None, "absent, not an empty list"
+    sent = json.loads(raw_circuit("hello", worker="w1", app="app", spend={"a": {"2026-11-29": {"0": 1.5}}}))
+    assert json.loads(encode(spend_only)) == {**sent, "provider": None}, "absent stays absent; the envelope is whole"
     bare = decode(json.dumps({"v": 1, "id": "x", "kind": "transition", "worker": "o", "at": 0, "provider": CID,
                               "to": "open", "cause": 1}), CIRCUITS)
     assert isinstance(bare, CircuitTransition) and bare.opened_at is None and bare.closed_at is None
