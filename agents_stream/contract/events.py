@@ -10,8 +10,8 @@ Four topic families, each a union discriminated by ``kind``::
     CIRCUITS    agent.circuits, keyed by provider or worker    CircuitHello | CircuitTransition | CircuitFailure
                 | CircuitSuccess | CircuitProbe | CircuitProbeCancel | CircuitRateLimited
 
-``encode(event)`` gives the bytes workers of the previous version wrote (the
-same keys and values); ``decode(raw, family)`` raises ``EventDecodeError`` on
+``encode(event)`` writes the keys and values the previous version wrote (so
+both versions share the topics); ``decode(raw, family)`` raises ``EventDecodeError`` on
 anything else, so a reader logs and skips it (``read_event`` does both).
 A field every producer sends is required; a field that may be absent defaults
 to None, which means "absent" and nothing else.
@@ -34,7 +34,8 @@ __all__ = [
     "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
     "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
     "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
-    "StepDone", "TaskFailed", "TaskSucceeded", "decode", "encode", "read_event",
+    "StepDone", "TaskFailed", "TaskSucceeded", "Where", "decode", "decode_answer", "encode", "encode_answer",
+    "read_event",
 ]
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class EventDecodeError(ValueError):
 
 
 class InternalEvent(BaseModel):
-    """The root of every internal event: frozen, strict on decode, unknown fields ignored (evolution)."""
+    """The root of every internal event: frozen, strict (no coercion), unknown fields ignored (evolution)."""
 
     model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
 
