@@ -1,0 +1,443 @@
+"""Typed internal events: the records only our workers write (outcomes, cache, job events, circuits) and their codec.
+
+Four topic families, each a union discriminated by ``kind``::
+
+    OUTCOMES    agent.outcomes.<app>, keyed by task_id (or a poison marker)
+                TaskSucceeded | TaskFailed | Heartbeat | StepDone | ApprovalTimeout | LeaseExpired
+                | CacheReply | DeadLetterRequest | DeadLettered
+    ANSWERS     agent.answers.<app>, keyed by fingerprint      CacheLookup | CacheStore
+    JOB_EVENTS  agent.job.events, keyed by job_id              JobTaskResult | JobDeadline
+    CIRCUITS    agent.circuits, keyed by provider or worker    CircuitHello | CircuitTransition | CircuitFailure
+                | CircuitSuccess | CircuitProbe | CircuitProbeCancel | CircuitRateLimited
+
+``encode(event)`` writes the keys and values the previous version wrote (so
+both versions share the topics); ``decode(raw, family)`` raises ``EventDecodeError`` on
+anything else, so a reader logs and skips it (``read_event`` does both).
+A field every producer sends is required; a field that may be absent defaults
+to None, which means "absent" and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union, get_args
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_serializer
+
+from agents_stream.contract.models import SCHEMA_VERSION, Confidence, Status, Usage
+
+__all__ = [
+    "ANSWERS", "CIRCUITS", "JOB_EVENTS", "OUTCOMES",
+    "AnswersEvent", "CacheLookup", "CacheReply", "CacheStore", "CachedAnswer", "CircuitFailure", "CircuitHello",
+    "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
+    "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
+    "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
+    "StepDone", "TaskFailed", "TaskSucceeded", "Where", "decode", "decode_answer", "encode", "encode_answer",
+    "read_event",
+]
+
+log = logging.getLogger(__name__)
+
+
+class EventDecodeError(ValueError):
+    """A record of an internal topic that is not an event of its family. It carries no work: log it, skip it.
+
+    ``kind`` is the record's kind when it had one; ``unknown_kind`` is True when that kind is not of the
+    family (a newer worker's, most likely) rather than a known kind with a broken body.
+    """
+
+    def __init__(self, family: str, reason: str, *, kind: str | None = None, unknown_kind: bool = False) -> None:
+        super().__init__(f"{family} event: {reason}")
+        self.family = family
+        self.reason = reason
+        self.kind = kind
+        self.unknown_kind = unknown_kind
+
+
+class InternalEvent(BaseModel):
+    """The root of every internal event: frozen, strict (no coercion), unknown fields ignored (evolution)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    #: fields left out of the encoding when None: a producer sends them only when they have a value
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset()
+
+
+class _Versioned(InternalEvent):
+    """The envelope of the outcomes, answers and job-events topics."""
+
+    schema_version: int = SCHEMA_VERSION
+    kind: str
+
+
+# -- agent.outcomes.<app>: the executor, the lease scanner and the cache tell the ledger -----------------------
+
+
+class TaskSucceeded(_Versioned):
+    """A task's answer (``status`` "partial" is the explicit no-provider answer, with ``error``)."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"error", "cached_at"})
+
+    kind: Literal["succeeded"] = "succeeded"
+    worker: str
+    dispatch: int
+    calls: int
+    usage: Usage
+    route: str | None  # always sent; null when the task took no routing decision
+    status: Literal["succeeded", "partial"]
+    output: Any
+    confidence: Confidence
+    source: str
+    partial: bool
+    error: str | None = None  # only a partial answer says why
+    cached_at: float | None = None  # only an answer from the last-good-answer cache
+
+
+class TaskFailed(_Versioned):
+    """A task no provider can answer (rejected, invalid output, compensated saga): it is dead-lettered.
+    It has no status, output or confidence on the wire: the ledger's result says "failed" for all three."""
+
+    kind: Literal["failed"] = "failed"
+    worker: str
+    dispatch: int
+    calls: int
+    usage: Usage
+    route: str | None
+    error: str
+    reason: str
+    source: str
+
+
+class Heartbeat(_Versioned):
+    """The executor running dispatch ``dispatch`` is alive: extend the lease (sent without confirmation)."""
+
+    kind: Literal["heartbeat"] = "heartbeat"
+    worker: str
+    dispatch: int
+    owner: str
+
+
+class StepDone(_Versioned):
+    """Step ``index`` of a multi-step task or a saga report finished with ``output``: checkpoint it."""
+
+    kind: Literal["step"] = "step"
+    worker: str
+    dispatch: int
+    index: int
+    output: Any
+
+
+class ApprovalTimeout(_Versioned):
+    """The lease scanner saw approval level ``level`` of a parked task time out: escalate."""
+
+    kind: Literal["approval_timeout"] = "approval_timeout"
+    level: int
+    worker: str
+
+
+class LeaseExpired(_Versioned):
+    """The lease scanner saw the lease of ``dispatch`` lapse: re-dispatch (or give up)."""
+
+    kind: Literal["expired"] = "expired"
+    dispatch: int
+    worker: str
+
+
+class CachedAnswer(BaseModel):
+    """A last good answer as the answers table keeps it (and a cache reply carries it): not an event, no kind."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore", strict=True)
+
+    task_id: str
+    output: Any
+    source: str
+    confidence: Confidence
+    at: float
+
+
+class CacheReply(_Versioned):
+    """The cache's partition answers a lookup: the last good answer, or None for a miss."""
+
+    kind: Literal["cache_reply"] = "cache_reply"
+    dispatch: int
+    worker: str
+    answer: CachedAnswer | None
+
+
+class DeadLetterRequest(_Versioned):
+    """A worker asks (through the poison message's partition) to dead-letter it; keyed by the poison marker."""
+
+    kind: Literal["dead_letter"] = "dead_letter"
+
+
+class DeadLettered(_Versioned):
+    """A poison message's dead letter is confirmed: the ledger writes its marker; keyed by the poison marker."""
+
+    kind: Literal["dead_lettered"] = "dead_lettered"
+
+
+OutcomeEvent = Annotated[
+    Union[
+        TaskSucceeded, TaskFailed, Heartbeat, StepDone, ApprovalTimeout, LeaseExpired, CacheReply,
+        DeadLetterRequest, DeadLettered,
+    ],
+    Field(discriminator="kind"),
+]
+
+
+# -- agent.answers.<app>: the last-good-answer cache, keyed by fingerprint ---------------------------------------
+
+
+class CacheLookup(_Versioned):
+    """An executor asks for the last good answer of a fingerprint; the reply goes to ``task_id`` as an outcome."""
+
+    kind: Literal["lookup"] = "lookup"
+    task_id: str
+    dispatch: int
+
+
+class CacheStore(_Versioned):
+    """The ledger stores a good (high or medium confidence) answer under its fingerprint."""
+
+    kind: Literal["store"] = "store"
+    task_id: str
+    output: Any
+    source: str
+    confidence: Confidence
+    at: float
+
+    def answer(self) -> CachedAnswer:
+        return CachedAnswer(
+            task_id=self.task_id, output=self.output, source=self.source, confidence=self.confidence, at=self.at,
+        )
+
+
+AnswersEvent = Annotated[Union[CacheLookup, CacheStore], Field(discriminator="kind")]
+
+
+# -- agent.job.events: fan-in to the orchestrator, keyed by job_id ---------------------------------------------
+
+
+class FannedInResult(BaseModel):
+    """A job task's result: a whole TaskResult, or {task_id, status: failed, error} when none will come.
+    Every other field rides along unchanged (the fan-in is a copy of the result record)."""
+
+    model_config = ConfigDict(frozen=True, extra="allow", strict=True)
+
+    task_id: str
+    status: Status
+    output: Any = None
+    confidence: Confidence | None = None  # None: absent (a result that never came: dead-lettered, too large)
+    source: str | None = None  # None: absent, as confidence
+    error: str | None = None
+
+
+class JobTaskResult(_Versioned):
+    """The result of one of a job's tasks, for the job's owner."""
+
+    kind: Literal["result"] = "result"
+    result: FannedInResult
+
+    @field_serializer("result")
+    def _as_sent(self, result: FannedInResult) -> dict[str, Any]:
+        # The stub of a result that never came has no output, confidence or source: keep them absent.
+        return result.model_dump(mode="json", exclude_unset=True)
+
+
+class JobDeadline(_Versioned):
+    """The lease scanner saw a job's deadline pass: end it."""
+
+    kind: Literal["deadline"] = "deadline"
+    worker: str
+
+
+JobEvent = Annotated[Union[JobTaskResult, JobDeadline], Field(discriminator="kind")]
+
+
+# -- agent.circuits: the shared log of provider circuits and worker presence -----------------------------------
+
+
+class _CircuitBase(InternalEvent):
+    """The circuits log's envelope (``v``, not ``schema_version``, since its first version)."""
+
+    v: int = SCHEMA_VERSION
+    id: str
+    kind: str
+    provider: str | None = None  # the circuit id; None for presence
+    worker: str
+    at: float  # the sender's clock; the fold prefers the broker's LogAppendTime
+
+
+class CircuitHello(_CircuitBase):
+    """A worker's presence: the endpoints it calls and its partitions' spend of the day. Every worker sends all
+    three; None means absent, which the fold reads as no endpoints, app "" and no spend (as it always has)."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"providers", "app", "spend"})
+
+    kind: Literal["hello"] = "hello"
+    providers: list[str] | None = None
+    app: str | None = None
+    #: agent → UTC day → partition → USD
+    spend: dict[str, dict[str, dict[str, float]]] | None = None
+
+
+class CircuitTransition(_CircuitBase):
+    """A breaker transition, recorded by the worker whose event at offset ``cause`` caused it (for joiners)."""
+
+    kind: Literal["transition"] = "transition"
+    to: Literal["closed", "open", "half_open"]
+    opened_at: float | None = None
+    closed_at: float | None = None
+    cause: int
+
+
+class CircuitFailure(_CircuitBase):
+    """A call failed; ``probe_id`` is set when it was an admitted probe."""
+
+    kind: Literal["failure"] = "failure"
+    probe_id: str | None = None
+
+
+class CircuitSuccess(_CircuitBase):
+    """A probe answered (closed-state successes stay local)."""
+
+    kind: Literal["success"] = "success"
+    probe_id: str | None = None
+
+
+class CircuitProbe(_CircuitBase):
+    """A worker asks for a half-open probe place; it calls only if the fold admits ``probe_id``."""
+
+    kind: Literal["probe"] = "probe"
+    probe_id: str
+
+
+class CircuitProbeCancel(_CircuitBase):
+    """A probe place is given back (its verdict came too late, or the call was cancelled)."""
+
+    kind: Literal["probe_cancel"] = "probe_cancel"
+    probe_id: str
+
+
+class CircuitRateLimited(_CircuitBase):
+    """A 429: the provider takes no call before ``until`` (sender's clock). ``retry_after`` (seconds) is
+    None when absent; when present the fold counts it from its own (broker) time instead of ``until``."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"retry_after"})
+
+    kind: Literal["rate_limited"] = "rate_limited"
+    until: float
+    retry_after: float | None = None
+
+
+CircuitsEvent = Annotated[
+    Union[
+        CircuitHello, CircuitTransition, CircuitFailure, CircuitSuccess, CircuitProbe, CircuitProbeCancel,
+        CircuitRateLimited,
+    ],
+    Field(discriminator="kind"),
+]
+
+
+# -- encoding and decoding ---------------------------------------------------------------------------------
+
+E = TypeVar("E")
+
+
+@dataclass(frozen=True)
+class Family(Generic[E]):
+    """The events one topic carries: ``decode(raw, family)`` accepts exactly these kinds."""
+
+    name: str
+    adapter: TypeAdapter[E]
+    kinds: frozenset[str]
+
+
+def _family(name: str, union: Any) -> Family[Any]:
+    members = get_args(get_args(union)[0])
+    return Family(name, TypeAdapter(union), frozenset(m.model_fields["kind"].default for m in members))
+
+
+OUTCOMES: Family[OutcomeEvent] = _family("outcome", OutcomeEvent)
+ANSWERS: Family[AnswersEvent] = _family("cache", AnswersEvent)
+JOB_EVENTS: Family[JobEvent] = _family("job", JobEvent)
+CIRCUITS: Family[CircuitsEvent] = _family("circuits", CircuitsEvent)
+
+
+def _dump(event: BaseModel) -> dict[str, Any]:
+    data = event.model_dump(mode="json")
+    omit: frozenset[str] = getattr(event, "OMIT_IF_NONE", frozenset())
+    return {k: v for k, v in data.items() if not (v is None and k in omit)}
+
+
+def encode(event: InternalEvent) -> bytes:
+    """The record's value: the same JSON keys and values the producers of the previous version wrote."""
+    return json.dumps(_dump(event)).encode()
+
+
+def encode_answer(answer: CachedAnswer) -> str:
+    """A last good answer as the answers table stores it (the five keys, no kind)."""
+    return json.dumps(answer.model_dump(mode="json"))
+
+
+def decode(raw: bytes | str | None, family: Family[E]) -> E:
+    """The event in ``raw``, of one of ``family``'s kinds; EventDecodeError for anything else."""
+    try:
+        data = json.loads(raw)  # type: ignore[arg-type]
+    except (TypeError, ValueError, RecursionError) as exc:  # None, not UTF-8, not JSON, nested too deeply
+        raise EventDecodeError(family.name, f"not JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise EventDecodeError(family.name, f"expected a JSON object, got {type(data).__name__}")
+    kind = data.get("kind")
+    if not isinstance(kind, str):
+        raise EventDecodeError(family.name, "no kind" if kind is None else f"kind is a {type(kind).__name__}")
+    if kind not in family.kinds:
+        raise EventDecodeError(family.name, f"unknown kind {kind!r}", kind=kind, unknown_kind=True)
+    try:
+        return family.adapter.validate_python(data, strict=True)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'][1:]) or '<root>'}: {e['msg']}" for e in exc.errors())
+        raise EventDecodeError(family.name, f"{kind}: {problems}", kind=kind) from None
+
+
+def decode_answer(raw: bytes | str) -> CachedAnswer:
+    """A last good answer from the answers table; EventDecodeError when it is not one."""
+    try:
+        return CachedAnswer.model_validate_json(raw, strict=True)
+    except ValidationError as exc:
+        raise EventDecodeError("cache", f"not a cached answer ({exc.error_count()} problems)") from None
+
+
+class Where(Protocol):
+    """Where a record was read (faust's TP)."""
+
+    @property
+    def topic(self) -> str: ...
+
+    @property
+    def partition(self) -> int: ...
+
+
+def read_event(
+    where: Where, offset: int, key: bytes | None, value: bytes | None, family: Family[E],
+) -> tuple[str, E] | None:
+    """(key, event) of a record only our workers write, or None (logged) for a broken one: it carries no
+    work to lose, so it is skipped rather than dead-lettered."""
+    try:
+        subject = key.decode("utf-8")  # type: ignore[union-attr]
+    except (AttributeError, UnicodeDecodeError) as exc:
+        log.warning("Skipping %s event without a usable key at %s[%d]@%d: %r",
+                    family.name, where.topic, where.partition, offset, exc)
+        return None
+    try:
+        return subject, decode(value, family)
+    except EventDecodeError as exc:
+        if exc.unknown_kind:
+            log.warning("Skipping %s event of unknown kind %r for %s at %s[%d]@%d (a newer worker's?)",
+                        family.name, exc.kind, subject, where.topic, where.partition, offset)
+        else:
+            log.warning("Skipping malformed %s event at %s[%d]@%d: %s",
+                        family.name, where.topic, where.partition, offset, exc.reason)
+        return None
