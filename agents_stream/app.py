@@ -25,6 +25,7 @@ from agents_stream.contract import topics
 from agents_stream.execution.executor import Executor
 from agents_stream.execution.plan import AgentPlan
 from agents_stream.kafka import security as kafka_security
+from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.consumer import WatermarkTransport
 from agents_stream.kafka.delivery import confirmed
 from agents_stream.kafka.stall import StallDetector
@@ -98,15 +99,18 @@ class Runtime:
             config,
             list(built),
             self.worker_id,
-            bootstrap=bootstrap_servers(settings.broker),
-            client_kwargs=kafka_security.client_kwargs(settings),
             send=lambda key, value: self.circuits_topic.send_soon(key=key, value=value),
             on_transition=self._on_breaker_transition,
             on_change=self.update_flow,
             spend_report=self.spend_report,
             app_id=settings.app_id,
-            history_s=settings.circuits_history_s,
             presence_s=settings.presence_interval_s,
+        )
+        self.circuits_log = CircuitsLog(
+            self.circuits,
+            bootstrap=bootstrap_servers(settings.broker),
+            client_kwargs=kafka_security.client_kwargs(settings),
+            history_s=settings.circuits_history_s,
         )
         self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self.answers = app.topic(topics.answers_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
@@ -582,7 +586,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         for topic in app.output_topics:
             # Without its output topics the worker cannot work: a timeout here ends it, loudly.
             await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
-        await runtime.circuits.start()
+        await runtime.circuits_log.start()
         await runtime.executor.start()
         runtime.started = True
         log.info(
@@ -604,7 +608,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         except Exception as exc:
             log.warning("Final commit on shutdown failed (%r); the next worker resumes from the last commit", exc)
         await runtime.ledger.stop()
-        await runtime.circuits.stop()
+        await runtime.circuits_log.stop()
         await original_on_stop()
 
     app.on_stop = on_stop  # type: ignore[method-assign]
