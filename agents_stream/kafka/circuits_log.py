@@ -26,6 +26,8 @@ class CircuitsLog(Service):
     worker calls no provider before it knows the breakers; then both loops run until ``stop``.
     """
 
+    mundane_level = "debug"  # mode's "Starting..."/"Stopping..." lines: the worker's log reads as before
+
     def __init__(
         self,
         circuits: Circuits,

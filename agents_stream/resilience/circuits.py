@@ -8,24 +8,24 @@ Why, and the two rules that bound the calls a failing provider receives: docs/de
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
 from agents_stream.contract.errors import CircuitOpen
-from agents_stream.resilience import breaker
+from agents_stream.resilience import breaker, circuit_events
 from agents_stream.resilience.breaker import Breaker, Transition
-from agents_stream.resilience.ratelimit import TokenBucket, ramp, share, take
+from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
 
-__all__ = ["Circuits", "LogRecord", "Permit", "circuit_id"]
+__all__ = ["Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[bytes, bytes], Any]
+#: appends one (key, value) to agent.circuits; may return a future (its failure is logged)
+Publish = Callable[[bytes, bytes], Any]
 OnTransition = Callable[[str, Transition, bool], None]
 
 #: how long a worker waits for its own failure event to come back before calling anyway
@@ -72,7 +72,7 @@ class _Circuit:
     next_probe_at: float = 0.0  # after a refused request, when to ask again
     #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
     retry_after_propagation_s: float | None = None
-    probe_waiters: dict[str, asyncio.Future] = field(default_factory=dict)
+    probe_waiters: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
 
 
 class Circuits:
@@ -88,7 +88,7 @@ class Circuits:
         providers: list[str],
         worker_id: str,
         *,
-        send: Send,
+        send: Publish,
         on_transition: OnTransition,
         on_change: Callable[[], None],
         spend_report: Callable[[], dict[str, Any]] = dict,
@@ -164,9 +164,7 @@ class Circuits:
 
     def _fold(self, record: LogRecord) -> bool:
         """Apply one record; True when what callers wait on changed (state, Retry-After, probe places)."""
-        ev = json.loads(record.value)
-        if not isinstance(ev, dict):
-            raise ValueError("not a JSON object")
+        ev = circuit_events.decode(record.value)
         kind, worker = str(ev["kind"]), str(ev["worker"])
         # The broker's append time when the topic keeps it (LogAppendTime): one clock for
         # every worker, so a worker with a skewed clock cannot move the window or the timeout.
@@ -189,27 +187,14 @@ class Circuits:
                 c.blocked_until = until
                 return True
             return woke_gate
-        event = self._breaker_event(c, kind, ev, at)
-        if event is None:
-            return False
-        return self._step(c, event, kind, ev, mine, record.offset) or woke_gate
-
-    def _breaker_event(self, c: _Circuit, kind: str, ev: dict[str, Any], at: float) -> breaker.Event | None:
-        """The breaker's event for a log event; None for one that does not move this worker's breaker."""
         if kind == "transition":
             # For a worker that joined after the cause: take over the state the log recorded.
             if int(ev["cause"]) >= self._start_offset or ev["to"] == c.breaker.state:
-                return None
-            return breaker.Adopt(at=at, state=ev["to"], opened_at=ev.get("opened_at"), closed_at=ev.get("closed_at"))
-        if kind == "failure":
-            return breaker.Failure(at=at, probe_id=_opt_str(ev.get("probe_id")))
-        if kind == "success":
-            return breaker.Success(at=at, probe_id=_opt_str(ev.get("probe_id")))
-        if kind == "probe":
-            return breaker.ProbeRequest(at=at, probe_id=str(ev["probe_id"]))
-        if kind == "probe_cancel":
-            return breaker.ProbeCancel(at=at, probe_id=str(ev["probe_id"]))
-        return None  # a newer worker's event kind
+                return False
+        event = circuit_events.breaker_event(kind, ev, at)
+        if event is None:
+            return False
+        return self._step(c, event, kind, ev, mine, record.offset) or woke_gate
 
     def _step(self, c: _Circuit, event: breaker.Event, kind: str, ev: dict[str, Any], mine: bool, offset: int) -> bool:
         """Step the breaker; True when what callers wait on changed."""
@@ -269,9 +254,8 @@ class Circuits:
         await _wait(self._slot_freed, timeout)
 
     def _publish(self, kind: str, provider: str | None, **fields: Any) -> str:
-        event_id = uuid.uuid4().hex
-        body = {"v": 1, "id": event_id, "kind": kind, "provider": provider, "worker": self.worker_id, "at": self._clock(), **fields}
-        fut = self._send((provider or self.worker_id).encode(), json.dumps(body).encode())
+        event_id, key, value = circuit_events.encode(kind, provider, self.worker_id, self._clock(), **fields)
+        fut = self._send(key, value)
         if hasattr(fut, "add_done_callback"):
             fut.add_done_callback(_log_send_failure)
         return event_id
@@ -297,8 +281,9 @@ class Circuits:
         """Workers (this one included) that said within three presence intervals that they call this endpoint."""
         cid = self._circuits[provider].id
         horizon = self._clock() - 3 * self.presence_s
-        others = sum(1 for w, (at, ids) in self._presence.items() if w != self.worker_id and at >= horizon and cid in ids)
-        return 1 + others
+        return 1 + sum(
+            1 for w, (at, ids) in self._presence.items() if w != self.worker_id and at >= horizon and cid in ids
+        )
 
     def concurrency_limit(self, provider: str) -> float | None:
         """This worker's share of the provider's cluster-wide max_concurrency, ramped after a close."""
@@ -310,7 +295,8 @@ class Circuits:
 
     def spend(self, agent: str, day: str) -> float:
         """Cluster-wide spend of this app's agent on a UTC day, as the workers last reported it."""
-        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if app == self.app_id and a == agent and d == day)
+        mine = (self.app_id, agent, day)
+        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if (app, a, d) == mine)
 
     async def acquire(self, provider: str) -> Permit:
         """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
@@ -318,13 +304,18 @@ class Circuits:
         while True:
             now = self._clock()
             if c.blocked_until > now:
-                raise CircuitOpen(f"{provider} asked to wait (Retry-After) until {c.blocked_until:.3f}", provider=provider, retry_at=c.blocked_until)
+                raise CircuitOpen(
+                    f"{provider} asked to wait (Retry-After) until {c.blocked_until:.3f}",
+                    provider=provider, retry_at=c.blocked_until,
+                )
             state = breaker.view(c.breaker, now, c.breaker_config)
             if state == breaker.OPEN:
-                raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=breaker.reopens_at(c.breaker, c.breaker_config))
+                reopens = breaker.reopens_at(c.breaker, c.breaker_config)
+                raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=reopens)
             if state == breaker.HALF_OPEN:
                 if now < c.next_probe_at:
-                    raise CircuitOpen(f"{provider}: half-open, probe places taken", provider=provider, retry_at=c.next_probe_at)
+                    msg = f"{provider}: half-open, probe places taken"
+                    raise CircuitOpen(msg, provider=provider, retry_at=c.next_probe_at)
                 return await self._probe(c)
             # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.
             stale = [i for i, sent in c.unfolded.items() if now - sent > _UNFOLDED_WAIT_S]
@@ -339,11 +330,7 @@ class Circuits:
                 continue
             if c.config.rps is not None:
                 rate = share(c.config.rps, self.live_workers(provider), minimum=0.1)
-                if c.bucket is None:
-                    c.bucket = TokenBucket.full(rate, max(1.0, rate), now)
-                elif c.bucket.rate != rate:  # the number of live workers changed: a new share, tokens kept
-                    c.bucket = replace(c.bucket, rate=rate, burst=max(1.0, rate), tokens=min(c.bucket.tokens, max(1.0, rate)))
-                c.bucket, wait = take(c.bucket, now)
+                c.bucket, wait = take(rebucket(c.bucket, rate, now), now)
                 if wait > 0:
                     await asyncio.sleep(min(wait, 0.5))
                     continue
@@ -356,7 +343,7 @@ class Circuits:
             raise CircuitOpen(f"{name}: half-open, a probe from this worker is under way", provider=name)
         c.probing = True
         probe_id = uuid.uuid4().hex
-        waiter: asyncio.Future = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         c.probe_waiters[probe_id] = waiter
         admitted = False
         try:
@@ -441,10 +428,8 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
         pass
 
 
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
 def _log_send_failure(fut: Any) -> None:
     if not fut.cancelled() and fut.exception() is not None:
-        log.warning("Circuits: an event was not delivered (%r); other workers learn it from the next one", fut.exception())
+        log.warning(
+            "Circuits: an event was not delivered (%r); other workers learn it from the next one", fut.exception()
+        )
