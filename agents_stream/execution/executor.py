@@ -71,7 +71,7 @@ class Executor(Service):
         rng = rng or random.Random()
         self.caller = Caller(settings, config, circuits, send_control, rng)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
-        self.steps = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
+        self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
         self.runs: dict[str, Run] = {}  # task_id → its run, queued, running or held
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._own: set[asyncio.Future[Any]] = set()  # slots, parked runs, heartbeats: stop() ends them
@@ -222,10 +222,10 @@ class Executor(Service):
         """The task's outcome, or None when it must hold (``run.wait`` says for how long at most)."""
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:
-            return await self.steps.run_saga(run, plan.saga)
+            return await self.step_runner.run_saga(run, plan.saga)
         if not run.task.steps:
             return await self.ladder.answer(run, run.task)
-        return await self.steps.run_steps(run)
+        return await self.step_runner.run_steps(run)
 
     async def _heartbeats(self) -> None:
         # Not self.sleep()/should_stop: the leases of running calls must be renewed through stop()'s grace period.

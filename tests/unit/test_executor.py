@@ -156,3 +156,17 @@ async def test_a_saga_resumed_from_its_checkpoint_does_not_repeat_done_actions()
     assert SERVICE_CALLS == [("pay", "pay", "t1:pay")] and out["output"]["pay"] == {"paid": "B7"}
     assert [e["index"] for e in w.events("t1", "step")] == [1] and out["dispatch"] == 2
     assert ("saga.completed", "t1") in w.control_events("saga.")
+
+
+async def test_a_full_queue_pauses_intake_and_a_free_slot_resumes_it() -> None:
+    """When max_queued tasks wait for a slot the agent is blocked (flow changes); taking one frees it again."""
+    async with FakeLLM([ok("1", latency=0.3), ok("2")], default=None) as p:
+        settings = {"max_in_flight": 1, "max_queued": 1}
+        async with worker({"p": p}, {"providers": ["p"]}, settings=settings) as w:
+            w.dispatch("t1")  # fills the queue (a change), then a slot takes it (a change)
+            await w.until(lambda: p.requests, what="the first call started")
+            assert not w.executor.blocked(AGENT) and w.flow_changes == 2
+            w.dispatch("t2")
+            assert w.executor.blocked(AGENT) and w.flow_changes == 3
+            await w.outcome("t2")
+            assert not w.executor.blocked(AGENT) and w.flow_changes == 4
