@@ -22,7 +22,8 @@ from faust.types import TP
 
 from agents_stream.config import AppConfig, load_config
 from agents_stream.contract import topics
-from agents_stream.execution.executor import AgentPlan, Executor
+from agents_stream.execution.executor import Executor
+from agents_stream.execution.plan import AgentPlan
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.consumer import WatermarkTransport
@@ -586,7 +587,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             # Without its output topics the worker cannot work: a timeout here ends it, loudly.
             await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
         await runtime.circuits_log.start()
-        runtime.executor.start()
+        await runtime.executor.start()
         runtime.started = True
         log.info(
             "Worker %s ready: agents %s, %d call slots, lease %.0fs",
@@ -597,7 +598,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
 
     async def on_stop() -> None:
         runtime.stopping = True
-        await runtime.executor.stop(settings.shutdown_grace_s)
+        await runtime.executor.stop()  # drains within settings.shutdown_grace_s
         if not await runtime.settle(timeout=5.0):
             log.warning("Shutdown: results of calls that finished were not all confirmed within 5s; "
                         "the next owner of their partitions sends them again (the same bytes)")

@@ -189,7 +189,10 @@ class OutputSpec:
             except ValidationError as exc:
                 raise FormatError(_model_message(exc)) from None
             return parsed.model_dump(mode="json")
-        error = best_match(self._validator.iter_errors(value))
+        validator = self._validator
+        if validator is None:  # unreachable: __init__ gives a spec without a model a schema
+            raise TypeError("OutputSpec has neither a model nor a schema")
+        error = best_match(validator.iter_errors(value))
         if error is not None:
             raise FormatError(_schema_message(error))
         return value
@@ -256,7 +259,9 @@ def _dumps(value: Any) -> str:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
-def simplify(instruction: str, context: dict, *, max_context_chars: int = 2000) -> tuple[str, dict]:
+def simplify(
+    instruction: str, context: dict[str, Any], *, max_context_chars: int = 2000,
+) -> tuple[str, dict[str, Any]]:
     """The lightweight tier's task: a brief-answer instruction and a bounded, deterministic context.
 
     Strings over 500 chars are cut with "…" and lists to 20 items, at every depth.
@@ -265,7 +270,7 @@ def simplify(instruction: str, context: dict, *, max_context_chars: int = 2000) 
     """
     trimmed = _trim(context)
     if len(_dumps(trimmed)) > max_context_chars:
-        kept: dict = {}
+        kept: dict[str, Any] = {}
         size = 2  # "{}"
         for key in sorted(trimmed, key=str):
             # compact JSON of one entry is "key":value, plus a comma when it is not the first
@@ -279,7 +284,9 @@ def simplify(instruction: str, context: dict, *, max_context_chars: int = 2000) 
     return f"{SIMPLIFY_PREFIX}\n\n{instruction}", trimmed
 
 
-def fingerprint(agent: str, instruction: str, context: dict, output_schema: dict | None = None) -> str:
+def fingerprint(
+    agent: str, instruction: str, context: dict[str, Any], output_schema: dict[str, Any] | None = None,
+) -> str:
     """The key of the last-good-answer cache: the same agent, instruction, context (and the task's own
     output schema, when it has one), whatever the key order."""
     parts: list[Any] = [agent, instruction, context]

@@ -155,7 +155,7 @@ def parse_classification(text: str) -> bool | None:
             if isinstance(lowered.get(key), str):
                 candidate = lowered[key]
                 break
-    verdicts = {m.lower() for m in _VERDICT.findall(candidate)}
+    verdicts = {str(m).lower() for m in _VERDICT.findall(candidate)}
     if len(verdicts) != 1:
         return None
     return verdicts.pop() == "hard"

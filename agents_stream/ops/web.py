@@ -324,7 +324,7 @@ def register(app: Any) -> None:
                 "status": "ready",
                 "worker": app.runtime.worker_id,
                 "in_flight": ex.running,
-                "queued": len(ex.jobs) - ex.running,
+                "queued": len(ex.runs) - ex.running,
                 "held": ex.held,
                 "providers_down": sorted(p for p in app.runtime.circuits.circuits if not app.runtime.circuits.available(p)[0]),
             })

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from agents_stream.config import AppConfig
-from agents_stream.execution.executor import AgentPlan
+from agents_stream.execution.plan import AgentPlan
 from agents_stream.providers import build_provider
 
 

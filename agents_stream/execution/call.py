@@ -1,0 +1,195 @@
+"""One rung of the ladder: provider calls through the circuits, retries with backoff, the format check and usage."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from dataclasses import replace
+from typing import Any, Callable
+
+from agents_stream.config import CONFIDENCE_ORDER, AppConfig
+from agents_stream.contract.errors import CircuitOpen, RateLimited, TransientError, classify
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import pricing
+from agents_stream.execution.outputs import (
+    FormatError,
+    OutputSpec,
+    corrective,
+    self_reported_confidence,
+    simplify,
+    with_format,
+)
+from agents_stream.execution.plan import AgentPlan, Tier
+from agents_stream.execution.run import Answer, Rejected, Run, Unavailable
+from agents_stream.ops import metrics
+from agents_stream.providers.base import Completion, Prompt, Provider
+from agents_stream.resilience.backoff import backoff
+from agents_stream.resilience.circuits import Circuits, Permit
+from agents_stream.settings import Settings
+
+__all__ = ["Caller", "SendControl"]
+
+log = logging.getLogger(__name__)
+
+SendControl = Callable[[str, str, str | None, dict[str, Any]], None]
+
+
+class Caller:
+    """Makes the calls of one worker: every call is admitted by the circuits and its result goes back to them."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        config: AppConfig,
+        circuits: Circuits,
+        send_control: SendControl,
+        rng: random.Random,
+    ) -> None:
+        self.settings = settings
+        self.config = config
+        self.circuits = circuits
+        self._send_control = send_control
+        self._rng = rng
+        self._systemic: set[str] = set()  # providers this worker raised a systemic alert for
+
+    async def call_tier(
+        self, run: Run, task: TaskPayload, tier: Tier, spec: OutputSpec | None, plan: AgentPlan,
+    ) -> Answer | Unavailable | Rejected:
+        """Ask one rung for ``task`` (the run's task or one step of it): transient errors retry with backoff,
+        an off-format answer retries with the corrective instruction."""
+        provider = tier.provider
+        instruction, context = task.instruction, task.context_data
+        max_tokens = None
+        if tier.simplified:
+            instruction, context = simplify(instruction, context)
+            max_tokens = max(64, provider.config.max_tokens // 4)
+        tag = f"[task_id={task.task_id}]\n"
+        prompt = Prompt(
+            instruction=tag + with_format(instruction, spec), system=plan.config.system, context=context,
+            max_tokens=max_tokens,
+        )
+        retries = format_retries = 0
+        while True:
+            try:
+                permit = await self.circuits.acquire(provider.name)
+            except CircuitOpen as exc:
+                return Unavailable(exc.retry_at, str(exc))
+            completion = await self.call(run, provider, prompt, permit)
+            if isinstance(completion, BaseException):
+                verdict = self._given_up(task, tier, completion, retries + 1)
+                if verdict is not None:
+                    return verdict
+                retries += 1
+                await self._pause(task, provider, completion, retries)
+                continue
+            self._systemic.discard(provider.name)
+            if spec is None:
+                output: Any = completion.text
+            else:
+                try:
+                    output = spec.check(completion.text)
+                except FormatError as exc:
+                    format_retries += 1
+                    if format_retries > plan.config.format_retries:
+                        return Rejected(
+                            f"invalid_output: {exc}", f"the answer never matched the output schema: {exc}",
+                            f"{tier.role}:{provider.name}",
+                        )
+                    log.info(
+                        "Task %s: %s answered off-format (%s); corrective retry %d/%d",
+                        task.task_id, provider.name, exc, format_retries, plan.config.format_retries,
+                    )
+                    metrics.format_retries.labels(task.agent_name).inc()
+                    prompt = replace(prompt, instruction=tag + corrective(instruction, str(exc), spec))
+                    continue
+            return _answer(tier, output, completion)
+
+    def _given_up(self, task: TaskPayload, tier: Tier, exc: BaseException, retry: int) -> Unavailable | Rejected | None:
+        """What a failed call ends the rung with, or None when it is worth retry number ``retry``."""
+        provider = tier.provider
+        kind = classify(exc)
+        if kind == "permanent":
+            return Rejected(f"permanent_error: {exc}", str(exc), f"{tier.role}:{provider.name}")
+        if kind == "systemic":
+            if provider.name not in self._systemic:
+                self._systemic.add(provider.name)
+                log.error(
+                    "Provider %s cannot be used (%s): its calls fall back or hold; fix its configuration",
+                    provider.name, exc,
+                )
+                self._send_control("alert.provider_systemic", provider.name, task.agent_name, {"error": str(exc)})
+            return Unavailable(None, str(exc))
+        if retry > self.settings.max_retries:
+            return Unavailable(None, f"retries exhausted: {exc}")
+        return None
+
+    async def _pause(self, task: TaskPayload, provider: Provider, exc: BaseException, retries: int) -> None:
+        metrics.provider_retries.labels(provider.name, metrics.retry_reason(exc)).inc()
+        if isinstance(exc, RateLimited):
+            return  # the circuits hold the Retry-After now: the next acquire waits or falls back
+        retry_after = exc.retry_after if isinstance(exc, TransientError) else None
+        settings = self.settings
+        delay = backoff(
+            retries, base=settings.backoff_base_s, cap=settings.backoff_cap_s, retry_after=retry_after, rng=self._rng,
+        )
+        log.info(
+            "Task %s: %s failed (%s), retry %d/%d in %.2fs",
+            task.task_id, provider.name, exc, retries, settings.max_retries, delay,
+        )
+        await asyncio.sleep(delay)
+
+    async def call(self, run: Run, provider: Provider, prompt: Prompt, permit: Permit) -> Completion | BaseException:
+        """One admitted call: its result goes back to the circuits and its usage onto the run."""
+        run.calls += 1
+        result, outcome = "failure", "failure"
+        retry_after = None
+        started = time.monotonic()
+        in_flight = metrics.provider_in_flight.labels(provider.name)
+        in_flight.inc()
+        try:
+            async with asyncio.timeout(provider.config.timeout_s + 5.0):  # no task per call, unlike wait_for
+                completion = await provider.complete(prompt)
+        except asyncio.CancelledError:
+            result = outcome = "cancelled"
+            raise
+        except Exception as exc:
+            kind = classify(exc)
+            if isinstance(exc, RateLimited):
+                result, retry_after = "rate_limited", exc.retry_after
+                outcome = result
+            elif kind == "permanent":
+                result, outcome = "success", "rejected"  # the provider answered; the task is at fault
+            return exc
+        else:
+            result = outcome = "success"
+            self._count_usage(run, provider, completion)
+            return completion
+        finally:
+            in_flight.dec()
+            self.circuits.release(permit, "neutral" if result == "cancelled" else result, retry_after=retry_after)
+            metrics.provider_calls.labels(provider.name, outcome).inc()
+            metrics.provider_latency.labels(provider.name).observe(time.monotonic() - started)
+
+    def _count_usage(self, run: Run, provider: Provider, completion: Completion) -> None:
+        used_in, used_out = completion.usage.input_tokens, completion.usage.output_tokens
+        run.input_tokens += used_in
+        run.output_tokens += used_out
+        price = self.config.price_of(completion.model) or self.config.price_of(provider.model)
+        spent = pricing.cost(price, used_in, used_out)
+        run.cost = pricing.add(run.cost, spent)
+        agent = run.task.agent_name
+        metrics.tokens.labels(agent, provider.name, "input").inc(used_in)
+        metrics.tokens.labels(agent, provider.name, "output").inc(used_out)
+        if spent:
+            metrics.cost.labels(agent, provider.name).inc(spent)
+
+
+def _answer(tier: Tier, output: Any, completion: Completion) -> Answer:
+    """The rung's confidence, lowered (never raised) by what the answer says of itself."""
+    confidence = tier.confidence
+    said = self_reported_confidence(output)
+    if said is not None and CONFIDENCE_ORDER.index(said) > CONFIDENCE_ORDER.index(confidence):
+        confidence = said
+    return Answer(output, confidence, f"{tier.role}:{tier.provider.name}:{completion.model}")

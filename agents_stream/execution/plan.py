@@ -1,0 +1,81 @@
+"""An agent's fallback ladder as its configuration builds it: the rungs (Tier), the light model, the bottom."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
+from agents_stream.execution.outputs import OutputSpec
+from agents_stream.execution.saga_runner import SagaDefinition, load_saga
+from agents_stream.providers.base import Provider
+
+__all__ = ["AgentPlan", "Tier", "at_least"]
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One rung of an agent's ladder."""
+
+    role: str  # primary | alternate | light
+    provider: Provider
+    confidence: str
+    simplified: bool = False
+    #: chosen by the router as "adequate": a format failure or a low-confidence answer moves on
+    escalates: bool = False
+
+
+@dataclass
+class AgentPlan:
+    """What an agent may call, in which order, and what it may answer with when none of it is available."""
+
+    config: AgentConfig
+    tiers: list[Tier]  # the fallback ladder, cut at `lowest`
+    light: Provider | None
+    classifier: Provider | None
+    cache: bool  # may answer from the last good answer
+    partial: bool  # may answer with the explicit partial result
+    saga: SagaDefinition | None = None  # every task of the agent runs as this saga
+
+    @classmethod
+    def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
+        cfg = config.agents[agent]
+        allowed = CONFIDENCE_ORDER.index(cfg.lowest)
+        chain = config.chain(agent)
+        tiers = [
+            Tier("primary" if i == 0 else "alternate", provider(p.name), "high" if i == 0 else "medium")
+            for i, p in enumerate(chain)
+        ]
+        light = provider(cfg.light) if cfg.light and config.providers[cfg.light].usable() else None
+        if light is not None and allowed >= CONFIDENCE_ORDER.index("low"):
+            tiers.append(Tier("light", light, "low", simplified=True))
+        tiers = [t for t in tiers if CONFIDENCE_ORDER.index(t.confidence) <= allowed]
+        classifier = (
+            provider(cfg.classifier) if cfg.classifier and config.providers[cfg.classifier].usable() else None
+        )
+        # A bad agent-level schema or model is configuration: fail at start, not task by task.
+        try:
+            if cfg.output_schema is not None:
+                OutputSpec.from_schema(cfg.output_schema)
+            elif cfg.output_model is not None:
+                OutputSpec.from_model(cfg.output_model)
+        except ValueError as exc:
+            raise ValueError(f"agent {agent!r}: {exc}") from None
+        try:
+            saga = load_saga(cfg.saga) if cfg.saga else None
+        except ValueError as exc:
+            raise ValueError(f"agent {agent!r}: {exc}") from None
+        return cls(
+            saga=saga,
+            config=cfg,
+            tiers=tiers,
+            light=light,
+            classifier=classifier,
+            cache=cfg.cache_max_age_s > 0 and allowed >= CONFIDENCE_ORDER.index("low"),
+            partial=cfg.lowest == "failed",
+        )
+
+
+def at_least(confidence: str, lowest: str) -> bool:
+    """Whether ``confidence`` is as good as ``lowest`` or better (high > medium > low > failed)."""
+    return CONFIDENCE_ORDER.index(confidence) <= CONFIDENCE_ORDER.index(lowest)

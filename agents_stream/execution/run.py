@@ -1,0 +1,117 @@
+"""A task while this worker runs it (Run), what one rung of its ladder came to, and the outcome events it ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents_stream.contract.models import TaskPayload
+
+__all__ = ["Answer", "Rejected", "Run", "Unavailable", "common", "partial", "rejected", "succeeded"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """One dispatch of a task on this worker's executor, queued, running or held (not an orchestrator job)."""
+
+    task: TaskPayload
+    dispatch: int
+    started: float | None = None
+    held: bool = False
+    calls: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cost: float | None = None
+    route: str = ""
+    #: an answer the router's tier gave before escalating: used if the rest of the ladder is down
+    escalated: Answer | None = None
+    #: held: how long to stay parked before trying again (seconds)
+    wait: float = 0.0
+    #: a multi-step task: the outputs of the steps done (from the checkpoint, then this run)
+    steps_done: list[Any] = field(default_factory=list)
+    #: the lowest confidence and the last source over the steps done in this run
+    steps_confidence: str = "high"
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+# What one rung of the ladder came to.
+@dataclass
+class Answer:
+    output: Any
+    confidence: str
+    source: str
+
+
+@dataclass
+class Unavailable:
+    retry_at: float | None
+    why: str
+
+
+@dataclass
+class Rejected:
+    """The task's own fault: a failed result and a dead letter."""
+
+    reason: str
+    error: str
+    source: str
+
+
+def common(run: Run) -> dict[str, Any]:
+    """The fields every terminal outcome of ``run`` carries."""
+    return {
+        "dispatch": run.dispatch,
+        "calls": run.calls,
+        "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens, "cost": run.cost},
+        "route": run.route.strip() or None,
+    }
+
+
+def succeeded(run: Run, answer: Answer, cached_at: float | None = None) -> dict[str, Any]:
+    out = {
+        **common(run),
+        "kind": "succeeded",
+        "status": "succeeded",
+        "output": answer.output,
+        "confidence": answer.confidence,
+        "source": answer.source,
+        "partial": False,
+    }
+    if cached_at is not None:
+        out["cached_at"] = cached_at
+    return out
+
+
+def rejected(run: Run, rejection: Rejected) -> dict[str, Any]:
+    log.warning(
+        "Task %s failed at %s: %s (dead-lettered, error_layer=downstream)",
+        run.task.task_id, rejection.source, rejection.error,
+    )
+    return {
+        **common(run),
+        "kind": "failed",
+        "error": rejection.error,
+        "reason": rejection.reason,
+        "source": rejection.source,
+    }
+
+
+def partial(run: Run) -> dict[str, Any]:
+    log.warning(
+        "Task %s: every tier unavailable; answering with the explicit partial result (lowest = failed)",
+        run.task.task_id,
+    )
+    return {
+        **common(run),
+        "kind": "succeeded",
+        "status": "partial",
+        "output": None,
+        "confidence": "failed",
+        "source": "none",
+        "partial": True,
+        "error": "every provider of the agent was unavailable",
+    }

@@ -1,0 +1,150 @@
+"""One worker's executor without a broker: providers on fake LLM servers, circuits on an in-memory log."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from agents_stream.config import AppConfig
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import pricing
+from agents_stream.execution.executor import Executor
+from agents_stream.execution.plan import AgentPlan
+from agents_stream.providers import Provider, build_provider
+from agents_stream.resilience.circuits import Circuits
+from agents_stream.settings import Settings
+from agents_stream.testing.circuits_log import MemoryCircuitsLog
+from agents_stream.testing.fakellm import FakeLLM
+
+AGENT = "a"
+#: fast retries and probes; a long lease (no heartbeats) unless a test asks for them
+FAST = {"max_retries": 2, "backoff_base_s": 0.01, "backoff_cap_s": 0.05, "probe_interval_s": 0.5, "max_in_flight": 2}
+
+
+@dataclass
+class Control:
+    event: str
+    subject: str
+    agent: str | None
+    details: dict[str, Any]
+
+
+@dataclass
+class Worker:
+    """The executor under test and everything it told the rest of the worker."""
+
+    executor: Executor
+    circuits: Circuits
+    log: MemoryCircuitsLog
+    outcomes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    controls: list[Control] = field(default_factory=list)
+    lookups: list[tuple[str, str, int]] = field(default_factory=list)
+    flow_changes: int = 0
+
+    def dispatch(self, task_id: str, instruction: str = "Summarise the report.", dispatch: int = 1,
+                 **fields: Any) -> TaskPayload:
+        task = TaskPayload(task_id=task_id, agent_name=AGENT, instruction=instruction, **fields)
+        self.executor.dispatch(task, dispatch)
+        return task
+
+    def events(self, task_id: str, kind: str | None = None) -> list[dict[str, Any]]:
+        return [o for t, o in self.outcomes if t == task_id and (kind is None or o["kind"] == kind)]
+
+    def control_events(self, prefix: str = "task.") -> list[tuple[str, str]]:
+        return [(c.event, c.subject) for c in self.controls if c.event.startswith(prefix)]
+
+    async def outcome(self, task_id: str, timeout: float = 10.0) -> dict[str, Any]:
+        """The task's one terminal outcome (succeeded or failed), waiting up to ``timeout``."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            done = [o for o in self.events(task_id) if o["kind"] in ("succeeded", "failed")]
+            if done:
+                assert len(done) == 1, f"{task_id} has {len(done)} outcomes"
+                return done[0]
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"no outcome for {task_id} within {timeout}s; events {self.events(task_id)}")
+
+    async def until(self, predicate: Any, timeout: float = 10.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while not predicate():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} not reached within {timeout}s")
+            await asyncio.sleep(0.01)
+
+
+def app_config(
+    fakes: dict[str, FakeLLM], agent: dict[str, Any], providers: dict[str, dict[str, Any]] | None = None, **top: Any,
+) -> AppConfig:
+    """Every fake as an OpenAI-compatible provider named as in ``fakes`` (model ``<name>-model``);
+    ``providers``: extra fields per provider name."""
+    extra = providers or {}
+    entries = {
+        name: {"kind": "openai", "base_url": f"{fake.url}/v1", "model": f"{name}-model", "timeout_s": 5,
+               **extra.get(name, {})}
+        for name, fake in fakes.items()
+    }
+    return AppConfig.model_validate({"providers": entries, "agents": {AGENT: agent}, **top})
+
+
+@asynccontextmanager
+async def worker(
+    fakes: dict[str, FakeLLM],
+    agent: dict[str, Any],
+    *,
+    settings: dict[str, Any] | None = None,
+    spent_usd: float = 0.0,
+    start: bool = True,
+    **top: Any,
+) -> AsyncIterator[Worker]:
+    """A started executor for agent ``a`` (stopped on exit); ``spent_usd``: today's spend the cluster reported."""
+    config = app_config(fakes, agent, **top)
+    built: dict[str, Provider] = {}
+
+    def provider(name: str) -> Provider:
+        if name not in built:
+            built[name] = build_provider(config.provider(name))
+        return built[name]
+
+    plans = {AGENT: AgentPlan.build(config, AGENT, provider)}
+    day = pricing.day_key(time.time())
+    log = MemoryCircuitsLog()
+    circuits = Circuits(
+        config, list(built), "w1", send=log.send, on_transition=lambda *t: None, on_change=lambda: None,
+        spend_report=lambda: {AGENT: {day: {"0": spent_usd}}} if spent_usd else {}, app_id="app",
+    )
+    log.attach(circuits)
+    holder: list[Worker] = []
+
+    async def send_outcome(task_id: str, outcome: dict[str, Any]) -> None:
+        holder[0].outcomes.append((task_id, outcome))
+
+    def send_control(event: str, subject: str, agent_name: str | None, details: dict[str, Any]) -> None:
+        holder[0].controls.append(Control(event, subject, agent_name, details))
+
+    def flow_changed() -> None:
+        holder[0].flow_changes += 1
+
+    def cache_lookup(task_id: str, fp: str, dispatch: int) -> None:
+        holder[0].lookups.append((task_id, fp, dispatch))
+
+    executor = Executor(
+        Settings(**{**FAST, **(settings or {})}), config, plans, circuits,
+        send_outcome=send_outcome, send_control=send_control, on_flow_change=flow_changed, worker_id="w1",
+        cache_lookup=cache_lookup, rng=random.Random(7),
+    )
+    w = Worker(executor, circuits, log)
+    holder.append(w)
+    if spent_usd:
+        circuits.hello()
+        await w.until(lambda: circuits.spend(AGENT, day) >= spent_usd, what="the spend report folded")
+    if start:
+        await executor.start()
+    try:
+        yield w
+    finally:
+        await executor.stop()
