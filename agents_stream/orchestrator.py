@@ -1,14 +1,4 @@
-"""The master orchestrator: jobs on ``agent.jobs`` fanned out as tasks to the sub-agents and fanned back in.
-
-It shares the ledger's one-event-at-a-time loop and its delivery rules: a job's
-record (the ``jobs`` table) and the tasks or result a transition publishes are
-all confirmed by the broker before the event's offset may be committed. The
-transitions themselves are pure (tables/jobs.py).
-
-Fan-in: a ledger that emits the result of a task carrying a ``job_id`` also
-sends it to ``agent.job.events`` keyed by that job_id, so every result of a job
-reaches the partition (and worker) that owns the job's record.
-"""
+"""The master orchestrator: jobs on ``agent.jobs`` fanned out as tasks to the sub-agents and fanned back in."""
 
 from __future__ import annotations
 
@@ -85,7 +75,11 @@ class JobRequest(BaseModel):
 
 
 class Orchestrator:
-    """Applies job requests and job events; the ``jobs`` table's one writer (inside the ledger's loop)."""
+    """Applies job requests and job events; the ``jobs`` table's one writer (inside the ledger's loop).
+
+    A job's record and the tasks or result a transition publishes all go through the outbox, so they are
+    confirmed by the broker before the event's offset may be committed. The transitions are pure (tables/jobs.py).
+    """
 
     def __init__(self, outbox: Outbox, tables: Tables, agents: list[str], settings: Settings) -> None:
         self.outbox = outbox
@@ -268,6 +262,7 @@ def job_timer_key(job_id: str) -> str:
 
 
 def fan_in_event(result_json: str) -> bytes:
-    """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id)."""
+    """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id),
+    so every result of a job reaches the partition (and worker) that owns the job's record."""
     event = {"schema_version": SCHEMA_VERSION, "kind": "result", "result": json.loads(result_json)}
     return json.dumps(event).encode("utf-8")

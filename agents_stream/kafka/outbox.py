@@ -1,13 +1,4 @@
-"""The outbox: every record, changelog write and dead letter an event starts, held in the watermark until confirmed.
-
-An event's offset stays open in the commit watermark until the broker has
-confirmed every send it started, so the committed offset never passes an
-outcome that is not durable. The common case costs no task (a callback per
-send); a send that failed or had no answer in time is retried by a task the
-outbox owns. A dead letter that may already be on its topic is looked for
-there before it is sent again (docs/decisions.md, Delivery, "One dead letter
-per poison message").
-"""
+"""The outbox: every record, changelog write and dead letter an event starts, held in the watermark until confirmed."""
 
 from __future__ import annotations
 
@@ -60,7 +51,7 @@ class _Delivery:
     gen: int  # the watermark generation of its hold
     sends: list[Send]
     started: list[Any]
-    after: list[Callable[[], None]]
+    after: list[Callable[[], object]]
     left: int = 0
     timer: asyncio.TimerHandle | None = None
     settled: bool = False
@@ -76,6 +67,11 @@ class _DeadLetterAttempts:
 
 class Outbox(mode.Service):
     """Sends records and holds each event's offset until the broker confirmed every send it started.
+
+    So the committed offset never passes an outcome that is not durable. The common case costs no task (a
+    callback per send); a send that failed or had no answer in time is retried by a task. A dead letter that may
+    be on its topic already is looked for there before it is sent again (docs/decisions.md, Delivery, "One dead
+    letter per poison message").
 
     ``channel(topic)`` gives the producer of a topic; ``find_dead_letter`` looks on a dead-letter topic
     (agents_stream.kafka.deadletters.dead_letter_finder; tests pass their own). Its retry tasks are its own:
@@ -220,7 +216,7 @@ class Outbox(mode.Service):
 
     # -- holding offsets until confirmed -------------------------------------------------------------
 
-    def deliver(self, tp: TP, offset: int, sends: list[Send], after: Iterable[Callable[[], None]] = ()) -> None:
+    def deliver(self, tp: TP, offset: int, sends: list[Send], after: Iterable[Callable[[], object]] = ()) -> None:
         """Hold ``offset`` open until every send is confirmed, then run ``after``.
 
         The common case costs no task: a callback on each send's future counts them down (two deliveries per

@@ -1,17 +1,11 @@
-"""The ledger: the one agent that owns the task table (validate → route → dedupe → lease → dispatch; apply outcomes).
-
-It handles one event at a time and never awaits I/O inline: every send it
-starts goes through the outbox, which holds the event's offset in the
-watermark until the broker confirmed them all. So the committed offset never
-passes a task whose outcome is not durable, and a slow broker never blocks the
-stream loop.
-"""
+"""The ledger: the one agent that owns the task table (validate → route → dedupe → lease → dispatch; apply outcomes)."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
+from functools import partial
 from typing import Any, Callable
 
 from faust.types import TP
@@ -42,7 +36,11 @@ log = logging.getLogger(__name__)
 
 
 class Ledger:
-    """Applies task messages, decisions, outcome and cache events to the tables; their only writer."""
+    """Applies task messages, decisions, outcome and cache events to the tables; their only writer.
+
+    One event at a time, never awaiting I/O inline: every send goes through the outbox, which holds the event's
+    offset until the broker confirmed it, so a slow broker never blocks the stream loop.
+    """
 
     def __init__(
         self, settings: Settings, executor: Executor, worker_id: str, *, tables: Tables, watermark: Watermark,
@@ -287,7 +285,7 @@ class Ledger:
         extra: list[Send] | None = None,
     ) -> None:
         sends: list[Send] = list(extra or [])
-        after: list[Callable[[], None]] = []
+        after: list[Callable[[], object]] = []
         if new is not None and new != old:
             sends += self._write(tp, task_id, old, new)
         record = new or old
@@ -295,7 +293,8 @@ class Ledger:
             self.scanner.note(task_id, record)
         outcome = leases.ended(old, new)
         if outcome is not None:
-            after.append(lambda a=record.agent, o=outcome: metrics.tasks.labels(a, o).inc())  # type: ignore[union-attr]
+            ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
+            after.append(lambda: metrics.tasks.labels(*ended).inc())
         for effect in effects:
             self._effect(tp, offset, task_id, record, effect, task, sends, after)
         if sends or after:
@@ -316,7 +315,7 @@ class Ledger:
 
     def _effect(
         self, tp: TP, offset: int, task_id: str, record: Any, effect: leases.Effect, task: TaskPayload | None,
-        sends: list[Send], after: list[Callable[[], None]],
+        sends: list[Send], after: list[Callable[[], object]],
     ) -> None:
         """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
         if isinstance(effect, leases.Track):
@@ -325,7 +324,7 @@ class Ledger:
             payload = task or TaskPayload.model_validate_json(record.payload)
             # Dispatch once the lease record is durable, so a crash cannot leave a provider call without a record.
             done = leases.completed_steps(record)
-            after.append(lambda p=payload, d=effect.dispatch, s=done: self.executor.dispatch(p, d, s))
+            after.append(partial(self.executor.dispatch, payload, effect.dispatch, done))
         elif isinstance(effect, leases.EmitResult):
             sends.append(self.outbox.record(topics.RESULTS, task_id.encode(), effect.result.encode("utf-8")))
             job_id = job_of(record)
@@ -341,14 +340,14 @@ class Ledger:
                 )
             self.outbox.control(effect.event, task_id, record.agent if record else None, effect.details)
         elif isinstance(effect, leases.Notify):
-            after.append(lambda r=record, lv=effect.level: self.gate.notify(task_id, r, lv))
+            after.append(partial(self.gate.notify, task_id, record, effect.level))
         elif isinstance(effect, leases.Settle):
             for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
-                after.append(lambda t=held_tp, o=held_offset, g=gen: self.watermark.close(t, o, g))
+                after.append(partial(self.watermark.close, held_tp, held_offset, gen))
 
     def _dead_letter(
         self, task_id: str, record: TaskRecord, effect: leases.DeadLetter, sends: list[Send],
-        after: list[Callable[[], None]],
+        after: list[Callable[[], object]],
     ) -> None:
         """A task that failed for good: its payload to the agent's dead-letter topic (and a failure to its job)."""
         extra = [("agents_stream.requeues", str(record.requeues).encode())] if record.requeues else []
@@ -358,7 +357,8 @@ class Ledger:
             TP(record.topic, record.partition), record.offset, task_id.encode(), record.payload.encode("utf-8"),
             agent=record.agent, reason=effect.reason, layer=effect.layer, attempts=effect.attempts, headers=extra,
         ))
-        after.append(lambda a=record.agent, lay=effect.layer: metrics.dead_letters.labels(a, lay).inc())
+        agent, layer = record.agent, effect.layer
+        after.append(lambda: metrics.dead_letters.labels(agent, layer).inc())
         job_id = job_of(record)
         if job_id is not None and record.result is None:  # no result will come: the job counts it failed
             failed = json.dumps({"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"})

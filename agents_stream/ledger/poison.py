@@ -1,11 +1,4 @@
-"""Layer-1 dead letters: a message no agent can use gets exactly one dead letter, across redeliveries and owners.
-
-The dead letter is asked for through the app's outcomes topic, on the message's
-partition; the task table then says ``sending`` (in the changelog before the
-dead letter goes) and, once it is confirmed, ``done`` (written from the
-``dead_lettered`` event). docs/decisions.md (Delivery, "One dead letter per
-poison message") tells why each step is there.
-"""
+"""Layer-1 dead letters: a message no agent can use gets exactly one dead letter, across redeliveries and owners."""
 
 from __future__ import annotations
 
@@ -52,7 +45,7 @@ def reason_of(poison: PoisonMessage) -> str:
 def send_dead_letter(
     outbox: Outbox, tp: TP, offset: int, key: bytes | None, value: bytes | None, *, agent: str, reason: str,
     layer: str, attempts: int, headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None,
-    then: Iterable[Callable[[], None]] = (), sent_since: float | None = None,
+    then: Iterable[Callable[[], object]] = (), sent_since: float | None = None,
 ) -> None:
     """Dead-letter the message at ``tp``@``offset`` (a control event says so); its offset is held until the
     dead letter is confirmed, then ``then`` runs."""
@@ -76,7 +69,12 @@ class _Pending:
 
 
 class Poison:
-    """The poison messages this worker is dead-lettering, until their marker is written."""
+    """The poison messages this worker is dead-lettering, until their marker is written.
+
+    The dead letter is asked for through the app's outcomes topic, on the message's partition; the marker then
+    says ``sending`` (in the changelog before the dead letter goes) and, once it is confirmed, ``done`` (from the
+    ``dead_lettered`` event). docs/decisions.md (Delivery, "One dead letter per poison message") tells why.
+    """
 
     def __init__(self, table: LedgerTable, outbox: Outbox, outcomes: str, worker_id: str) -> None:
         self.table = table
@@ -105,7 +103,8 @@ class Poison:
         pending = self._pending.get((tp, offset))
         if pending is not None:
             log.info("%s[%d]@%d is being dead-lettered already; not again", tp.topic, tp.partition, offset)
-            self.outbox.deliver(tp, offset, [lambda f=pending.done: f])
+            held = pending.done
+            self.outbox.deliver(tp, offset, [lambda: held])
             return
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         _, history = requeue_headers(headers)

@@ -1,11 +1,4 @@
-"""Dead-letter tooling: list, show and requeue the records of ``agent.tasks.<agent>.dlq``.
-
-A requeue sends the original bytes back to the original topic under the same
-key, with a fresh ``agents_stream.requeue_id`` (the ledger then starts the task
-again with its attempt counter reset, even though it had finished) and the
-dead-letter headers of every earlier failure in ``agents_stream.history``, so
-a task that fails again reaches the dead-letter topic with its whole story.
-"""
+"""Dead-letter tooling: list, show and requeue the records of ``agent.tasks.<agent>.dlq``."""
 
 from __future__ import annotations
 
@@ -126,7 +119,12 @@ async def dlq_topics(
 async def requeue(
     broker: str, records: list[DeadLetter], timeout: float = 60.0, *, security: Mapping[str, Any] | None = None,
 ) -> list[tuple[DeadLetter, str]]:
-    """Send each record's original bytes back to its original topic; returns (record, requeue id)."""
+    """Send each record's original bytes back to its original topic; returns (record, requeue id).
+
+    Under the same key, with a fresh ``agents_stream.requeue_id`` (the ledger starts the task again with its
+    attempt counter reset, even though it had finished) and every earlier failure's dead-letter headers in
+    ``agents_stream.history``, so a task that fails again reaches the dead-letter topic with its whole story.
+    """
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap_servers(broker), acks="all", **(security or {}))

@@ -1,11 +1,4 @@
-"""Approval links and notifications: HMAC-signed, expiring approve/reject links and Slack-compatible webhooks.
-
-A link carries the task, the decision, the level, who it was sent to and when
-it expires, signed with ``AGENTS_STREAM_APPROVAL_SECRET`` (shared by every
-worker, so any of them can check it). Opening a link shows a confirmation page;
-only its button (a POST of the same signed fields) records the decision, so a
-chat client that prefetches links decides nothing.
-"""
+"""Approval links and notifications: HMAC-signed, expiring approve/reject links and Slack-compatible webhooks."""
 
 from __future__ import annotations
 
@@ -38,6 +31,9 @@ def sign(secret: str, task_id: str, decision: str, level: int, by: str, exp: int
 
 
 def link(public_url: str, secret: str, task_id: str, decision: str, level: int, by: str, exp: int) -> str:
+    """A signed link: task, decision, level, who it was sent to and its expiry, signed with the secret every worker
+    shares (any of them can check it). Opening it shows a confirmation page; only its button (a POST of the same
+    fields) decides, so a chat client that prefetches links decides nothing."""
     query = urlencode({"level": level, "by": by, "exp": exp, "sig": sign(secret, task_id, decision, level, by, exp)})
     return f"{public_url.rstrip('/')}/approvals/{quote(task_id, safe='')}/{decision}?{query}"
 
