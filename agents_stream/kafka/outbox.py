@@ -268,6 +268,7 @@ class Outbox(mode.Service):
         answer yet sent again now; then run its follow-ups and release its offset."""
         tp, offset = delivery.tp, delivery.offset
         where = f"{tp.topic}:{tp.partition}:{offset}"
+        stopping = False
         try:
             for send, fut in zip(delivery.sends, delivery.started, strict=True):
                 await until_confirmed(
@@ -280,8 +281,12 @@ class Outbox(mode.Service):
                 )
             for fn in delivery.after:
                 fn()
+        except asyncio.CancelledError:
+            stopping = True  # the consumer commits once more as it stops: this offset must still hold it back
+            raise
         finally:
-            self.watermark.close(tp, offset, delivery.gen)
+            if not stopping:
+                self.watermark.close(tp, offset, delivery.gen)
 
     # -- background tasks ----------------------------------------------------------------------------
 
