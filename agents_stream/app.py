@@ -76,7 +76,8 @@ class AgentsStreamApp(faust.App):
         )
         runtime = getattr(self, "runtime", None)
         if runtime is not None:
-            runtime.outbox.control("alert.commit_failed", self.conf.id, None, {"error": repr(error), "partitions": len(offsets)})
+            details = {"error": repr(error), "partitions": len(offsets)}
+            runtime.outbox.control("alert.commit_failed", self.conf.id, None, details)
 
 
 class Runtime:
@@ -131,13 +132,14 @@ class Runtime:
             find_dead_letter=dead_letter_finder(settings),
         )
         self.notifier = Notifier()
+        orchestrator = Orchestrator(self.outbox, tables, list(config.agents), settings) if settings.jobs_enabled() else None
         self.ledger = Ledger(
             settings, self.executor, self.worker_id, tables=tables, watermark=app.watermark, outbox=self.outbox,
             notifier=self.notifier,
             policies={a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None},
             saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
             cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
-            orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if settings.jobs_enabled() else None,
+            orchestrator=orchestrator,
         )
         self._paused: set[TP] = set()
         self.stalls = StallDetector(settings.stall_after_s)
