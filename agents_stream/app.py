@@ -27,17 +27,20 @@ from agents_stream.execution.plan import AgentPlan
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.consumer import WatermarkTransport
-from agents_stream.kafka.delivery import confirmed
+from agents_stream.kafka.deadletters import dead_letter_finder
+from agents_stream.kafka.delivery import until_confirmed
+from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.stall import StallDetector
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import metrics, web
+from agents_stream.ops.notify import Notifier
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers
-from agents_stream.tables.definitions import define_tables
+from agents_stream.tables.definitions import Tables, define_tables
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +78,16 @@ class AgentsStreamApp(faust.App):
         )
         runtime = getattr(self, "runtime", None)
         if runtime is not None:
-            runtime.ledger.control("alert.commit_failed", self.conf.id, None, {"error": repr(error), "partitions": len(offsets)})
+            details = {"error": repr(error), "partitions": len(offsets)}
+            runtime.outbox.control("alert.commit_failed", self.conf.id, None, details)
 
 
 class Runtime:
     """Everything one worker process owns besides the Faust app itself."""
 
-    def __init__(self, app: AgentsStreamApp, settings: Settings, config: AppConfig, agents: list[str]) -> None:
+    def __init__(
+        self, app: AgentsStreamApp, settings: Settings, config: AppConfig, agents: list[str], tables: Tables,
+    ) -> None:
         self.app = app
         self.settings = settings
         self.agents = agents
@@ -126,12 +132,20 @@ class Runtime:
             worker_id=self.worker_id,
             cache_lookup=self.cache_lookup,
         )
-        self.ledger = Ledger(app, settings, self.executor, self.worker_id)
-        self.ledger.cached_agents = {a for a, plan in plans.items() if plan.config.cache_max_age_s > 0}
-        self.ledger.policies = {a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None}
-        self.ledger.saga_flagged = {a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval}
-        if settings.jobs_enabled():
-            self.ledger.orchestrator = Orchestrator(self.ledger, app.jobs_table, app.timers_table, list(config.agents))
+        self.outbox = Outbox(
+            lambda name: app.topic(name, key_serializer="raw", value_serializer="raw"), app.watermark, self.worker_id,
+            find_dead_letter=dead_letter_finder(settings),
+        )
+        self.notifier = Notifier()
+        orchestrator = Orchestrator(self.outbox, tables, list(config.agents), settings) if settings.jobs_enabled() else None
+        self.ledger = Ledger(
+            settings, self.executor, self.worker_id, tables=tables, watermark=app.watermark, outbox=self.outbox,
+            notifier=self.notifier,
+            policies={a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None},
+            saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
+            cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
+            orchestrator=orchestrator,
+        )
         self._paused: set[TP] = set()
         self.stalls = StallDetector(settings.stall_after_s)
         self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
@@ -151,7 +165,7 @@ class Runtime:
         if outcome.get("kind") == "heartbeat":
             send()  # the lease has slack for a lost one; the next round sends again
             return
-        await confirmed(
+        await until_confirmed(
             send,
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
@@ -160,7 +174,7 @@ class Runtime:
             self.finishing.add(task_id)
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
-        self.ledger.control(event, subject, agent, details)
+        self.outbox.control(event, subject, agent, details)
 
     def _on_breaker_transition(self, provider: str, t: Transition, mine: bool) -> None:
         if mine:  # the worker whose event caused the transition reports it, once for the cluster
@@ -276,7 +290,7 @@ class Runtime:
         period and their results are confirmed, so the last commit covers them (else the next owner of the
         partition sends their results a second time, the same bytes). False when ``timeout`` ran out."""
         deadline = time.monotonic() + timeout
-        while self.finishing & self.ledger.open_tasks.keys() or self.ledger.delivering():
+        while self.finishing & self.ledger.open_tasks.keys() or self.outbox.delivering():
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.05)
@@ -532,7 +546,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     ]
     channel = app.topic(*inputs, partitions=n, internal=True, key_serializer="raw", value_serializer="raw")
 
-    runtime = Runtime(app, settings, config, agents)
+    runtime = Runtime(app, settings, config, agents, tables)
     app.runtime = runtime
     app.settings = settings
 
@@ -607,7 +621,8 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
             await asyncio.wait_for(app.consumer.commit(), timeout=10.0)
         except Exception as exc:
             log.warning("Final commit on shutdown failed (%r); the next worker resumes from the last commit", exc)
-        await runtime.ledger.stop()
+        await runtime.outbox.stop()
+        await runtime.notifier.stop()
         await runtime.circuits_log.stop()
         await original_on_stop()
 

@@ -1,14 +1,4 @@
-"""The master orchestrator: jobs on ``agent.jobs`` fanned out as tasks to the sub-agents and fanned back in.
-
-It shares the ledger's one-event-at-a-time loop and its delivery rules: a job's
-record (the ``jobs`` table) and the tasks or result a transition publishes are
-all confirmed by the broker before the event's offset may be committed. The
-transitions themselves are pure (tables/jobs.py).
-
-Fan-in: a ledger that emits the result of a task carrying a ``job_id`` also
-sends it to ``agent.job.events`` keyed by that job_id, so every result of a job
-reaches the partition (and worker) that owns the job's record.
-"""
+"""The master orchestrator: jobs on ``agent.jobs`` fanned out as tasks to the sub-agents and fanned back in."""
 
 from __future__ import annotations
 
@@ -30,7 +20,12 @@ from agents_stream.contract.models import (
     internal_event,
     parse_json_model,
 )
+from agents_stream.kafka.outbox import Outbox, Send
+from agents_stream.ledger.intake import moved
+from agents_stream.ledger.poison import reason_of, send_dead_letter
+from agents_stream.settings import Settings
 from agents_stream.tables import jobs as machine
+from agents_stream.tables.definitions import Tables
 from agents_stream.tables.jobs import JobRecord
 
 log = logging.getLogger(__name__)
@@ -80,12 +75,17 @@ class JobRequest(BaseModel):
 
 
 class Orchestrator:
-    """Applies job requests and job events; the ``jobs`` table's one writer (inside the ledger's loop)."""
+    """Applies job requests and job events; the ``jobs`` table's one writer (inside the ledger's loop).
 
-    def __init__(self, ledger: Any, table: Any, timers: Any, agents: list[str]) -> None:
-        self.ledger = ledger
-        self.table = table
-        self.timers = timers
+    A job's record and the tasks or result a transition publishes all go through the outbox, so they are
+    confirmed by the broker before the event's offset may be committed. The transitions are pure (tables/jobs.py).
+    """
+
+    def __init__(self, outbox: Outbox, tables: Tables, agents: list[str], settings: Settings) -> None:
+        self.outbox = outbox
+        self.settings = settings
+        self.table = tables.jobs
+        self.timers = tables.timers
         self.agents = agents  # every configured agent: a job may use agents other workers run
         self.topics = frozenset({topics.JOBS, topics.JOB_EVENTS})
         self._asked: dict[str, float] = {}
@@ -98,13 +98,15 @@ class Orchestrator:
 
     def _on_request(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
         try:
-            request: JobRequest = parse_json_model(value, JobRequest, self.ledger.settings.payload_max_bytes)
+            request: JobRequest = parse_json_model(value, JobRequest, self.settings.payload_max_bytes)
         except PoisonMessage as poison:
             log.warning("Dead-lettering job request %s[%d]@%d: %s", tp.topic, tp.partition, offset, poison)
-            reason = poison.reason + (f": {poison.detail}" if poison.detail else "")
-            self.ledger._dead_letter(tp, offset, "", key, value, reason, "schema", 1, topic=topics.dlq_of(topics.JOBS))
+            send_dead_letter(
+                self.outbox, tp, offset, key, value, agent="", reason=reason_of(poison), layer="schema", attempts=1,
+                topic=topics.dlq_of(topics.JOBS),
+            )
             return
-        if self.ledger.moved(tp, offset, request.job_id, value, None):
+        if moved(self.outbox, self.settings.partitions, tp, offset, request.job_id, value, None):
             return
         record = self._get(request.job_id)
         now = time.time()
@@ -136,7 +138,8 @@ class Orchestrator:
             r = event.get("result") or {}
             try:
                 new, effects = machine.on_result(
-                    record, task_id=r["task_id"], status=r["status"], output=r.get("output"), confidence=r.get("confidence"),
+                    record, task_id=r["task_id"], status=r["status"], output=r.get("output"),
+                    confidence=r.get("confidence"),
                     source=r.get("source"), error=r.get("error"), agents=self.agents, now=now,
                 )
             except (KeyError, ValueError, TypeError, AttributeError) as exc:
@@ -149,48 +152,55 @@ class Orchestrator:
             return
         self._apply(tp, offset, job_id, record, new, effects)
 
-    def _apply(self, tp: TP, offset: int, job_id: str, old: JobRecord | None, new: JobRecord | None, effects: list[Any]) -> None:
-        ledger = self.ledger
-        sends = []
+    def _apply(
+        self, tp: TP, offset: int, job_id: str, old: JobRecord | None, new: JobRecord | None, effects: list[Any],
+    ) -> None:
+        outbox = self.outbox
+        sends = self._write(tp, job_id, old, new)
         # The job result goes out only once the record saying the job ended is durable: otherwise a crash in
         # between could let the next owner finish the job differently and emit a second, different result.
-        final = []
-        if new is not None and new != old:
-            self.table[job_id] = new.to_json()
-            sends.append(ledger._changelog_send(tp.partition, job_id, self.table.last_changelog, self.table))
-            timer = job_timer_key(job_id)
-            watched = new.deadline is not None and not new.terminal
-            if watched and timer not in self.timers:
-                self.timers[timer] = {"kind": "job"}
-                sends.append(ledger._changelog_send(tp.partition, timer, self.timers.last_changelog, self.timers))
-            elif not watched and timer in self.timers:
-                del self.timers[timer]
-                sends.append(ledger._changelog_send(tp.partition, timer, self.timers.last_changelog, self.timers))
+        final: list[Send] = []
         for effect in effects:
             if isinstance(effect, (machine.DispatchStep, machine.DispatchPlanner)):
                 sends.append(self._task_send(job_id, effect))
             elif isinstance(effect, machine.EmitJobResult):
-                body = effect.result.encode("utf-8")
-                final.append(lambda b=body: ledger._send(topics.JOB_RESULTS, job_id.encode(), b))
+                final.append(outbox.record(topics.JOB_RESULTS, job_id.encode(), effect.result.encode("utf-8")))
             elif isinstance(effect, machine.Control):
-                ledger.control(effect.event, job_id, None, effect.details)
+                outbox.control(effect.event, job_id, None, effect.details)
                 if effect.event == "job.cancelled":
                     # A step parked for a human must not run for a job that ended: reject it (a running
                     # step ignores the decision). Part of the confirmed sends, so a crash cannot skip it.
-                    sends.extend(self._reject_send(task_id, effect.details) for task_id in effect.details.get("tasks", []))
-        after = [lambda: ledger._deliver(tp, offset, final)] if final else []
+                    parked = effect.details.get("tasks", [])
+                    sends.extend(self._reject_send(task_id, effect.details) for task_id in parked)
+        after = [lambda: outbox.deliver(tp, offset, final)] if final else []
         if sends or after:
-            ledger._deliver(tp, offset, sends, after)
+            outbox.deliver(tp, offset, sends, after)
 
-    def _reject_send(self, task_id: str, details: dict[str, Any]) -> Any:
+    def _write(self, tp: TP, job_id: str, old: JobRecord | None, new: JobRecord | None) -> list[Send]:
+        """Write the job's new record (and its deadline timer, when it starts or stops being watched); their sends."""
+        sends: list[Send] = []
+        if new is not None and new != old:
+            self.table[job_id] = new.to_json()
+            sends.append(self.outbox.changelog(self.table, tp.partition, job_id))
+            timer = job_timer_key(job_id)
+            watched = new.deadline is not None and not new.terminal
+            if watched and timer not in self.timers:
+                self.timers[timer] = {"kind": "job"}
+                sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
+            elif not watched and timer in self.timers:
+                del self.timers[timer]
+                sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
+        return sends
+
+    def _reject_send(self, task_id: str, details: dict[str, Any]) -> Send:
         decision = ApprovalDecision(
             task_id=task_id, decision="reject", by=f"job:{details.get('by', 'unknown')}", via="job",
             comment=str(details.get("reason", ""))[:2000] or None,
         )
         body = decision.model_dump_json().encode("utf-8")
-        return lambda: self.ledger._send(topics.APPROVALS, task_id.encode("utf-8"), body)
+        return self.outbox.record(topics.APPROVALS, task_id.encode("utf-8"), body)
 
-    def _task_send(self, job_id: str, effect: Any) -> Any:
+    def _task_send(self, job_id: str, effect: Any) -> Send:
         payload = TaskPayload(
             task_id=effect.task_id,
             agent_name=effect.agent,
@@ -200,21 +210,21 @@ class Orchestrator:
             output_schema=machine.PLAN_SCHEMA if isinstance(effect, machine.DispatchPlanner) else None,
         )
         body = payload.model_dump_json(exclude_none=True).encode("utf-8")
-        if len(body) > self.ledger.settings.payload_max_bytes:
+        limit = self.settings.payload_max_bytes
+        if len(body) > limit:
             # The ledger would dead-letter it as payload_too_large and no result would ever come back:
             # the step fails now instead, through the job's own events, with the reason.
             log.warning(
                 "Job %s: step task %s is %d bytes with its upstream outputs (limit %d); the step fails. "
                 "Raise AGENTS_STREAM_PAYLOAD_MAX_BYTES or make the upstream steps answer shorter",
-                job_id, effect.task_id, len(body), self.ledger.settings.payload_max_bytes,
+                job_id, effect.task_id, len(body), limit,
             )
             failed = json.dumps({
                 "task_id": effect.task_id, "status": "failed",
-                "error": f"payload_too_large: {len(body)} bytes with the upstream outputs > {self.ledger.settings.payload_max_bytes}",
+                "error": f"payload_too_large: {len(body)} bytes with the upstream outputs > {limit}",
             })
-            return lambda: self.ledger._send(topics.JOB_EVENTS, job_id.encode("utf-8"), fan_in_event(failed))
-        topic = topics.task_topic(effect.agent)
-        return lambda: self.ledger._send(topic, effect.task_id.encode("utf-8"), body)
+            return self.outbox.record(topics.JOB_EVENTS, job_id.encode("utf-8"), fan_in_event(failed))
+        return self.outbox.record(topics.task_topic(effect.agent), effect.task_id.encode("utf-8"), body)
 
     def _get(self, job_id: str) -> JobRecord | None:
         data = self.table.get(job_id)
@@ -223,7 +233,7 @@ class Orchestrator:
     def scan(self, now: float) -> list[str]:
         """Jobs on this worker's partitions whose deadline passed: ask (via an event) to end them."""
         due = []
-        throttle = max(1.0, self.ledger.settings.lease_ttl_s / 4)
+        throttle = max(1.0, self.settings.lease_ttl_s / 4)
         asked, self._asked = self._asked, {}
         for key in list(self.timers.keys()):
             if not key.startswith("job/"):
@@ -252,5 +262,7 @@ def job_timer_key(job_id: str) -> str:
 
 
 def fan_in_event(result_json: str) -> bytes:
-    """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id)."""
-    return json.dumps({"schema_version": SCHEMA_VERSION, "kind": "result", "result": json.loads(result_json)}).encode("utf-8")
+    """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id),
+    so every result of a job reaches the partition (and worker) that owns the job's record."""
+    event = {"schema_version": SCHEMA_VERSION, "kind": "result", "result": json.loads(result_json)}
+    return json.dumps(event).encode("utf-8")

@@ -1,11 +1,4 @@
-"""Approval links and notifications: HMAC-signed, expiring approve/reject links and Slack-compatible webhooks.
-
-A link carries the task, the decision, the level, who it was sent to and when
-it expires, signed with ``AGENTS_STREAM_APPROVAL_SECRET`` (shared by every
-worker, so any of them can check it). Opening a link shows a confirmation page;
-only its button (a POST of the same signed fields) records the decision, so a
-chat client that prefetches links decides nothing.
-"""
+"""Approval links and notifications: HMAC-signed, expiring approve/reject links and Slack-compatible webhooks."""
 
 from __future__ import annotations
 
@@ -18,6 +11,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
+import mode
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +31,9 @@ def sign(secret: str, task_id: str, decision: str, level: int, by: str, exp: int
 
 
 def link(public_url: str, secret: str, task_id: str, decision: str, level: int, by: str, exp: int) -> str:
+    """A signed link: task, decision, level, who it was sent to and its expiry, signed with the secret every worker
+    shares (any of them can check it). Opening it shows a confirmation page; only its button (a POST of the same
+    fields) decides, so a chat client that prefetches links decides nothing."""
     query = urlencode({"level": level, "by": by, "exp": exp, "sig": sign(secret, task_id, decision, level, by, exp)})
     return f"{public_url.rstrip('/')}/approvals/{quote(task_id, safe='')}/{decision}?{query}"
 
@@ -51,7 +48,8 @@ def verify(secret: str, task_id: str, decision: str, fields: dict[str, str], now
         level, by, exp, sig = int(fields["level"]), fields["by"], int(fields["exp"]), fields["sig"]
     except (KeyError, ValueError):
         raise LinkError("the link is incomplete: it needs level, by, exp and sig") from None
-    if not hmac.compare_digest(sign(secret, task_id, decision, level, by, exp).encode(), sig.encode("utf-8", "replace")):
+    expected = sign(secret, task_id, decision, level, by, exp).encode()
+    if not hmac.compare_digest(expected, sig.encode("utf-8", "replace")):
         raise LinkError("the link's signature does not match (altered, or signed with another secret)")
     if now > exp:
         raise LinkError("the link has expired: this approval level's time ran out (it was escalated or rejected)")
@@ -72,13 +70,18 @@ def slack_message(
     )
     preview = instruction if len(instruction) <= 300 else instruction[:297] + "..."  # plain_text: not parsed
     blocks: list[dict[str, Any]] = [
-        {"type": "section", "text": {"type": "mrkdwn", "text": f"*Approval needed*: task {shown_id} ({agent})\n*Why:* {reason}\n*Decide before:* {when}"}},
+        {"type": "section", "text": {
+            "type": "mrkdwn",
+            "text": f"*Approval needed*: task {shown_id} ({agent})\n*Why:* {reason}\n*Decide before:* {when}",
+        }},
         {"type": "section", "text": {"type": "plain_text", "text": preview or "(no instruction)"}},
     ]
     if links:
         blocks.append({"type": "actions", "elements": [
-            {"type": "button", "text": {"type": "plain_text", "text": "Approve"}, "style": "primary", "url": links["approve"], "action_id": "approve"},
-            {"type": "button", "text": {"type": "plain_text", "text": "Reject"}, "style": "danger", "url": links["reject"], "action_id": "reject"},
+            {"type": "button", "text": {"type": "plain_text", "text": "Approve"}, "style": "primary",
+             "url": links["approve"], "action_id": "approve"},
+            {"type": "button", "text": {"type": "plain_text", "text": "Reject"}, "style": "danger",
+             "url": links["reject"], "action_id": "reject"},
         ]})
         text += f" Approve: {links['approve']} Reject: {links['reject']}"
     else:
@@ -96,19 +99,20 @@ def _where(url: str) -> str:
     return urlsplit(url).netloc or "<webhook>"
 
 
-class Notifier:
-    """Posts webhook notifications in the background; owns its session and tasks (``stop`` ends them)."""
+class Notifier(mode.Service):
+    """Posts webhook notifications in the background; owns its session and its posts (stopping ends them)."""
 
-    def __init__(self, timeout_s: float = 10.0, attempts: int = 3) -> None:
+    def __init__(self, timeout_s: float = 10.0, attempts: int = 3, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
         self.timeout_s = timeout_s
         self.attempts = attempts
         self._session: aiohttp.ClientSession | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._posts: set[asyncio.Task[None]] = set()
 
     def notify(self, url: str, body: dict[str, Any], subject: str) -> None:
         task = asyncio.ensure_future(self._post(url, body, subject))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._posts.add(task)
+        task.add_done_callback(self._posts.discard)
 
     async def _post(self, url: str, body: dict[str, Any], subject: str) -> None:
         if self._session is None:
@@ -129,10 +133,10 @@ class Notifier:
             _where(url), self.attempts, problem, subject,
         )
 
-    async def stop(self) -> None:
-        for task in list(self._tasks):
+    async def on_stop(self) -> None:
+        for task in list(self._posts):
             task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5.0)
+        if self._posts:
+            await asyncio.wait(list(self._posts), timeout=5.0)
         if self._session is not None:
             await self._session.close()

@@ -13,7 +13,7 @@ import time
 from collections import Counter
 
 from agents_stream.contract import topics
-from agents_stream.ledger.ledger import poison_key
+from agents_stream.ledger.poison import poison_key
 from agents_stream.testing.fakellm import status
 
 from .harness import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from agents_stream.kafka.delivery import ALERT_AFTER, confirmed
+from agents_stream.kafka.delivery import ALERT_AFTER, is_confirmed, until_confirmed
 
 
 def scripted(outcomes: list[BaseException | None]):
@@ -28,7 +28,7 @@ async def test_a_failed_send_is_sent_again_until_confirmed_and_alerts_once():
     """A send the broker refused is never counted done: it is retried until confirmed; operators are alerted once."""
     send, attempts = scripted([ConnectionError("down")] * ALERT_AFTER + [None])
     alerts: list[BaseException] = []
-    await asyncio.wait_for(confirmed(send, what="test", alert=alerts.append), timeout=20)
+    await asyncio.wait_for(until_confirmed(send, what="test", alert=alerts.append), timeout=20)
     assert len(attempts) == ALERT_AFTER + 1
     assert len(alerts) == 1 and isinstance(alerts[0], ConnectionError)
 
@@ -37,16 +37,12 @@ async def test_an_attempt_already_started_is_awaited_not_repeated():
     """With ``first`` given, a send that succeeds is not sent a second time."""
     send, attempts = scripted([None])
     first = send()
-    await confirmed(send, what="test", alert=lambda exc: None, first=first)
+    await until_confirmed(send, what="test", alert=lambda exc: None, first=first)
     assert len(attempts) == 1
 
 
-async def test_a_send_the_broker_never_answers_is_sent_again_after_the_timeout(monkeypatch):
+async def test_a_send_the_broker_never_answers_is_sent_again_after_the_timeout():
     """An attempt with no answer is not waited on forever: after the timeout it is sent again (and not cancelled)."""
-    from agents_stream.kafka import delivery
-
-    monkeypatch.setattr(delivery, "CONFIRM_TIMEOUT_S", 0.05)
-    monkeypatch.setattr(delivery, "backoff", lambda attempt, base, cap: 0.01)
     loop = asyncio.get_running_loop()
     hung = loop.create_future()
     sent: list[asyncio.Future] = []
@@ -58,6 +54,19 @@ async def test_a_send_the_broker_never_answers_is_sent_again_after_the_timeout(m
         sent.append(fut)
         return fut
 
-    await asyncio.wait_for(confirmed(send, what="test", alert=lambda exc: None, first=send()), timeout=5)
+    await asyncio.wait_for(
+        until_confirmed(send, what="test", alert=lambda exc: None, first=send(), timeout=0.05, delay=lambda n: 0.01),
+        timeout=5,
+    )
     assert len(sent) == 2
     assert not hung.cancelled()  # the first attempt may still land: a duplicate is allowed, a loss is not
+
+
+async def test_only_a_send_the_broker_answered_without_error_is_confirmed():
+    """The predicate the outbox settles deliveries with: pending, failed and cancelled sends are not confirmed."""
+    loop = asyncio.get_running_loop()
+    pending, failed, cancelled, ok = (loop.create_future() for _ in range(4))
+    failed.set_exception(ConnectionError("down"))
+    cancelled.cancel()
+    ok.set_result("ok")
+    assert [is_confirmed(f) for f in (pending, failed, cancelled, ok)] == [False, False, False, True]

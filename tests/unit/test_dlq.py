@@ -7,7 +7,8 @@ import json
 import pytest
 
 from agents_stream.contract.topics import HISTORY_HEADER, REQUEUE_HEADER
-from agents_stream.ops.dlq import DeadLetter, history_of, matches, parse_ref, requeue_headers_for
+from agents_stream.kafka.deadletters import DeadLetter, history_of
+from agents_stream.ops.dlq import matches, parse_ref, requeue_headers_for
 
 
 def dl(**headers: str) -> DeadLetter:

@@ -1,4 +1,5 @@
-"""The ledger's deliveries (Ledger._deliver): an event's offset is held until every send it started is confirmed.
+"""The outbox's deliveries (Outbox.deliver): an event's offset is held until every send it started is confirmed;
+and the ledger's layer-1 dead letters through it (Ledger.handle).
 
 Sends are futures this test answers by hand, so each path is exercised without a broker: confirmed, failed and
 retried, unanswered past the timeout and re-sent, and dropped at shutdown.
@@ -9,15 +10,21 @@ from __future__ import annotations
 import asyncio
 import json
 from types import SimpleNamespace
+from typing import Any
 
+from agents_stream.tables.definitions import Tables
 from faust.types import TP
 
+from agents_stream.contract import topics
+from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger import ledger as ledger_module
 from agents_stream.ledger.ledger import Ledger
+from agents_stream.ledger.poison import DEAD_LETTER_REQUEST, MARK_EVENT, poison_key
+from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
 
 TP0 = TP("agent.tasks.a", 0)
+OUTCOMES = topics.outcomes_topic(Settings().app_id)
 
 
 class Sends:
@@ -32,11 +39,42 @@ class Sends:
         return fut
 
 
-def _ledger() -> Ledger:
-    app = SimpleNamespace(watermark=Watermark(), task_table={}, answers_table={}, timers_table={})
-    ledger = Ledger(app, Settings(), executor=None, worker_id="w")  # type: ignore[arg-type]
-    ledger.control = lambda *args, **kwargs: None  # type: ignore[method-assign]  # alerts need a producer
-    return ledger
+class Broker:
+    """The outbox's producer here: records are kept as (topic, value, future) for the test to confirm; control
+    events (best effort, they hold nothing) are kept apart in ``controls`` and confirmed at once."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes | None, asyncio.Future]] = []
+        self.controls: list[bytes | None] = []
+
+    def channel(self, topic: str) -> SimpleNamespace:
+        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
+            fut = asyncio.get_running_loop().create_future()
+            if topic == topics.CONTROL:
+                self.controls.append(value)
+                fut.set_result("ok")
+            else:
+                self.sent.append((topic, value, fut))
+            return fut
+
+        return SimpleNamespace(send_soon=send_soon)
+
+
+async def _no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
+    raise AssertionError("this test expects no look on the dead-letter topic")
+
+
+def _outbox(broker: Broker | None = None, find: Any = _no_lookup, **kwargs: Any) -> Outbox:
+    return Outbox((broker or Broker()).channel, Watermark(), "w", find_dead_letter=find, **kwargs)
+
+
+def _ledger(outbox: Outbox, tasks: dict | None = None) -> Ledger:
+    tasks = Table() if tasks is None else tasks
+    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    return Ledger(
+        Settings(), executor=None, worker_id="w", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
+        outbox=outbox, notifier=Notifier(),
+    )
 
 
 async def _spin(rounds: int = 5) -> None:
@@ -45,64 +83,66 @@ async def _spin(rounds: int = 5) -> None:
 
 
 async def test_the_offset_is_released_and_the_follow_up_runs_once_every_send_is_confirmed():
-    ledger = _ledger()
+    outbox = _outbox()
     a, b = Sends(), Sends()
     done: list[str] = []
-    ledger.watermark.handled(TP0, 7)
-    ledger._deliver(TP0, 7, [a, b], [lambda: done.append("dispatch")])
+    outbox.watermark.handled(TP0, 7)
+    outbox.deliver(TP0, 7, [a, b], [lambda: done.append("dispatch")])
     a.attempts[0].set_result("ok")
     await _spin()
-    assert ledger.watermark.commit_offset(TP0) == 7 and not done, "held while one send is unanswered"
+    assert outbox.watermark.commit_offset(TP0) == 7 and not done, "held while one send is unanswered"
     b.attempts[0].set_result("ok")
     await _spin()
     assert done == ["dispatch"]
-    assert ledger.watermark.commit_offset(TP0) == 8
-    assert ledger.delivering() == 0
+    assert outbox.watermark.commit_offset(TP0) == 8
+    assert outbox.delivering() == 0
 
 
-async def test_a_failed_send_is_sent_again_and_the_offset_held_until_it_is_confirmed(monkeypatch):
-    monkeypatch.setattr("agents_stream.kafka.delivery.backoff", lambda attempt, base, cap: 0.0)
-    ledger = _ledger()
+async def test_a_failed_send_is_sent_again_and_the_offset_held_until_it_is_confirmed():
+    outbox = _outbox(retry_delay=lambda attempt: 0.0)
     a = Sends()
     done: list[str] = []
-    ledger.watermark.handled(TP0, 3)
-    ledger._deliver(TP0, 3, [a], [lambda: done.append("after")])
+    outbox.watermark.handled(TP0, 3)
+    outbox.deliver(TP0, 3, [a], [lambda: done.append("after")])
     a.attempts[0].set_exception(ConnectionError("broker down"))
     await _spin(20)
     assert len(a.attempts) == 2, "re-sent after the error"
-    assert ledger.watermark.commit_offset(TP0) == 3 and not done
+    assert outbox.watermark.commit_offset(TP0) == 3 and not done
     a.attempts[1].set_result("ok")
     await _spin(20)
-    assert done == ["after"] and ledger.watermark.commit_offset(TP0) == 4
-    assert ledger.delivering() == 0
+    assert done == ["after"] and outbox.watermark.commit_offset(TP0) == 4
+    assert outbox.delivering() == 0
 
 
-async def test_a_send_with_no_answer_is_sent_again_after_the_timeout(monkeypatch):
-    monkeypatch.setattr(ledger_module, "CONFIRM_TIMEOUT_S", 0.05)
-    ledger = _ledger()
+async def test_a_send_with_no_answer_is_sent_again_after_the_timeout():
+    outbox = _outbox(confirm_timeout_s=0.1)
     a = Sends()
-    ledger.watermark.handled(TP0, 0)
-    ledger._deliver(TP0, 0, [a])
-    await asyncio.sleep(0.2)
+    outbox.watermark.handled(TP0, 0)
+    outbox.deliver(TP0, 0, [a])
+    await _spin()
+    assert len(a.attempts) == 1, "not sent again before the timeout"
+    async with asyncio.timeout(5):  # the retry's own wait is the same timeout: answer it as soon as it is sent
+        while len(a.attempts) < 2:
+            await asyncio.sleep(0)
     assert len(a.attempts) == 2, "sent again once the first attempt had no answer in time"
     assert not a.attempts[0].cancelled(), "the first attempt may still land (a duplicate, never a loss)"
-    assert ledger.watermark.commit_offset(TP0) == 0
+    assert outbox.watermark.commit_offset(TP0) == 0
     a.attempts[1].set_result("ok")
     await _spin(20)
-    assert ledger.watermark.commit_offset(TP0) == 1
+    assert outbox.watermark.commit_offset(TP0) == 1
 
 
 async def test_deliveries_pending_at_shutdown_keep_their_offsets_held():
-    ledger = _ledger()
+    outbox = _outbox()
     a = Sends()
     done: list[str] = []
-    ledger.watermark.handled(TP0, 5)
-    ledger._deliver(TP0, 5, [a], [lambda: done.append("after")])
-    await ledger.stop()
+    outbox.watermark.handled(TP0, 5)
+    outbox.deliver(TP0, 5, [a], [lambda: done.append("after")])
+    await outbox.stop()
     a.attempts[0].set_result("ok")  # confirmed after the stop: too late to count
     await _spin()
     assert not done
-    assert ledger.watermark.commit_offset(TP0) == 5
+    assert outbox.watermark.commit_offset(TP0) == 5
 
 
 class Table(dict):
@@ -116,25 +156,17 @@ class Table(dict):
         self.last_changelog.set_result("ok")
 
 
-def _poison_ledger() -> tuple[Ledger, list[tuple[str, bytes | None, asyncio.Future]]]:
+def _poison_ledger(
+    find: Any = _no_lookup, tasks: dict | None = None, **kwargs: Any,
+) -> tuple[Ledger, list[tuple[str, bytes | None, asyncio.Future]]]:
     """A ledger whose sends are recorded as (topic, value, future); the test confirms them."""
-    ledger = _ledger()
-    ledger.table = Table()
-    sent: list[tuple[str, bytes | None, asyncio.Future]] = []
-
-    def send(topic, key, value, *, partition=None, headers=None):  # type: ignore[no-untyped-def]
-        fut = asyncio.get_running_loop().create_future()
-        sent.append((topic, value, fut))
-        return fut
-
-    ledger._send = send  # type: ignore[method-assign]
-    return ledger, sent
+    broker = Broker()
+    ledger = _ledger(_outbox(broker, find, **kwargs), tasks)
+    return ledger, broker.sent
 
 
 def _kinds(ledger: Ledger, sent: list[tuple[str, bytes | None, asyncio.Future]]) -> list[str]:
     """What was sent, as 'dlq' or the outcome event's kind."""
-    import json
-
     return ["dlq" if topic.endswith(".dlq") else json.loads(value)["kind"] for topic, value, _ in sent]
 
 
@@ -153,10 +185,9 @@ PILL = b"\xff not utf-8"
 
 async def test_a_poison_message_is_dead_lettered_once_its_request_comes_back_and_then_marked():
     ledger, sent = _poison_ledger()
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
+    ledger.handle(_event(TP1, 63, PILL))
     assert _kinds(ledger, sent) == ["dead_letter"], "asked through the outcomes topic first"
-    ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), sent[0][1])
+    ledger.handle(_event(TP(OUTCOMES, 1), 0, sent[0][1], key=poison_key(TP1.topic, 63).encode()))
     assert _kinds(ledger, sent) == ["dead_letter", "dlq"]
     assert ledger.watermark.commit_offset(TP1) == 63, "held until the dead letter is confirmed"
     sent[0][2].set_result("ok")
@@ -166,8 +197,8 @@ async def test_a_poison_message_is_dead_lettered_once_its_request_comes_back_and
     assert ledger.watermark.commit_offset(TP1) == 63, "and its dead_lettered event (the marker comes from it)"
     await _confirm_all(sent)
     assert ledger.watermark.commit_offset(TP1) == 64
-    ledger._on_outcome(TP(ledger.outcomes, 1), 1, ledger_module.poison_key(TP1.topic, 63).encode(), sent[2][1])
-    ledger._on_task(TP1, 63, b"k", PILL, [])  # redelivered after a crash: the marker answers
+    ledger.handle(_event(TP(OUTCOMES, 1), 1, sent[2][1], key=poison_key(TP1.topic, 63).encode()))
+    ledger.handle(_event(TP1, 63, PILL))  # redelivered after a crash: the marker answers
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"]
 
 
@@ -175,14 +206,12 @@ async def test_a_poison_message_redelivered_while_its_dead_letter_is_on_its_way_
     """The chaos run's double dead letters: a broker restart's rebalance gave a partition back to the same worker
     while its dead letter was still unconfirmed, and the redelivery, finding no marker yet, sent a second one."""
     ledger, sent = _poison_ledger()
-    marker = ledger_module.poison_key(TP1.topic, 63).encode()
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
-    ledger._on_outcome(TP(ledger.outcomes, 1), 0, marker, ledger_module.DEAD_LETTER_REQUEST)
+    marker = poison_key(TP1.topic, 63).encode()
+    ledger.handle(_event(TP1, 63, PILL))
+    ledger.handle(_event(TP(OUTCOMES, 1), 0, DEAD_LETTER_REQUEST, key=marker))
     ledger.forget({TP1})  # revoked and assigned again: redelivered from the commit
     ledger.watermark.start(TP1, 63)
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
+    ledger.handle(_event(TP1, 63, PILL))
     assert _kinds(ledger, sent) == ["dead_letter", "dlq"], "no second request, no second dead letter"
     assert ledger.watermark.commit_offset(TP1) == 63, "held until the first dead letter is confirmed"
     await _confirm_all(sent)
@@ -195,25 +224,25 @@ async def test_a_worker_that_died_before_its_marker_was_written_leaves_no_second
     owner gets the message again, asks; A's event is ahead of the request on the same partition, so the new owner
     writes the marker first and its request finds it."""
     ledger, sent = _poison_ledger()
-    marker = ledger_module.poison_key(TP1.topic, 63).encode()
+    marker = poison_key(TP1.topic, 63).encode()
     ledger.watermark.start(TP1, 63)
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
-    ledger._on_outcome(TP(ledger.outcomes, 1), 10, marker, ledger_module.MARK_EVENT)  # A's, before ours
-    ledger._on_outcome(TP(ledger.outcomes, 1), 11, marker, ledger_module.DEAD_LETTER_REQUEST)  # ours
+    ledger.handle(_event(TP1, 63, PILL))
+    ledger.handle(_event(TP(OUTCOMES, 1), 10, MARK_EVENT, key=marker))  # A's, before ours
+    ledger.handle(_event(TP(OUTCOMES, 1), 11, DEAD_LETTER_REQUEST, key=marker))  # ours
     await _confirm_all(sent)
     assert _kinds(ledger, sent) == ["dead_letter"], "no dead letter: A's is there"
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
 async def test_a_delivery_confirmed_after_a_revoke_does_not_release_the_hold_of_the_redelivery():
-    ledger = _ledger()
+    outbox = _outbox()
+    ledger = _ledger(outbox)
     old, new = Sends(), Sends()
     ledger.watermark.handled(TP0, 9)
-    ledger._deliver(TP0, 9, [old])
+    outbox.deliver(TP0, 9, [old])
     ledger.forget({TP0})  # revoked, assigned again, redelivered from the commit
     ledger.watermark.start(TP0, 9)
-    ledger._deliver(TP0, 9, [new])
+    outbox.deliver(TP0, 9, [new])
     ledger.watermark.handled(TP0, 9)
     old.attempts[0].set_result("ok")
     await _spin()
@@ -241,7 +270,7 @@ async def test_a_record_past_a_gap_is_not_applied_before_the_records_it_skipped(
     for offset in (5, 6, 7):  # read again from 5
         ledger.handle(_event(TP1, offset, PILL))
     assert [json.loads(value)["kind"] for _, value, _ in sent] == ["dead_letter"] * 3
-    assert sorted(ledger._poison) == [(TP1, 5), (TP1, 6), (TP1, 7)]
+    assert sorted(ledger.poison.dead_lettering()) == [(TP1, 5), (TP1, 6), (TP1, 7)]
     assert gaps == [(TP1, 5)]
 
 
@@ -260,12 +289,10 @@ class SlowTable(Table):
 
 async def test_the_marker_says_sending_in_the_changelog_before_the_dead_letter_goes():
     """So a worker that dies after its dead letter leaves the next owner a sign to look for it on the topic."""
-    ledger, sent = _poison_ledger()
-    ledger.table = SlowTable()
-    marker = ledger_module.poison_key(TP1.topic, 63)
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
-    ledger._on_outcome(TP(ledger.outcomes, 1), 0, marker.encode(), ledger_module.DEAD_LETTER_REQUEST)
+    ledger, sent = _poison_ledger(tasks=SlowTable())
+    marker = poison_key(TP1.topic, 63)
+    ledger.handle(_event(TP1, 63, PILL))
+    ledger.handle(_event(TP(OUTCOMES, 1), 0, DEAD_LETTER_REQUEST, key=marker.encode()))
     assert json.loads(ledger.table[marker])["by"] == "w"
     assert _kinds(ledger, sent) == ["dead_letter"], "no dead letter before the changelog has the marker"
     ledger.table.changelog[0].set_result("ok")
@@ -276,9 +303,9 @@ async def test_the_marker_says_sending_in_the_changelog_before_the_dead_letter_g
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
-def _lookups(ledger: Ledger, found: object, fail: int = 0) -> list[tuple]:
-    """Replace the ledger's look on the dead-letter topic: it answers ``found`` after failing ``fail`` times.
-    Returns the lookups made, as (dlq, source, since)."""
+def _lookups(found: object, fail: int = 0) -> tuple[Any, list[tuple]]:
+    """The outbox's look on the dead-letter topic: it answers ``found`` after failing ``fail`` times.
+    Returns (the finder, the lookups made, as (dlq, source, since))."""
     lookups: list[tuple] = []
 
     async def find(dlq, source, since):  # type: ignore[no-untyped-def]
@@ -287,26 +314,24 @@ def _lookups(ledger: Ledger, found: object, fail: int = 0) -> list[tuple]:
             raise ConnectionError("broker down")
         return found
 
-    ledger.find_dead_letter = find  # type: ignore[method-assign]
-    return lookups
+    return find, lookups
 
 
-def _begun_by_a_dead_owner(found: object, fail: int = 0) -> tuple[Ledger, list, list]:
+def _begun_by_a_dead_owner(found: object, fail: int = 0, **kwargs: Any) -> tuple[Ledger, list, list]:
     """A ledger whose table says another worker began the dead letter of TP1@63 and never marked it; its DLQ
     lookup answers ``found`` after failing ``fail`` times. Returns (ledger, sent, lookups)."""
-    ledger, sent = _poison_ledger()
-    ledger.table[ledger_module.poison_key(TP1.topic, 63)] = json.dumps({"sending": 1000.0, "by": "dead"})
-    return ledger, sent, _lookups(ledger, found, fail)
+    find, lookups = _lookups(found, fail)
+    ledger, sent = _poison_ledger(find, **kwargs)
+    ledger.table[poison_key(TP1.topic, 63)] = json.dumps({"sending": 1000.0, "by": "dead"})
+    return ledger, sent, lookups
 
 
 async def _redeliver_and_ask(ledger: Ledger, sent: list) -> None:
-    marker = ledger_module.poison_key(TP1.topic, 63).encode()
+    marker = poison_key(TP1.topic, 63).encode()
     ledger.watermark.start(TP1, 63)
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
+    ledger.handle(_event(TP1, 63, PILL))
     assert _kinds(ledger, sent) == ["dead_letter"], "a begun dead letter is not a done one: ask"
-    ledger._on_outcome(TP(ledger.outcomes, 1), 11, marker, ledger_module.DEAD_LETTER_REQUEST)
-    ledger.watermark.handled(TP(ledger.outcomes, 1), 11)
+    ledger.handle(_event(TP(OUTCOMES, 1), 11, DEAD_LETTER_REQUEST, key=marker))
 
 
 async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_sent_again():
@@ -320,9 +345,9 @@ async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_s
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
-async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypatch):
-    monkeypatch.setattr("agents_stream.kafka.delivery.backoff", lambda attempt, base, cap: 0.0)  # the lookup is retried as a send
-    ledger, sent, lookups = _begun_by_a_dead_owner(found=None, fail=2)
+async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once():
+    # the lookup is retried as a send: no backoff between its attempts
+    ledger, sent, lookups = _begun_by_a_dead_owner(found=None, fail=2, retry_delay=lambda attempt: 0.0)
     await _redeliver_and_ask(ledger, sent)
     await _spin(20)
     assert len(lookups) == 3, "a failed lookup is retried, the message held meanwhile"
@@ -331,41 +356,37 @@ async def test_a_dead_letter_an_owner_began_but_never_sent_is_sent_once(monkeypa
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
-async def _dead_letter_whose_send_fails(monkeypatch, found: object) -> tuple[Ledger, list, list]:
+async def _dead_letter_whose_send_fails(found: object) -> tuple[Ledger, list, list]:
     """A poison message whose dead-letter send fails (the broker may have appended it all the same)."""
-    monkeypatch.setattr("agents_stream.kafka.delivery.backoff", lambda attempt, base, cap: 0.0)
-    ledger, sent = _poison_ledger()
-    lookups = _lookups(ledger, found)
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
-    ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), ledger_module.DEAD_LETTER_REQUEST)
+    find, lookups = _lookups(found)
+    ledger, sent = _poison_ledger(find, retry_delay=lambda attempt: 0.0)
+    ledger.handle(_event(TP1, 63, PILL))
+    ledger.handle(_event(TP(OUTCOMES, 1), 0, DEAD_LETTER_REQUEST, key=poison_key(TP1.topic, 63).encode()))
     assert _kinds(ledger, sent) == ["dead_letter", "dlq"]
     sent[1][2].set_exception(ConnectionError("connection lost before the answer"))
     await _confirm_all(sent)
     return ledger, sent, lookups
 
 
-async def test_a_dead_letter_whose_failed_send_landed_all_the_same_is_not_sent_again(monkeypatch):
-    ledger, sent, lookups = await _dead_letter_whose_send_fails(monkeypatch, found=SimpleNamespace(ref="agent.tasks.a.dlq:2:5"))
+async def test_a_dead_letter_whose_failed_send_landed_all_the_same_is_not_sent_again():
+    ledger, sent, lookups = await _dead_letter_whose_send_fails(found=SimpleNamespace(ref="agent.tasks.a.dlq:2:5"))
     assert [lookup[:2] for lookup in lookups] == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], "looked on the topic before re-sending"
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"], "not sent a second time"
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
-async def test_a_dead_letter_whose_failed_send_did_not_land_is_sent_again(monkeypatch):
-    ledger, sent, lookups = await _dead_letter_whose_send_fails(monkeypatch, found=None)
+async def test_a_dead_letter_whose_failed_send_did_not_land_is_sent_again():
+    ledger, sent, lookups = await _dead_letter_whose_send_fails(found=None)
     assert len(lookups) == 1
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dlq", "dead_lettered"]
     assert ledger.watermark.commit_offset(TP1) == 64
 
 
-async def test_a_dead_letter_unanswered_past_the_timeout_is_waited_for_not_sent_again(monkeypatch):
-    monkeypatch.setattr(ledger_module, "CONFIRM_TIMEOUT_S", 0.05)
-    ledger, sent = _poison_ledger()
-    lookups = _lookups(ledger, found=None)
-    ledger._on_task(TP1, 63, b"k", PILL, [])
-    ledger.watermark.handled(TP1, 63)
-    ledger._on_outcome(TP(ledger.outcomes, 1), 0, ledger_module.poison_key(TP1.topic, 63).encode(), ledger_module.DEAD_LETTER_REQUEST)
+async def test_a_dead_letter_unanswered_past_the_timeout_is_waited_for_not_sent_again():
+    find, lookups = _lookups(found=None)
+    ledger, sent = _poison_ledger(find, confirm_timeout_s=0.05)
+    ledger.handle(_event(TP1, 63, PILL))
+    ledger.handle(_event(TP(OUTCOMES, 1), 0, DEAD_LETTER_REQUEST, key=poison_key(TP1.topic, 63).encode()))
     sent[0][2].set_result("ok")
     await asyncio.sleep(0.08)  # the timeout passed: the retry waits for the first attempt's answer
     sent[1][2].set_result("ok")  # which comes late, and says it landed

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from types import SimpleNamespace
 
 import aiohttp
 import pytest
 from agents_stream.tables import leases
+from agents_stream.tables.definitions import Tables
 from agents_stream.tables.leases import (
     AWAITING_APPROVAL,
     DEAD_LETTERED,
@@ -22,9 +22,11 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents_stream.contract.errors import PermanentError, RateLimited, TransientError
+from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import metrics
+from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
 
 
@@ -161,18 +163,23 @@ def test_a_requeued_task_that_ends_again_counts_again() -> None:
 
 
 def _ledger() -> Ledger:
-    app = SimpleNamespace(watermark=Watermark(), task_table={}, answers_table={}, timers_table={})
-    return Ledger(app, Settings(), executor=None, worker_id="w")  # type: ignore[arg-type]
+    watermark = Watermark()
+    outbox = Outbox(lambda topic: None, watermark, "w", find_dead_letter=None)  # type: ignore[arg-type,return-value]
+    tables = Tables(tasks={}, answers={}, jobs={}, timers={})  # type: ignore[arg-type]
+    return Ledger(
+        Settings(), executor=None, worker_id="w",  # type: ignore[arg-type]
+        tables=tables, watermark=watermark, outbox=outbox, notifier=Notifier(),
+    )
 
 
 def test_approvals_pending_follow_the_records_and_the_partitions() -> None:
     """Parked tasks count per agent until decided; a revoked partition's parked tasks are the next owner's to count."""
     ledger = _ledger()
-    ledger._index("t1", _record(AWAITING_APPROVAL, "refunds", partition=0))
-    ledger._index("t2", _record(AWAITING_APPROVAL, "refunds", partition=1))
-    ledger._index("t3", _record(RUNNING, "analyzer"))
+    ledger.scanner.note("t1", _record(AWAITING_APPROVAL, "refunds", partition=0))
+    ledger.scanner.note("t2", _record(AWAITING_APPROVAL, "refunds", partition=1))
+    ledger.scanner.note("t3", _record(RUNNING, "analyzer"))
     assert ledger.approvals_pending(["refunds", "analyzer"]) == {"refunds": 2, "analyzer": 0}
-    ledger._index("t1", _record(RUNNING, "refunds", partition=0))  # approved
+    ledger.scanner.note("t1", _record(RUNNING, "refunds", partition=0))  # approved
     assert ledger.approvals_pending(["refunds", "analyzer"]) == {"refunds": 1, "analyzer": 0}
     ledger.forget({TP("agent.tasks.refunds", 1)})
     assert ledger.approvals_pending(["refunds"]) == {"refunds": 0}

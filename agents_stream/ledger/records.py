@@ -1,0 +1,32 @@
+"""The task table's records as the ledger reads them: a task's record, its job, its timer key, whether it is parked."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agents_stream.tables.leases import TaskRecord
+
+
+def record_of(table: Any, task_id: str) -> TaskRecord | None:
+    """The task's record in the task table, or None."""
+    data = table.get(task_id)
+    return TaskRecord.from_json(data) if data else None
+
+
+def job_of(record: TaskRecord | None) -> str | None:
+    """The job a task belongs to (its payload's ``job_id``), or None."""
+    if record is None:
+        return None
+    job_id = json.loads(record.payload).get("job_id")
+    return job_id if isinstance(job_id, str) and job_id else None
+
+
+def timer_key(task_id: str) -> str:
+    """A parked task's key in the timers table."""
+    return f"task/{task_id}"
+
+
+def parked(record: TaskRecord | None) -> bool:
+    """Waiting for a decision, or running after one: found by the scanner, not by a redelivery."""
+    return record is not None and record.approval is not None and not record.terminal
