@@ -40,8 +40,9 @@ async def _measure(in_topic: str, out: Watch, agent: str, n: int, pid: int | Non
     cpu = common.cpu_seconds(pid) - cpu0 if pid else float("nan")
     arrived = [out.seen[i] for i in ids if i in out.seen]
     took = (max(arrived) - started) if arrived else float("nan")
-    return {"n": n, "done": len(arrived), "seconds": took, "rate": len(arrived) / took if arrived else 0.0, "complete": done,
-            "cpu_s": cpu, "cpu_ms_per_task": cpu * 1000 / max(1, len(arrived)), "cpu_cores": cpu / took if arrived else 0.0}
+    return {"n": n, "done": len(arrived), "seconds": took, "rate": len(arrived) / took if arrived else 0.0,
+            "complete": done, "cpu_s": cpu, "cpu_ms_per_task": cpu * 1000 / max(1, len(arrived)),
+            "cpu_cores": cpu / took if arrived else 0.0}
 
 
 def _value(r: dict[str, Any]) -> str:
@@ -67,7 +68,8 @@ async def ours(tmp: Path, n: int, **settings: str) -> dict[str, Any]:
         return result
 
 
-async def _external(tmp: Path, n: int, name: str, args: list[str], env: dict[str, str], topics: list[str]) -> dict[str, Any]:
+async def _external(tmp: Path, n: int, name: str, args: list[str], env: dict[str, str],
+                    topics: list[str]) -> dict[str, Any]:
     await create_topics(topics)
     log = tmp / f"{name}.log"
     proc = spawn(args, env, log)
@@ -100,7 +102,8 @@ async def faust_app(tmp: Path, n: int, mode: str) -> dict[str, Any]:
 async def aiokafka_loop(tmp: Path, n: int) -> dict[str, Any]:
     run = unique("bench-aiokafka")
     topics = [f"{run}.in", f"{run}.out"]
-    args = [sys.executable, str(common.ROOT / "bench" / "aiokafka_baseline.py"), common.BOOTSTRAP, topics[0], topics[1], run]
+    args = [sys.executable, str(common.ROOT / "bench" / "aiokafka_baseline.py"), common.BOOTSTRAP, topics[0],
+            topics[1], run]
     return await _external(tmp, n, run, args, base_env(), topics)
 
 
@@ -112,7 +115,8 @@ async def run(tmp: Path, n: int) -> tuple[list[Row], dict[str, Any]]:
         "faust_shaped": await faust_app(tmp, n, "shaped"),
     }
     o = res["ours"]["rate"]
-    rows = [Row("B1", f"agents-stream, 1 worker, local provider (N={n:,})", _value(res["ours"]), "≥ 1,000 tasks/s", o >= 1000)]
+    rows = [Row("B1", f"agents-stream, 1 worker, local provider (N={n:,})", _value(res["ours"]),
+                "≥ 1,000 tasks/s", o >= 1000)]
     labels = {
         "faust_passthrough": "bare Faust passthrough (1 hop)",
         "aiokafka": "raw aiokafka consume→produce loop",

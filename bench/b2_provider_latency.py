@@ -25,7 +25,8 @@ LATENCY_S = 0.2
 async def fake_llm(tmp: Path, latency: float) -> tuple[Any, str]:
     """The fake LLM server in a process of its own; returns (process, base URL)."""
     log = tmp / "fake-llm.log"
-    proc = spawn([sys.executable, "-m", "agents_stream.testing.fakellm", "--port", "0", "--latency", str(latency)], base_env(), log)
+    proc = spawn([sys.executable, "-m", "agents_stream.testing.fakellm", "--port", "0", "--latency", str(latency)],
+                 base_env(), log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = re.search(r"fake LLM listening on (http://\S+)", common.tail(log, 200))
@@ -42,7 +43,8 @@ async def _stats(url: str) -> dict[str, Any]:
     """The fake's own counters: peak_in_flight shows how many of the worker's call slots were really busy."""
     import aiohttp
 
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/_admin/stats", timeout=aiohttp.ClientTimeout(total=5)) as r:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/_admin/stats",
+                                                         timeout=aiohttp.ClientTimeout(total=5)) as r:
         return await r.json()
 
 
@@ -54,7 +56,8 @@ async def ours(tmp: Path, n: int, url: str) -> dict[str, Any]:
 async def sync_worker(tmp: Path, n: int, url: str) -> dict[str, Any]:
     run = unique("bench-sync")
     topics = [f"{run}.in", f"{run}.out"]
-    args = [sys.executable, str(common.ROOT / "bench" / "sync_worker.py"), common.BOOTSTRAP, topics[0], topics[1], run, url]
+    args = [sys.executable, str(common.ROOT / "bench" / "sync_worker.py"), common.BOOTSTRAP, topics[0],
+            topics[1], run, url]
     return await _external(tmp, n, run, args, base_env(), topics)
 
 
@@ -69,8 +72,10 @@ async def run(tmp: Path, n: int, n_sync: int) -> tuple[list[Row], dict[str, Any]
         stop(proc)
     o, s = res["ours"]["rate"], res["sync"]["rate"]
     rows = [
-        Row("B2", f"agents-stream, 1 worker, provider 200 ms over HTTP (N={n:,})", _value(res["ours"]), "≥ 250 tasks/s", o >= 250),
-        Row("B2", "  provider calls in flight at once (peak, seen by the fake LLM)", f"{res['fake_llm'].get('peak_in_flight')} of 64 slots"),
+        Row("B2", f"agents-stream, 1 worker, provider 200 ms over HTTP (N={n:,})", _value(res["ours"]),
+            "≥ 250 tasks/s", o >= 250),
+        Row("B2", "  provider calls in flight at once (peak, seen by the fake LLM)",
+            f"{res['fake_llm'].get('peak_in_flight')} of 64 slots"),
         Row("B2", f"synchronous one-at-a-time worker (N={n_sync})", f"{s:,.1f} tasks/s"),
         Row("B2", "  ratio ours / synchronous", f"{ratio(o, s):,.0f}×", "≥ 50×", ratio(o, s) >= 50),
     ]

@@ -29,7 +29,8 @@ async def run(tmp: Path, rate: float, seconds: float) -> tuple[list[Row], dict[s
     res = {"rate": rate, "n": len(counted), "done": len(lat), "p50_ms": p50, "p99_ms": p99,
            "max_ms": max(lat) if lat else float("nan"), "complete": complete}
     rows = [
-        Row("B3", f"latency p50 at {rate:,.0f} tasks/s ({len(lat):,} tasks, local provider)", f"{p50:.1f} ms", "≤ 20 ms", p50 <= 20),
+        Row("B3", f"latency p50 at {rate:,.0f} tasks/s ({len(lat):,} tasks, local provider)", f"{p50:.1f} ms",
+            "≤ 20 ms", p50 <= 20),
         Row("B3", "latency p99", f"{p99:.1f} ms", "≤ 100 ms", p99 <= 100),
         Row("B3", "latency max", f"{res['max_ms']:.1f} ms"),
     ]

@@ -36,7 +36,8 @@ def _config(agent: str) -> str:
 
 async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -> tuple[list[Row], dict[str, Any]]:
     agent = unique("b4")
-    cluster = Cluster(common.subdir(tmp, "cluster"), [agent], None, settings=dict(PRODUCT_DEFAULTS), toml=_config(agent))
+    cluster = Cluster(common.subdir(tmp, "cluster"), [agent], None, settings=dict(PRODUCT_DEFAULTS),
+                      toml=_config(agent))
     topic = f"agent.tasks.{agent}"
     w0 = common.track(cluster.worker("w0").start())
     out = Watch("agent.results")
@@ -106,7 +107,8 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
                     state = await w0.get(f"/tasks/{i}")
                 except Exception as exc:
                     state = repr(exc)
-                lost.append({"task_id": i, "partition": partition_of(i), "sent_before_kill_s": round(t_kill - sent[i], 3),
+                lost.append({"task_id": i, "partition": partition_of(i),
+                             "sent_before_kill_s": round(t_kill - sent[i], 3),
                              "ledger": state})
         late = [x for x in resumed if x > max(back.values(), default=0.0) + 1.0]
     except Exception:
@@ -123,17 +125,20 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
         cluster.close()
     res = {
         "rate": rate, "killed_partitions": killed_parts, "back_s": back,
-        "first_back_s": min(back.values(), default=float("nan")), "all_back_s": max(back.values(), default=float("nan")),
+        "first_back_s": min(back.values(), default=float("nan")),
+        "all_back_s": max(back.values(), default=float("nan")),
         "pending_at_kill": len(pending_at_kill), "pending_done": len(resumed),
         "interrupted": len(late), "interrupted_last_s": max(late, default=float("nan")),
         "pending_last_s": max(resumed, default=float("nan")), "without_result": lost,
         "unanswered": len(unanswered), "unanswered_of": len(sent),
-        "unanswered_sample": [{"task_id": i, "partition": partition_of(i), "sent_after_kill_s": round(sent[i] - t_kill, 3)}
+        "unanswered_sample": [{"task_id": i, "partition": partition_of(i),
+                               "sent_after_kill_s": round(sent[i] - t_kill, 3)}
                               for i in unanswered[:20]],
     }
     all_back = res["all_back_s"]
     rows = [
-        Row("B4", f"SIGKILL 1 of 2 workers at {rate:,.0f} tasks/s: its {len(killed_parts)} partitions processing again on the survivor",
+        Row("B4", f"SIGKILL 1 of 2 workers at {rate:,.0f} tasks/s: its {len(killed_parts)} partitions processing "
+            "again on the survivor",
             f"first {res['first_back_s']:.1f} s, all {all_back:.1f} s", f"≤ {TARGET_S:.0f} s", all_back <= TARGET_S),
         Row("B4", f"  interrupted leased tasks ({len(late)} of {len(pending_at_kill)} unfinished at the kill) resumed",
             f"last result {res['interrupted_last_s']:.1f} s after the kill", "lease 30 s + scan 7.5 s"),

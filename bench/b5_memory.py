@@ -52,7 +52,8 @@ async def load_changelog(topic: str, agent: str, n: int) -> tuple[list[str], flo
     admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     await asyncio.wait_for(admin.start(), 30)
     try:
-        await asyncio.wait_for(admin.create_topics([NewTopic(topic, PARTITIONS, 1, topic_configs={"cleanup.policy": "compact"})]), 30)
+        await asyncio.wait_for(admin.create_topics([NewTopic(topic, PARTITIONS, 1,
+                                                             topic_configs={"cleanup.policy": "compact"})]), 30)
     finally:
         await admin.close()
     producer = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", linger_ms=20, max_batch_size=512 * 1024)

@@ -191,7 +191,9 @@ async def flow_ready(in_topic: str, out: Watch, agent: str, timeout: float = 120
         k += 1
     await publish_all(in_topic, agent, ids)
     if not await out.wait_all(ids, timeout):
-        raise RuntimeError(f"warm-up records did not come out of the flow {in_topic} → {out.topic} within {timeout:.0f}s")
+        raise RuntimeError(
+            f"warm-up records did not come out of the flow {in_topic} → {out.topic} within {timeout:.0f}s"
+        )
 
 
 @dataclass

@@ -90,18 +90,21 @@ async def main(only: list[str], quick: bool, b3_rate: float | None) -> tuple[lis
     return rows, raw, took
 
 
-def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, machine: dict[str, str], only: list[str]) -> None:
+def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, machine: dict[str, str],
+              only: list[str]) -> None:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks",
         "",
         "Written by `make bench` (`bench/run.py`); do not edit by hand. Targets are goals printed next to the",
         "figures, not assertions. All flows run on one machine against one local broker, each in its own processes",
-        "(workers and baselines are separate OS processes; the driver that publishes and reads the results is another).",
+        "(workers and baselines are separate OS processes; "
+        "the driver that publishes and reads the results is another).",
         "",
     ]
     if quick:
-        lines += ["> **Quick run (`--quick`): small sizes, not the documented figures.** Run `make bench` for those.", ""]
+        lines += ["> **Quick run (`--quick`): small sizes, not the documented figures.** "
+                  "Run `make bench` for those.", ""]
     lines += [f"Run: {when}, benchmarks {', '.join(only)}, {sum(took.values()):.0f} s in all "
               f"({', '.join(f'{k} {v:.0f} s' for k, v in took.items())}).", "", "## Machine", ""]
     lines += [f"- {k}: {v}" for k, v in machine.items()]
@@ -124,7 +127,8 @@ def cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="B1,B2,B3,B4,B5", help="comma-separated subset, e.g. B1,B3")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; figures not final)")
-    parser.add_argument("--b3-rate", type=float, default=None, help="B3's rate when B1 is not run (default: half of B1's, else 500/s)")
+    parser.add_argument("--b3-rate", type=float, default=None,
+                        help="B3's rate when B1 is not run (default: half of B1's, else 500/s)")
     parser.add_argument("--no-write", action="store_true", help=f"print only; leave {DOC.relative_to(ROOT)} alone")
     args = parser.parse_args()
     only = [x.strip().upper() for x in args.only.split(",") if x.strip()]

@@ -1,4 +1,5 @@
-"""The chaos run (issue 6): worker SIGKILLs, a broker restart, a flaky provider with an outage and poison pills, then checks.
+"""The chaos run (issue 6): worker SIGKILLs, a broker restart, a flaky provider with an outage and poison pills, \
+then checks.
 
     .venv/bin/python -m tests.chaos --tasks 5000          # what `make chaos` runs (needs a broker: make broker)
 
@@ -141,8 +142,11 @@ class ChaosReport:
         p = self.plan
         rows = [
             ("tasks published", f"{p.tasks} ({self.valid} valid + {self.poison} poison) at {p.rate:g}/s"),
-            ("workers", f"{p.workers}, one SIGKILLed every {p.kill_every:g}s and restarted" if p.kill_every else str(p.workers)),
-            ("provider", f"error rate {p.error_rate:.0%}, latency {p.latency:g}s, one {p.outage_s:g}s outage at t={p.outage_at:g}s"),
+            ("workers",
+             f"{p.workers}, one SIGKILLed every {p.kill_every:g}s and restarted" if p.kill_every else str(p.workers)),
+            ("provider",
+             f"error rate {p.error_rate:.0%}, latency {p.latency:g}s, one {p.outage_s:g}s outage at "
+             f"t={p.outage_at:g}s"),
             ("results (records)", self.result_records),
             ("distinct results", f"{self.distinct} / {self.valid}"),
             ("duplicates (same bytes re-sent)", self.resent),
@@ -192,13 +196,15 @@ def poison_pill(kind: str, key: str, agent: str) -> bytes | None:
     raise ValueError(kind)
 
 
-def messages(plan: ChaosPlan, run: str, agent: str, rng: random.Random) -> tuple[list[tuple[str, bytes | None]], dict[str, str]]:
+def messages(plan: ChaosPlan, run: str, agent: str,
+             rng: random.Random) -> tuple[list[tuple[str, bytes | None]], dict[str, str]]:
     """(key, value) in publish order, and the poison kind of each poison key."""
     kinds = list(POISON_REASONS)
     poison = {f"{run}-p{i:05d}": kinds[i % len(kinds)] for i in range(plan.poison)}
     valid = [f"{run}-t{i:05d}" for i in range(plan.tasks - plan.poison)]
     out: list[tuple[str, bytes | None]] = [
-        (k, json.dumps({"task_id": k, "agent_name": agent, "instruction": f"analyse {i}", "context_data": {"n": i}}).encode())
+        (k, json.dumps({"task_id": k, "agent_name": agent, "instruction": f"analyse {i}",
+                        "context_data": {"n": i}}).encode())
         for i, k in enumerate(valid)
     ]
     out += [(k, poison_pill(kind, k, agent)) for k, kind in poison.items()]
@@ -269,13 +275,16 @@ class Broker:
         port = self.env.get("KAFKA_PORT", "9092")
         if BOOTSTRAP.rsplit(":", 1)[-1] != port:
             # broker.sh would restart a broker this run does not use (someone else's, perhaps)
-            raise RuntimeError(f"KAFKA_BOOTSTRAP={BOOTSTRAP} but scripts/broker.sh manages KAFKA_PORT={port}: set both alike")
+            raise RuntimeError(
+                f"KAFKA_BOOTSTRAP={BOOTSTRAP} but scripts/broker.sh manages KAFKA_PORT={port}: set both alike"
+            )
         self._script = str(ROOT / "scripts" / "broker.sh")
         if self._run("status", 30).returncode != 0:
             raise RuntimeError(f"scripts/broker.sh status: no broker of ours on port {port} to restart")
 
     def _run(self, cmd: str, timeout: float) -> subprocess.CompletedProcess:
-        return subprocess.run(["bash", self._script, cmd], env=self.env, capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(["bash", self._script, cmd], env=self.env, capture_output=True, text=True,
+                              timeout=timeout)
 
     async def restart(self, down_s: float) -> None:
         for cmd, pause in (("stop", down_s), ("start", 0.0)):
@@ -289,8 +298,10 @@ class Broker:
 class Chaos:
     """The faults of one run, on a shared timeline; kills and the broker restart never overlap."""
 
-    def __init__(self, plan: ChaosPlan, cluster: Cluster, workers: dict[str, Worker], fake: FakeLLM, broker: Broker | None, report: ChaosReport) -> None:
-        self.plan, self.cluster, self.workers, self.fake, self.broker, self.report = plan, cluster, workers, fake, broker, report
+    def __init__(self, plan: ChaosPlan, cluster: Cluster, workers: dict[str, Worker], fake: FakeLLM,
+                 broker: Broker | None, report: ChaosReport) -> None:
+        (self.plan, self.cluster, self.workers, self.fake, self.broker,
+         self.report) = plan, cluster, workers, fake, broker, report
         self.rng = random.Random(plan.seed)
         self.lock = asyncio.Lock()  # one fault at a time: a worker starting while the broker is down proves nothing
         self.stop = asyncio.Event()
@@ -308,7 +319,11 @@ class Chaos:
             await self.fake.set_mode(outage=True, outage_for=self.plan.outage_s)
 
     async def broker_restart(self) -> None:
-        if self.broker is None or self.plan.broker_restart_at is None or not await self._until(self.plan.broker_restart_at):
+        if (
+            self.broker is None
+            or self.plan.broker_restart_at is None
+            or not await self._until(self.plan.broker_restart_at)
+        ):
             return
         async with self.lock:
             log.info("broker restart")
@@ -343,7 +358,9 @@ class Chaos:
         """A worker that died without being killed is a finding; it is started again so the run can finish."""
         for name, w in list(self.workers.items()):
             if w.proc is not None and w.proc.poll() is not None:
-                self.report.problems.append(f"worker {name} exited by itself with code {w.proc.returncode} (log {w.log_path})")
+                self.report.problems.append(
+                    f"worker {name} exited by itself with code {w.proc.returncode} (log {w.log_path})"
+                )
                 w.close()
                 self.workers[name] = self.cluster.worker(name).start()
 
@@ -375,7 +392,8 @@ async def publish(plan: ChaosPlan, topic: str, msgs: list[tuple[str, bytes | Non
 def consumer_group_describe(app_id: str) -> str:
     try:
         done = subprocess.run(
-            [str(ROOT / "scripts" / "kafka-tool"), "consumer-groups", "--bootstrap-server", BOOTSTRAP, "--describe", "--group", app_id],
+            [str(ROOT / "scripts" / "kafka-tool"), "consumer-groups", "--bootstrap-server", BOOTSTRAP, "--describe",
+             "--group", app_id],
             capture_output=True, text=True, timeout=120,
         )
         return done.stdout + done.stderr
@@ -383,7 +401,8 @@ def consumer_group_describe(app_id: str) -> str:
         return f"(kafka-tool consumer-groups failed: {exc!r})"
 
 
-async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] | None = None, **plan_fields: Any) -> ChaosReport:
+async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] | None = None,
+                    **plan_fields: Any) -> ChaosReport:
     """One chaos run of ``tasks`` messages; ``plan_fields`` override ChaosPlan's defaults.
 
     ``broker_env`` adds to this process's environment for scripts/broker.sh (KAFKA_PORT, KAFKA_DATA_DIR, ...);
@@ -450,7 +469,8 @@ async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] 
             except AssertionError:
                 report.problems.append(
                     f"not drained {plan.drain_timeout:g}s after the last publish: "
-                    f"{len(valid - seen.results.keys())} valid tasks without a result (e.g. {sorted(valid - seen.results.keys())[:3]}), "
+                    f"{len(valid - seen.results.keys())} valid tasks without a result (e.g. "
+                    f"{sorted(valid - seen.results.keys())[:3]}), "
                     f"{len(set(poison) - seen.dlq.keys())} poison pills without a dead letter"
                 )
             await asyncio.sleep(3)  # late duplicates would arrive now
@@ -514,7 +534,9 @@ def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, s
     report.dlq_records = sum(len(v) for v in seen.dlq.values())
     dead_valid = valid & seen.dlq.keys()
     if dead_valid:
-        reasons = Counter(dict(m.headers).get("error_reason", b"?").decode()[:60] for k in dead_valid for m in seen.dlq[k])
+        reasons = Counter(
+            dict(m.headers).get("error_reason", b"?").decode()[:60] for k in dead_valid for m in seen.dlq[k]
+        )
         problems.append(f"{len(dead_valid)} valid tasks were dead-lettered: {dict(reasons)}")
     bad = []
     for key, kind in poison.items():
@@ -523,8 +545,11 @@ def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, s
             bad.append(f"{key} ({kind}): {len(records)} DLQ records")
             continue
         headers = {k: v.decode() for k, v in records[0].headers}
-        if headers.get("error_layer") != "schema" or not headers.get("error_reason", "").startswith(POISON_REASONS[kind]):
-            bad.append(f"{key} ({kind}): layer {headers.get('error_layer')}, reason {headers.get('error_reason', '')[:60]!r}")
+        if (headers.get("error_layer") != "schema"
+                or not headers.get("error_reason", "").startswith(POISON_REASONS[kind])):
+            bad.append(
+                f"{key} ({kind}): layer {headers.get('error_layer')}, reason {headers.get('error_reason', '')[:60]!r}"
+            )
     if bad:
         problems.append(f"{len(bad)} poison pills without exactly one schema dead letter: {bad[:5]}")
 
@@ -536,9 +561,13 @@ def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, s
     if poison_calls:
         problems.append(f"{poison_calls} provider calls for poison pills")
     first_result = {k: min(m.timestamp for m in msgs) / 1000 for k, msgs in seen.results.items()}
-    report.calls_after_result = sum(1 for r in fake.requests if r.task_id in first_result and r.ts > first_result[r.task_id] + 1.0)
+    report.calls_after_result = sum(
+        1 for r in fake.requests if r.task_id in first_result and r.ts > first_result[r.task_id] + 1.0
+    )
 
-    report.breaker_opened = sum(1 for e in seen.control if e.get("event") == "breaker.open" and e.get("subject") == "fake")
+    report.breaker_opened = sum(
+        1 for e in seen.control if e.get("event") == "breaker.open" and e.get("subject") == "fake"
+    )
     report.held = len({e["subject"] for e in seen.control if e.get("event") == "task.held"})
     report.redispatched = len({e["subject"] for e in seen.control if e.get("event") == "task.redispatched"})
 
@@ -554,10 +583,12 @@ def main(argv: list[str] | None = None) -> int:
         flag = "--" + f.name.replace("_", "-")
         default = getattr(defaults, f.name)
         if f.name == "broker_restart_at":
-            parser.add_argument(flag, type=float, default=default, help="seconds after the first publish (default %(default)s)")
+            parser.add_argument(flag, type=float, default=default,
+                                help="seconds after the first publish (default %(default)s)")
         else:
             parser.add_argument(flag, type=type(default), default=default, help="default %(default)s")
-    parser.add_argument("--no-broker-restart", action="store_true", help="for a broker scripts/broker.sh does not manage")
+    parser.add_argument("--no-broker-restart", action="store_true",
+                        help="for a broker scripts/broker.sh does not manage")
     parser.add_argument("--keep", action="store_true", help="keep the worker logs and data dirs when the run passes")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s chaos %(message)s", stream=sys.stderr)

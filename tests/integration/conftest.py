@@ -31,7 +31,8 @@ def broker_is_up() -> None:
     try:
         asyncio.run(check())
     except Exception as exc:
-        pytest.fail(f"No Kafka broker at {BOOTSTRAP} ({exc!r}). Run `make test` (it starts one) or `make broker`.", pytrace=False)
+        pytest.fail(f"No Kafka broker at {BOOTSTRAP} ({exc!r}). Run `make test` (it starts one) or `make broker`.",
+                    pytrace=False)
 
 
 @pytest.fixture
@@ -44,7 +45,8 @@ async def fake_llm():
 def cluster_factory(tmp_path: Path):
     made: list[Cluster] = []
 
-    def make(agents: list[str], fake_url: str | None, toml: str | None = None, extra: str = "", **settings: str) -> Cluster:
+    def make(agents: list[str], fake_url: str | None, toml: str | None = None, extra: str = "",
+             **settings: str) -> Cluster:
         c = Cluster(tmp_path, agents, fake_url, settings=dict(settings), toml=toml, extra=extra)
         made.append(c)
         return c

@@ -81,7 +81,8 @@ def controls_of(ids: set[str], until_event: str, timeout: float = 30) -> Any:
     return read_topic(
         topics.CONTROL, timeout=timeout,
         until=lambda s: any(json.loads(m.value)["event"] == until_event for m in s),
-        keep=lambda m: m.key is not None and m.key.decode() in ids and json.loads(m.value)["event"].startswith("approval."),
+        keep=lambda m: (m.key is not None and m.key.decode() in ids
+                        and json.loads(m.value)["event"].startswith("approval.")),
     )
 
 
@@ -104,7 +105,8 @@ async def test_approval_times_out_escalates_and_runs_once_when_approved_at_level
 
         got = await results_for({small["task_id"]}, timeout=60)
         assert json.loads(got[small["task_id"]][0].value)["status"] == "succeeded"
-        await eventually(lambda: _zero(uncommitted(c.app_id, topics.task_topic(agent))), timeout=30, what="offsets committed past the parked task")
+        await eventually(lambda: _zero(uncommitted(c.app_id, topics.task_topic(agent))), timeout=30,
+                         what="offsets committed past the parked task")
         assert calls_for(fake_llm, big["task_id"]) == 0
         waiting = (await w.get("/approvals"))["awaiting"]
         assert [a["task_id"] for a in waiting] == [big["task_id"]] and "amount 500 > 100" in waiting[0]["reason"]
@@ -142,7 +144,8 @@ async def test_approval_times_out_escalates_and_runs_once_when_approved_at_level
 
 async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signature(cluster_factory, fake_llm):
     """Reject (CLI) → a failed result and no provider call; HTTP needs the bearer token; a parked task survives a
-    SIGKILL and is approved by an event afterwards; the last level's timeout rejects; bad decisions are dead-lettered."""
+    SIGKILL and is approved by an event afterwards; the last level's timeout rejects; bad decisions are
+    dead-lettered."""
     async with Hooks() as hooks:
         agent = unique("refunds")
         c = cluster_factory([agent], fake_llm.url, toml=approval_toml(agent, fake_llm.url, hooks.url, 120, 120),
@@ -157,7 +160,8 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
 
         env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}"}
         out = subprocess.run(
-            [sys.executable, "-m", "agents_stream.ops.cli", "reject", rejected["task_id"], "--by", "carol", "--comment", "fraud"],
+            [sys.executable, "-m", "agents_stream.ops.cli", "reject", rejected["task_id"], "--by", "carol",
+             "--comment", "fraud"],
             cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
         )
         assert out.returncode == 0, out.stderr
@@ -169,11 +173,14 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
         async with aiohttp.ClientSession() as s:
             async with s.post(url, json={"decision": "approve", "by": "mallory"}) as r:
                 assert r.status == 401
-            async with s.post(url, json={"decision": "approve", "by": "mallory"}, headers={"Authorization": "Bearer wrong"}) as r:
+            async with s.post(url, json={"decision": "approve", "by": "mallory"},
+                              headers={"Authorization": "Bearer wrong"}) as r:
                 assert r.status == 401
-            async with s.post(url, json={"decision": "maybe", "by": "dave"}, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            async with s.post(url, json={"decision": "maybe", "by": "dave"},
+                              headers={"Authorization": f"Bearer {TOKEN}"}) as r:
                 assert r.status == 400
-            async with s.post(url, json={"decision": "approve", "by": "dave"}, headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            async with s.post(url, json={"decision": "approve", "by": "dave"},
+                              headers={"Authorization": f"Bearer {TOKEN}"}) as r:
                 assert r.status == 202
         got = await results_for({via_http["task_id"]}, timeout=60)
         assert json.loads(got[via_http["task_id"]][0].value)["status"] == "succeeded"
@@ -184,7 +191,8 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
         await eventually(lambda: _len_awaiting(w2, 1), timeout=60, what="parked task recovered")
         decision = {"task_id": survivor["task_id"], "decision": "approve", "by": "erin"}
         bad = {"task_id": survivor["task_id"], "decision": "approve"}  # no "by": dead-lettered
-        await produce(topics.APPROVALS, [(survivor["task_id"].encode(), json.dumps(bad).encode()), (None, json.dumps(decision).encode())])
+        await produce(topics.APPROVALS,
+                      [(survivor["task_id"].encode(), json.dumps(bad).encode()), (None, json.dumps(decision).encode())])
         got = await results_for({survivor["task_id"]}, timeout=60)
         assert json.loads(got[survivor["task_id"]][0].value)["status"] == "succeeded"
         dead = await read_topic(topics.dlq_of(topics.APPROVALS), timeout=30, until=lambda s: len(s) >= 1,
@@ -196,7 +204,8 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
         assert calls_for(fake_llm, rejected["task_id"]) == 0, "a rejected task never reaches a provider"
         assert calls_for(fake_llm, via_http["task_id"]) == 1 and calls_for(fake_llm, survivor["task_id"]) == 1
         events = [json.loads(m.value) for m in await controls_of({rejected["task_id"]}, "approval.decided")]
-        assert events[-1]["details"] == {"decision": "reject", "by": "carol", "via": "cli", "level": 0, "comment": "fraud"}
+        assert events[-1]["details"] == {"decision": "reject", "by": "carol", "via": "cli", "level": 0,
+                                         "comment": "fraud"}
 
 
 async def test_last_level_timeout_rejects(cluster_factory, fake_llm):

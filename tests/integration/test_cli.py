@@ -42,7 +42,8 @@ async def test_publish_paces_to_the_rate_and_shows_progress(cluster_factory, fak
     path.write_text("\n".join(json.dumps(t) for t in ts) + "\n")
     proc = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "agents_stream.ops.cli", "publish", "--agent", agent, "--rate", "20", "--progress", "--json", str(path)],
+        [sys.executable, "-m", "agents_stream.ops.cli", "publish", "--agent", agent, "--rate", "20", "--progress",
+         "--json", str(path)],
         env={**w.env}, capture_output=True, text=True, timeout=60, cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
@@ -61,7 +62,8 @@ async def test_console_producer_example_from_the_readme_gets_a_result(cluster_fa
     t = task(agent)
     proc = await asyncio.to_thread(
         subprocess.run,
-        [str(ROOT / "scripts" / "kafka-tool"), "console-producer", "--bootstrap-server", BOOTSTRAP, "--topic", topics.task_topic(agent)],
+        [str(ROOT / "scripts" / "kafka-tool"), "console-producer", "--bootstrap-server", BOOTSTRAP,
+         "--topic", topics.task_topic(agent)],
         input=json.dumps(t) + "\n", capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

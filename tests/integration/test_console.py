@@ -31,7 +31,9 @@ HOSTILE = "<img src=x id=pwned onerror=\"document.title='pwned'\"><b>bold</b> re
 
 
 def approval_policy(agent: str) -> str:
-    return f'[agents.{agent}.approval]\nalways = true\n[[agents.{agent}.approval.levels]]\nname = "ops"\ntimeout_s = 600\n'
+    return (
+        f'[agents.{agent}.approval]\nalways = true\n[[agents.{agent}.approval.levels]]\nname = "ops"\ntimeout_s = 600\n'
+    )
 
 
 def calls_for(fake: Any, task_id: str) -> int:
@@ -42,7 +44,8 @@ def chromium(profile: Path) -> Any:
     """A headless Chromium under chromedriver; fails (never skips) when either is missing."""
     missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.access(p, os.X_OK)]
     if missing:
-        pytest.fail(f"{', '.join(missing)} missing: run `bash scripts/chromium.sh` (make test does it first)", pytrace=False)
+        pytest.fail(f"{', '.join(missing)} missing: run `bash scripts/chromium.sh` (make test does it first)",
+                    pytrace=False)
     from selenium import webdriver
     from selenium.webdriver.chrome.options import Options
     from selenium.webdriver.chrome.service import Service
@@ -55,7 +58,8 @@ def chromium(profile: Path) -> Any:
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
     # --window-size counts the (invisible) browser frame; the screenshots want a 1280x900 page.
-    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride", {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    driver.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                           {"width": 1280, "height": 900, "deviceScaleFactor": 1, "mobile": False})
     driver.set_page_load_timeout(20)
     driver.set_script_timeout(10)
     return driver
@@ -133,20 +137,25 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
         page = Page(driver)
         await page.run(driver.get, f"http://127.0.0.1:{w.web_port}/")
         row = f'tr[data-task-id="{task_id}"]'
-        await page.wait("the task in the approvals inbox", lambda d: d.execute_script("return !!document.querySelector(arguments[0])", row))
+        await page.wait("the task in the approvals inbox",
+                        lambda d: d.execute_script("return !!document.querySelector(arguments[0])", row))
         assert await page.text(f"{row} td.instruction") == HOSTILE, "the instruction is shown as text, not markup"
         assert await page.js("return document.querySelectorAll('img').length") == 0
         assert await page.js("return document.title") == "agents-stream console"
-        await page.wait("the live counters", lambda d: d.execute_script("return document.querySelectorAll('#ready-cards .card').length") == 4)
+        await page.wait("the live counters", lambda d: d.execute_script(
+            "return document.querySelectorAll('#ready-cards .card').length") == 4)
         await page.type("#operator", "alice")
         await page.screenshot(SCREENSHOTS / "console-approvals.png")
 
         # No token: the worker refuses, the console says so, nothing is decided.
         await page.click(f"{row} button.approve")
         await page.wait("the refusal on the row", lambda d: "401" in (d.execute_script(
-            "const n = document.querySelector(arguments[0]); return n && n.classList.contains('refused') ? n.textContent : ''",
+            "const n = document.querySelector(arguments[0]); "
+            "return n && n.classList.contains('refused') ? n.textContent : ''",
             f"{row} .row-status") or ""))
-        notice = await page.js("const n = document.getElementById('notice'); return [n.hidden, n.className, n.textContent]")
+        notice = await page.js(
+            "const n = document.getElementById('notice'); return [n.hidden, n.className, n.textContent]"
+        )
         assert notice[0] is False and notice[1] == "refused" and "Refused (401)" in notice[2], notice
         await asyncio.sleep(2)  # a decision that slipped through would be applied by now
         assert await _awaiting(w, task_id), "refused: the task is still parked"
@@ -156,30 +165,36 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
         # The token: kept in sessionStorage only, never in a URL or localStorage.
         await page.type("#token", TOKEN)
         await page.click("#token-save")
-        stored = await page.js("return [sessionStorage.getItem('agents-stream.token'), localStorage.length, location.href, "
-                               "document.getElementById('token').value, document.getElementById('token-state').textContent]")
+        stored = await page.js("return [sessionStorage.getItem('agents-stream.token'), localStorage.length, "
+                               "location.href, document.getElementById('token').value, "
+                               "document.getElementById('token-state').textContent]")
         assert stored == [TOKEN, 0, f"http://127.0.0.1:{w.web_port}/", "", "token set (this tab)"], stored
 
         await page.click(f"{row} button.approve")
         await page.wait("the accepted decision", lambda d: d.execute_script(
-            "const n = document.querySelector(arguments[0]); return !n || n.classList.contains('ok')", f"{row} .row-status"))
+            "const n = document.querySelector(arguments[0]); return !n || n.classList.contains('ok')",
+            f"{row} .row-status"))
 
         got = await results_for({task_id}, timeout=60)
         assert len(got[task_id]) == 1, "one result"
         result = json.loads(got[task_id][0].value)
         assert result["status"] == "succeeded", result
         await page.wait("the inbox emptied", lambda d: d.execute_script(
-            "return !document.querySelector(arguments[0]) && document.getElementById('approvals-count').textContent === '0'", row))
+            "return !document.querySelector(arguments[0]) && "
+            "document.getElementById('approvals-count').textContent === '0'", row))
         await page.wait("the provider call counted on /metrics", lambda d: d.execute_script(
-            "return [...document.querySelectorAll('#metric-cards .card')].some(c => c.textContent.startsWith('provider calls1'))"))
+            "return [...document.querySelectorAll('#metric-cards .card')]"
+            ".some(c => c.textContent.startsWith('provider calls1'))"))
         await page.wait("the breaker table", lambda d: d.execute_script(
-            "const r = document.querySelector('#breakers-body tr[data-provider=\"fake\"]'); return !!r && r.textContent.includes('closed')"))
+            "const r = document.querySelector('#breakers-body tr[data-provider=\"fake\"]'); "
+            "return !!r && r.textContent.includes('closed')"))
         await page.screenshot(SCREENSHOTS / "console-overview.png")
 
         await page.type("#task-id", task_id)
         await page.click("#task-form button[type=submit]")
         await page.wait("the task's record", lambda d: d.execute_script(
-            "const r = document.getElementById('lookup-result'); return !r.hidden && r.textContent.includes('succeeded')"))
+            "const r = document.getElementById('lookup-result'); "
+            "return !r.hidden && r.textContent.includes('succeeded')"))
         assert await page.text("#lookup-title-text") == f"Task {task_id}"
         assert await page.errors() == [], "no script errors or CSP violations in the console"
     finally:

@@ -62,7 +62,8 @@ async def test_requeue_brings_a_dead_letter_back_to_a_result(cluster_factory, fa
 
 
 async def test_a_requeued_task_that_fails_again_comes_back_with_its_history(cluster_factory, fake_llm):
-    """Failing again after a requeue gives a new dead letter with its attempts, the requeue count and the earlier failure's headers."""
+    """Failing again after a requeue gives a new dead letter with its attempts, the requeue count
+    and the earlier failure's headers."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     w = await c.started()
@@ -81,4 +82,7 @@ async def test_a_requeued_task_that_fails_again_comes_back_with_its_history(clus
     assert history[0]["error_reason"] == dict((k, v.decode()) for k, v in first.headers)["error_reason"]
     assert history[0]["dead_letter"].endswith(f":{first.partition}:{first.offset}")
     assert second.value == first.value == encode(t)[1], "the original bytes, unchanged"
-    print(f"\nrequeued task failed again: DLQ attempts={headers['attempts']} requeues={headers['agents_stream.requeues']} history={len(history)}")
+    print(
+        f"\nrequeued task failed again: DLQ attempts={headers['attempts']} "
+        f"requeues={headers['agents_stream.requeues']} history={len(history)}"
+    )

@@ -39,7 +39,8 @@ def calls_per_task(fake, ids: set[str]) -> Counter:
 def group_lag(group: str, topic: str) -> int:
     """Total LAG of ``topic`` as Kafka's own kafka-consumer-groups tool reports it."""
     out = subprocess.run(
-        [str(ROOT / "scripts" / "kafka-tool"), "consumer-groups", "--bootstrap-server", BOOTSTRAP, "--describe", "--group", group],
+        [str(ROOT / "scripts" / "kafka-tool"), "consumer-groups", "--bootstrap-server", BOOTSTRAP, "--describe",
+         "--group", group],
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout
     lag = 0
@@ -60,7 +61,8 @@ def assert_one_distinct_success(results: dict, ids: set[str]) -> None:
 async def test_transient_failures_are_retried_with_growing_delays(cluster_factory, fake_llm):
     """A flaky provider (breaker never reached) is retried with exponential backoff, and the task then succeeds."""
     agent = unique("analyzer")
-    c = cluster_factory([agent], fake_llm.url, extra="[breaker]\nfailure_threshold = 100\n", AGENTS_STREAM_MAX_RETRIES="4")
+    c = cluster_factory([agent], fake_llm.url, extra="[breaker]\nfailure_threshold = 100\n",
+                        AGENTS_STREAM_MAX_RETRIES="4")
     await c.started()
     fake_llm.enqueue(*[status(503)] * 4)
     t = task(agent)
@@ -75,7 +77,8 @@ async def test_transient_failures_are_retried_with_growing_delays(cluster_factor
 
 
 async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(cluster_factory, fake_llm):
-    """Scenario C: the breaker opens → tasks held (no DLQ, no failed result), lag visible; provider back → all complete."""
+    """Scenario C: the breaker opens → tasks held (no DLQ, no failed result), lag visible;
+    provider back → all complete."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url, extra="[breaker]\nopen_timeout_s = 3\n", AGENTS_STREAM_MAX_RETRIES="3")
     w = await c.started()
@@ -96,7 +99,8 @@ async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(
     lag = await asyncio.to_thread(group_lag, c.app_id, topics.task_topic(agent))
     print(f"\nscenario C: lag while held = {lag} (kafka-consumer-groups)")
     assert lag == len(ts)
-    early = await read_topic("agent.results", until=lambda s: False, timeout=2, keep=lambda m: m.key and m.key.decode() in ids)
+    early = await read_topic("agent.results", until=lambda s: False, timeout=2,
+                             keep=lambda m: m.key and m.key.decode() in ids)
     assert early == [], "no result (failed or otherwise) while held"
     dlq = await read_topic(topics.dlq_topic(agent), until=lambda s: False, timeout=2)
     assert dlq == [], "held tasks are never dead-lettered"
@@ -112,7 +116,8 @@ async def _lag_zero(group: str, agent: str) -> bool:
 
 
 async def test_sigkill_with_calls_in_flight_loses_nothing(cluster_factory, fake_llm):
-    """SIGKILL mid-call: nothing committed past in-flight tasks (Faust's concurrency>1 / noack loss); restart → every task answered."""
+    """SIGKILL mid-call: nothing committed past in-flight tasks (Faust's concurrency>1 / noack loss);
+    restart → every task answered."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=4.0)
@@ -136,8 +141,9 @@ async def test_sigkill_with_calls_in_flight_loses_nothing(cluster_factory, fake_
     interrupted = {t: calls[t] for t in in_flight_at_kill}
     rest = {t: calls[t] for t in ids - in_flight_at_kill}
     print(
-        f"\nSIGKILL: {len(in_flight_at_kill)} calls in flight at kill; all {len(ids)} answered {elapsed:.1f}s after restart; "
-        f"calls per interrupted task max {max(interrupted.values())}, per other task max {max(rest.values(), default=0)}"
+        f"\nSIGKILL: {len(in_flight_at_kill)} calls in flight at kill; all {len(ids)} answered {elapsed:.1f}s after "
+        f"restart; calls per interrupted task max {max(interrupted.values())}, "
+        f"per other task max {max(rest.values(), default=0)}"
     )
     assert len(in_flight_at_kill) >= 20
     assert max(interrupted.values()) <= 2
@@ -145,7 +151,8 @@ async def test_sigkill_with_calls_in_flight_loses_nothing(cluster_factory, fake_
 
 
 async def test_sigterm_with_calls_in_flight_exits_cleanly_and_loses_nothing(cluster_factory, fake_llm):
-    """SIGTERM mid-call: clean exit within the grace period (Faust's wait_empty hang), nothing lost, nothing run twice after finishing."""
+    """SIGTERM mid-call: clean exit within the grace period (Faust's wait_empty hang), nothing lost,
+    nothing run twice after finishing."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_SHUTDOWN_GRACE_S="6")
     await fake_llm.set_mode(latency=2.0)
@@ -165,7 +172,8 @@ async def test_sigterm_with_calls_in_flight_exits_cleanly_and_loses_nothing(clus
 
 
 async def test_broker_restart_with_tasks_in_flight_completes_every_task_once(cluster_factory, fake_llm):
-    """Layer 3: the broker goes away mid-work (failed sends and commits) and returns; the worker survives and loses nothing."""
+    """Layer 3: the broker goes away mid-work (failed sends and commits) and returns; the worker survives
+    and loses nothing."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=3.0)
@@ -184,7 +192,8 @@ async def test_broker_restart_with_tasks_in_flight_completes_every_task_once(clu
 
 
 async def test_second_worker_joining_mid_run_loses_and_duplicates_nothing(cluster_factory, fake_llm):
-    """Rebalance (Faust drops and acks buffered events): scale from 1 to 2 workers mid-run; every task exactly one distinct result."""
+    """Rebalance (Faust drops and acks buffered events): scale from 1 to 2 workers mid-run;
+    every task exactly one distinct result."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=0.3)
@@ -202,7 +211,8 @@ async def test_second_worker_joining_mid_run_loses_and_duplicates_nothing(cluste
 
 
 async def test_permanent_provider_error_ends_failed_and_dead_lettered(cluster_factory, fake_llm):
-    """HTTP 400 is the task's own fault: one `failed` result and one DLQ record with error_layer=downstream, no retries."""
+    """HTTP 400 is the task's own fault: one `failed` result and one DLQ record with error_layer=downstream,
+    no retries."""
     from agents_stream.testing.fakellm import status
 
     agent = unique("analyzer")
@@ -246,7 +256,9 @@ async def test_poison_message_redelivered_after_a_crash_is_dead_lettered_once(cl
     c = cluster_factory([agent], fake_llm.url)
     await fake_llm.set_mode(latency=4.0)
     w = await c.started("a")
-    slow = next(t for t in (task(agent) for _ in range(1000)) if topics.partition_for(t["task_id"].encode(), PARTITIONS) == 0)
+    slow = next(
+        t for t in (task(agent) for _ in range(1000)) if topics.partition_for(t["task_id"].encode(), PARTITIONS) == 0
+    )
     await produce(topics.task_topic(agent), [encode(slow)], partition=0)
     await eventually(lambda: fake_llm.in_flight >= 1, timeout=30, interval=0.1, what="the slow call in flight")
     await produce(topics.task_topic(agent), [(b"poison-1", b"{not json")], partition=0)
@@ -257,7 +269,8 @@ async def test_poison_message_redelivered_after_a_crash_is_dead_lettered_once(cl
     await c.started("a")
     results = await results_for({slow["task_id"]}, timeout=90)
     assert_one_distinct_success(results, {slow["task_id"]})
-    await eventually(lambda: _committed_past(c.app_id, topics.task_topic(agent), 2), timeout=30, what="the commit past both")
+    await eventually(lambda: _committed_past(c.app_id, topics.task_topic(agent), 2), timeout=30,
+                     what="the commit past both")
     dead = await read_topic(topics.dlq_topic(agent), timeout=5, until=lambda seen: False)
     assert len(dead) == 1, f"the poison message has {len(dead)} dead letters"
 
@@ -280,7 +293,8 @@ async def test_a_dead_letter_a_dead_worker_sent_but_never_marked_is_not_sent_aga
     ]
     await produce(dlq, [(b"pill-0", b"{not json")], headers=sent_before)
     w = await c.started("a")
-    await eventually(lambda: _committed_past(c.app_id, source, 1, partitions=(0, 1)), timeout=60, what="both pills committed")
+    await eventually(lambda: _committed_past(c.app_id, source, 1, partitions=(0, 1)), timeout=60,
+                     what="both pills committed")
     dead = await read_topic(dlq, timeout=5, until=lambda seen: False)
     per_pill = Counter(dict(m.headers)["original_partition"] for m in dead)
     assert per_pill == {b"0": 1, b"1": 1}, f"dead letters per pill partition: {per_pill}"

@@ -40,7 +40,9 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
     letters by layer match what was caused, a 503 is one retry; a slow call shows as in flight, leased and lagging,
     a parked task as a pending approval; at the end in-flight, leases, approvals and lag are back to 0."""
     agent, gate = unique("metrics"), unique("gate")
-    policy = f'[agents.{gate}.approval]\nalways = true\n[[agents.{gate}.approval.levels]]\nname = "lead"\ntimeout_s = 600\n'
+    policy = (
+        f'[agents.{gate}.approval]\nalways = true\n[[agents.{gate}.approval.levels]]\nname = "lead"\ntimeout_s = 600\n'
+    )
     c = cluster_factory([agent, gate], fake_llm.url, extra=policy)
     w = await c.started()
     tasks_topic = topics.task_topic(agent)
@@ -80,14 +82,16 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
 
     # N_OK ordinary tasks among three layer-1 poison messages.
     good = [task(agent, n=i) for i in range(N_OK)]
-    poison = [(b"poison-null", None), (b"poison-json", b"{not json"), (b"poison-schema", json.dumps({"task_id": "p", "agent_name": 1}).encode())]
+    poison = [(b"poison-null", None), (b"poison-json", b"{not json"),
+              (b"poison-schema", json.dumps({"task_id": "p", "agent_name": 1}).encode())]
     await produce(tasks_topic, [encode(g) for g in good] + poison)
     await results_for({g["task_id"] for g in good}, timeout=60)
     await read_topic(topics.dlq_topic(agent), until=lambda seen: len(seen) >= 5, timeout=60)
 
     # A finished task delivered again: its stored result goes out again; nothing is counted.
     await produce(tasks_topic, [encode(good[0])])
-    await read_topic(topics.RESULTS, until=lambda seen: len(seen) >= 2, timeout=60, keep=lambda m: m.key == good[0]["task_id"].encode())
+    await read_topic(topics.RESULTS, until=lambda seen: len(seen) >= 2, timeout=60,
+                     keep=lambda m: m.key == good[0]["task_id"].encode())
 
     # A task parked for approval is pending until a human rejects it.
     parked = task(gate)
@@ -116,10 +120,12 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
         return m if quiet else None
 
     m = await eventually(settled, timeout=30, what="every count final and every gauge back to 0")
-    assert {o: value(m, "agents_stream_tasks_total", agent=agent, outcome=o) for o in ("succeeded", "failed", "dead_lettered", "rejected")} == {
+    assert {o: value(m, "agents_stream_tasks_total", agent=agent, outcome=o)
+            for o in ("succeeded", "failed", "dead_lettered", "rejected")} == {
         "succeeded": N_OK + 2, "failed": 2, "dead_lettered": 0, "rejected": 0,
     }
-    assert {o: value(m, "agents_stream_tasks_total", agent=gate, outcome=o) for o in ("succeeded", "failed", "dead_lettered", "rejected")} == {
+    assert {o: value(m, "agents_stream_tasks_total", agent=gate, outcome=o)
+            for o in ("succeeded", "failed", "dead_lettered", "rejected")} == {
         "succeeded": 0, "failed": 0, "dead_lettered": 0, "rejected": 1,
     }
     assert value(m, "agents_stream_dead_letters_total", agent=agent, layer="downstream") == 2
@@ -130,7 +136,9 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
     assert value(m, "agents_stream_provider_retries_total", provider="fake", reason="server_error") == 1
 
     calls = total(m, "agents_stream_provider_calls_total", provider="fake")
-    assert calls == len(fake_llm.requests) >= N_OK + 5, "2 rejected, 1 failed, N_OK + 2 answered; the parked task made none"
+    assert calls == len(fake_llm.requests) >= N_OK + 5, (
+        "2 rejected, 1 failed, N_OK + 2 answered; the parked task made none"
+    )
     assert value(m, "agents_stream_provider_calls_total", provider="fake", outcome="rejected") == 2
     assert value(m, "agents_stream_provider_calls_total", provider="fake", outcome="failure") == 1
     assert value(m, "agents_stream_provider_call_seconds_count", provider="fake") == calls

@@ -33,7 +33,8 @@ async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluste
     body = json.loads(results[t["task_id"]][0].value)
     assert body["status"] == "succeeded" and body["agent_name"] == agent and body["attempts"] == 1
     assert body["usage"]["output_tokens"] > 0
-    offsets = await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent)), timeout=20, what="a committed offset")
+    offsets = await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent)), timeout=20,
+                               what="a committed offset")
     assert offsets == 1
     assert len([r for r in fake_llm.requests if r.task_id == t["task_id"]]) == 1
     # One changelog record per table write (running, then succeeded): the ledger awaits the table's own send
@@ -97,11 +98,14 @@ async def test_poison_messages_are_dead_lettered_with_headers_and_valid_tasks_st
         "json": b"{not json",
         "seed": b'{"task_id": "invalid-uuid-format", "agent_name": 12345, "instruction": null}',
         "missing": json.dumps({"task_id": "m1", "agent_name": agent}).encode(),
-        "types": json.dumps({"task_id": "t1", "agent_name": agent, "instruction": ["x"], "context_data": "no"}).encode(),
+        "types": json.dumps({"task_id": "t1", "agent_name": agent, "instruction": ["x"],
+                             "context_data": "no"}).encode(),
         "big": json.dumps({"task_id": "b1", "agent_name": agent, "instruction": "x" * 300_000}).encode(),
     }
     good = [task(agent, n=i) for i in range(4)]
-    records = [encode(good[0])] + [(f"poison-{k}".encode(), v) for k, v in poison.items()] + [encode(g) for g in good[1:]]
+    records = (
+        [encode(good[0])] + [(f"poison-{k}".encode(), v) for k, v in poison.items()] + [encode(g) for g in good[1:]]
+    )
     await produce(topics.task_topic(agent), records)
     dlq = await read_topic(topics.dlq_topic(agent), until=lambda seen: len(seen) >= len(poison), timeout=60)
     by_key = {m.key.decode(): m for m in dlq}
@@ -111,7 +115,8 @@ async def test_poison_messages_are_dead_lettered_with_headers_and_valid_tasks_st
         m = by_key[f"poison-{name}"]
         assert m.value == raw, f"{name}: original bytes unchanged"
         headers = {k: v.decode() for k, v in m.headers}
-        assert set(headers) >= {"error_reason", "error_layer", "original_topic", "original_partition", "original_offset", "failed_at", "attempts"}
+        assert set(headers) >= {"error_reason", "error_layer", "original_topic", "original_partition",
+                                "original_offset", "failed_at", "attempts"}
         assert headers["error_layer"] == "schema" and headers["original_topic"] == topics.task_topic(agent)
         reasons[name] = headers["error_reason"].split(":")[0]
     assert reasons == {
@@ -122,7 +127,8 @@ async def test_poison_messages_are_dead_lettered_with_headers_and_valid_tasks_st
     assert all(len(v) == 1 and json.loads(v[0].value)["status"] == "succeeded" for v in results.values())
     ends = await read_topic(topics.task_topic(agent), until=lambda s: len(s) >= len(records), timeout=10)
     assert len(ends) == len(records)
-    await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent), want=len(records)), timeout=20, what="all offsets committed")
+    await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent), want=len(records)), timeout=20,
+                     what="all offsets committed")
 
 
 async def _sum_committed(group: str, topic: str, want: int | None = None) -> int | None:
@@ -137,7 +143,8 @@ assert PARTITIONS >= 2
 
 
 async def test_replacement_worker_recovers_the_table_from_the_changelog(cluster_factory, fake_llm):
-    """A worker on a new machine (empty data dir) rebuilds the task table from Kafka: finished tasks are not called again."""
+    """A worker on a new machine (empty data dir) rebuilds the task table from Kafka:
+    finished tasks are not called again."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     w = await c.started("a")
@@ -169,4 +176,5 @@ async def test_a_worker_with_another_partition_count_stops_at_start_and_says_why
     w = c.worker(AGENTS_STREAM_PARTITIONS=str(PARTITIONS // 2)).start()
     code = await asyncio.to_thread(w.proc.wait, 90)
     assert code != 0
-    assert f"AGENTS_STREAM_PARTITIONS={PARTITIONS // 2}" in w.tail(200) and f"'agent.approvals': {PARTITIONS}" in w.tail(200)
+    assert (f"AGENTS_STREAM_PARTITIONS={PARTITIONS // 2}" in w.tail(200)
+            and f"'agent.approvals': {PARTITIONS}" in w.tail(200))

@@ -23,7 +23,8 @@ from .harness import encode, eventually, produce, read_topic, results_for, task,
 
 def provider(name: str, fake: FakeLLM, *, kind: str = "openai", model: str | None = None, **extra: Any) -> str:
     base = f"{fake.url}/v1" if kind == "openai" else fake.url
-    lines = [f"[providers.{name}]", f'kind = "{kind}"', f'base_url = "{base}"', f'model = "{model or name + "-model"}"', "timeout_s = 5"]
+    lines = [f"[providers.{name}]", f'kind = "{kind}"', f'base_url = "{base}"', f'model = "{model or name + "-model"}"',
+             "timeout_s = 5"]
     lines += [f"{k} = {json.dumps(v)}" for k, v in extra.items()]
     return "\n".join(lines) + "\n\n"
 
@@ -125,7 +126,8 @@ def _at(msg: Any) -> float:
 
 
 async def test_every_provider_down_holds_then_recovers_with_a_bounded_ramp(cluster_factory):
-    """All providers down: tasks held and lag grows; on recovery all complete and the primary's concurrency stays within max_concurrency."""
+    """All providers down: tasks held and lag grows; on recovery all complete
+    and the primary's concurrency stays within max_concurrency."""
     max_conc = 4
     async with FakeLLM() as primary, FakeLLM() as alternate:
         agent = unique("analyzer")
@@ -151,7 +153,8 @@ async def test_every_provider_down_holds_then_recovers_with_a_bounded_ramp(clust
         calls_down = len(primary.requests) + len(alternate.requests)
         print(f"\nall down: lag {lag} of {len(ts)}, {calls_down} calls to the two providers while down")
         assert lag == len(ts), "no task committed while every provider is down"
-        early = await read_topic("agent.results", until=lambda s: False, timeout=1, keep=lambda m: m.key and m.key.decode() in ids)
+        early = await read_topic("agent.results", until=lambda s: False, timeout=1,
+                                 keep=lambda m: m.key and m.key.decode() in ids)
         assert early == [], "held tasks produce no result"
 
         await primary.set_mode(latency=0.3)
@@ -165,15 +168,20 @@ async def test_every_provider_down_holds_then_recovers_with_a_bounded_ramp(clust
         if set(results) != ids:  # say where the rest are before failing
             for w in workers:
                 print("worker", w.name, await w.get("/readyz"), json.dumps(await w.get("/circuits")))
-            print("fake calls", len(primary.requests), len(alternate.requests), "in flight", primary.in_flight, alternate.in_flight)
-    print(f"recovery: peak concurrency in the first 5 s primary {first_peak[0]} (limit {max_conc}), alternate {first_peak[1]} (limit 2)")
+            print("fake calls", len(primary.requests), len(alternate.requests), "in flight", primary.in_flight,
+                  alternate.in_flight)
+    print(
+        f"recovery: peak concurrency in the first 5 s primary {first_peak[0]} (limit {max_conc}), alternate "
+        f"{first_peak[1]} (limit 2)"
+    )
     assert set(results) == ids
     assert first_peak[0] <= max_conc and first_peak[1] <= 2
     assert primary.peak_in_flight <= max_conc
 
 
 async def test_retry_after_is_honoured_by_every_worker(cluster_factory):
-    """A 429 with Retry-After seen by one worker stops new calls from both, apart from those started within the propagation delay."""
+    """A 429 with Retry-After seen by one worker stops new calls from both,
+    apart from those started within the propagation delay."""
     retry_after = 3.0
     async with FakeLLM() as fake:
         await fake.set_mode(latency=0.2)
@@ -204,13 +212,16 @@ async def test_retry_after_is_honoured_by_every_worker(cluster_factory):
           f"{[round(v * 1000, 1) for v in measured]} ms")
     assert len(measured) == 1, "exactly one worker learned the 429 from the other"
     assert measured[0] < 1.0, "propagation under one second"
-    assert all(d <= measured[0] + 0.05 for d in inside), "calls inside the Retry-After window only within the propagation delay"
+    assert all(d <= measured[0] + 0.05 for d in inside), (
+        "calls inside the Retry-After window only within the propagation delay"
+    )
     assert after, "calls resume once Retry-After elapsed"
     assert len(results) == len(ts) and all(r["status"] == "succeeded" for r in results.values())
 
 
 async def test_format_retry_corrects_then_dead_letters_what_never_validates(cluster_factory, fake_llm):
-    """A malformed first answer gets one corrective retry; an answer that never validates ends failed and dead-lettered."""
+    """A malformed first answer gets one corrective retry; an answer that never validates ends failed
+    and dead-lettered."""
     agent = unique("analyzer")
     schema = {"type": "object", "required": ["answer"], "properties": {"answer": {"type": "string"}}}
     toml = provider("fake", fake_llm) + agent_toml(agent, providers=["fake"], output_schema=schema, format_retries=2)
@@ -224,7 +235,9 @@ async def test_format_retry_corrects_then_dead_letters_what_never_validates(clus
     calls = [r for r in fake_llm.requests if r.task_id == good["task_id"]]
     assert result["status"] == "succeeded" and result["output"] == {"answer": "42"}
     assert len(calls) == 2, "exactly one corrective retry"
-    assert "not JSON" in calls[1].instruction and '"answer"' in calls[1].instruction, "the retry names the error and the schema"
+    assert "not JSON" in calls[1].instruction and '"answer"' in calls[1].instruction, (
+        "the retry names the error and the schema"
+    )
 
     fake_llm.enqueue(*[ok("still not JSON")] * 3)
     bad = task(agent)
@@ -239,7 +252,8 @@ async def test_format_retry_corrects_then_dead_letters_what_never_validates(clus
     print(f"\nformat: corrective retry ok; exhausted → DLQ reason {headers['error_reason'][:80]!r}")
 
 
-EASY = ["Translate 'good morning' into French.", "What is the capital of Italy?", "Spell 'necessary' backwards.", "Give a synonym for 'happy'."]
+EASY = ["Translate 'good morning' into French.", "What is the capital of Italy?", "Spell 'necessary' backwards.",
+        "Give a synonym for 'happy'."]
 HARD = [
     "Compare the three pricing proposals in the context step by step and explain why one of them is best.",
     "Analyze the incident timeline and design a plan to prevent it from happening again.",
@@ -248,7 +262,8 @@ HARD = [
 
 
 async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(cluster_factory):
-    """Cheap-first: easy tasks are answered by the light model, hard ones by the primary; a low-confidence light answer escalates; cost = tokens x price."""
+    """Cheap-first: easy tasks are answered by the light model, hard ones by the primary;
+    a low-confidence light answer escalates; cost = tokens x price."""
     async with FakeLLM(default=ok('{"answer": "from primary", "confidence": "high"}')) as primary, \
             FakeLLM(default=ok('{"answer": "from light", "confidence": "high"}')) as light:
         agent = unique("analyzer")
@@ -278,7 +293,8 @@ async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(c
         assert results[t["task_id"]]["source"].startswith("primary:"), t["instruction"]
     assert escalated["source"].startswith("primary:") and escalated["output"]["answer"] == "from primary"
     assert [r.task_id for r in light.requests].count(doubtful["task_id"]) == 1
-    prices = {"primary": Price(input_per_mtok=2.0, output_per_mtok=8.0), "light": Price(input_per_mtok=0.1, output_per_mtok=0.4)}
+    prices = {"primary": Price(input_per_mtok=2.0, output_per_mtok=8.0),
+              "light": Price(input_per_mtok=0.1, output_per_mtok=0.4)}
     for t in easy + hard:
         r = results[t["task_id"]]
         tier = r["source"].split(":")[0]
@@ -291,13 +307,20 @@ async def test_router_sends_easy_tasks_to_the_light_tier_and_prices_every_call(c
         if line.startswith("agents_stream_cost_usd_total{") and f'agent="{agent}"' in line
     )
     assert abs(metric - spent) < 1e-9, "the cost metric adds up the results' costs"
-    assert f'agents_stream_answers_total{{agent="{agent}",confidence="high",status="succeeded",tier="light"}} {float(len(easy))}' in scraped
-    print(f"\nrouter: {len(easy)} easy → light, {len(hard)} hard → primary; escalated cost {escalated['usage']['cost']}; "
-          f"agents_stream_cost_usd_total {metric:.6f}")
+    assert (
+        f'agents_stream_answers_total{{agent="{agent}",confidence="high",status="succeeded",tier="light"}} '
+        f'{float(len(easy))}'
+        in scraped
+    )
+    print(
+        f"\nrouter: {len(easy)} easy → light, {len(hard)} hard → primary; escalated cost {escalated['usage']['cost']}; "
+        f"agents_stream_cost_usd_total {metric:.6f}"
+    )
 
 
 async def test_classifier_router_asks_a_model_which_tier_a_task_needs(cluster_factory):
-    """router = "classifier": the classifier model's verdict, not the heuristic, picks the tier (one classifier call per task)."""
+    """router = "classifier": the classifier model's verdict, not the heuristic,
+    picks the tier (one classifier call per task)."""
     async with FakeLLM() as primary, FakeLLM() as light, FakeLLM(default=ok("Hard.")) as judge:
         agent = unique("analyzer")
         toml = (
@@ -319,7 +342,8 @@ async def test_classifier_router_asks_a_model_which_tier_a_task_needs(cluster_fa
 
 
 async def test_lower_rungs_light_cache_and_partial(cluster_factory):
-    """Primary down: a light-tier agent answers a simplified task (low), a cached agent answers from the last good answer (low),
+    """Primary down: a light-tier agent answers a simplified task (low),
+    a cached agent answers from the last good answer (low),
     and an agent allowed to go to the bottom answers with the explicit partial result (failed)."""
     async with FakeLLM() as primary, FakeLLM() as light:
         a_light, a_cache, a_partial = unique("lite"), unique("cached"), unique("partial")
@@ -352,14 +376,17 @@ async def test_lower_rungs_light_cache_and_partial(cluster_factory):
     lr = results[lite["task_id"]]
     assert lr["source"].startswith("light:") and lr["confidence"] == "low" and lr["status"] == "succeeded"
     sent = next(r for r in light.requests if r.task_id == lite["task_id"])
-    assert SIMPLIFY_PREFIX in sent.instruction and "x" * 600 not in json.dumps(sent.body), "the light tier gets a simplified task"
+    assert SIMPLIFY_PREFIX in sent.instruction and "x" * 600 not in json.dumps(sent.body), (
+        "the light tier gets a simplified task"
+    )
     pr = results[part["task_id"]]
     assert pr["status"] == "partial" and pr["partial"] is True and pr["confidence"] == "failed" and pr["output"] is None
     print("\nlower rungs: cache → low, light (simplified) → low, partial → failed")
 
 
 async def test_budget_sends_work_to_the_cheaper_tier_or_holds_it(cluster_factory):
-    """Past its daily budget an agent's tasks go to the light tier (over_budget = "cheaper") or are held (over_budget = "hold")."""
+    """Past its daily budget an agent's tasks go to the light tier (over_budget = "cheaper")
+    or are held (over_budget = "hold")."""
     async with FakeLLM() as primary, FakeLLM() as light:
         cheap, strict = unique("cheap"), unique("strict")
         toml = (
@@ -380,7 +407,8 @@ async def test_budget_sends_work_to_the_cheaper_tier_or_holds_it(cluster_factory
         await produce(topics.task_topic(cheap), [encode(second[0])])
         await produce(topics.task_topic(strict), [encode(second[1])])
         r2 = decoded(await results_for({second[0]["task_id"]}, timeout=60))[second[0]["task_id"]]
-        none = await read_topic("agent.results", until=lambda s: False, timeout=3, keep=lambda m: m.key == second[1]["task_id"].encode())
+        none = await read_topic("agent.results", until=lambda s: False, timeout=3,
+                                keep=lambda m: m.key == second[1]["task_id"].encode())
         lag = await uncommitted(c.app_id, topics.task_topic(strict))
     assert r2["source"].startswith("light:") and r2["confidence"] == "medium"
     assert none == [], "a task held by its budget has no result"
@@ -391,7 +419,8 @@ async def test_budget_sends_work_to_the_cheaper_tier_or_holds_it(cluster_factory
 
 
 async def test_requests_per_second_limit_is_shared_by_the_workers(cluster_factory):
-    """rps is a cluster-wide limit: two workers together start no more calls in any window than rps allows (plus the bursts)."""
+    """rps is a cluster-wide limit: two workers together start no more calls in any window than rps
+    allows (plus the bursts)."""
     rps = 5.0
     async with FakeLLM() as fake:
         agent = unique("analyzer")
@@ -408,12 +437,16 @@ async def test_requests_per_second_limit_is_shared_by_the_workers(cluster_factor
     busiest = max(sum(1 for t in stamps if s <= t < s + window) for s in stamps)
     allowed = rps * window + 2 * max(1.0, rps / 2)  # the rate, plus each worker's burst
     span = stamps[-1] - stamps[0]
-    print(f"\nrps {rps:g}: {len(stamps)} calls over {span:.1f}s ({len(stamps) / span:.2f}/s); busiest {window:g}s window {busiest} (allowed {allowed:g})")
+    print(
+        f"\nrps {rps:g}: {len(stamps)} calls over {span:.1f}s ({len(stamps) / span:.2f}/s); busiest {window:g}s window "
+        f"{busiest} (allowed {allowed:g})"
+    )
     assert busiest <= allowed
 
 
 async def test_escalation_with_nothing_above_keeps_the_light_answer(cluster_factory):
-    """An easy task's light answer that escalated is used (once, not re-asked) when every tier above it is down and `lowest` allows it."""
+    """An easy task's light answer that escalated is used (once, not re-asked) when every tier above it is down
+    and `lowest` allows it."""
     async with FakeLLM() as primary, FakeLLM(default=ok('{"answer": "maybe", "confidence": "low"}')) as light:
         agent = unique("analyzer")
         toml = (

@@ -11,11 +11,15 @@ from .harness import encode, eventually, produce, read_topic, results_for, task,
 
 
 def saga_toml(agent: str) -> str:
-    return f'[providers.local]\nkind = "local"\n\n[agents.{agent}]\nproviders = ["local"]\nsaga = "agents_stream.examples.refund:REFUND"\n'
+    return (
+        f'[providers.local]\nkind = "local"\n\n[agents.{agent}]\nproviders = ["local"]\n'
+        'saga = "agents_stream.examples.refund:REFUND"\n'
+    )
 
 
 def order(agent: str) -> dict:
-    return task(agent, instruction="refund order", context_data={"order_id": unique("o"), "amount": 42.5, "email": "a@example.com"})
+    return task(agent, instruction="refund order",
+                context_data={"order_id": unique("o"), "amount": 42.5, "email": "a@example.com"})
 
 
 async def test_refund_saga_compensates_before_the_pivot_and_retries_after_it(cluster_factory):
@@ -32,7 +36,8 @@ async def test_refund_saga_compensates_before_the_pivot_and_retries_after_it(clu
         r1 = json.loads((await results_for({undone["task_id"]}, timeout=60))[undone["task_id"]][0].value)
         mine = [x for x in services.calls if x.key.startswith(undone["task_id"])]
         assert r1["status"] == "failed" and "failed before its pivot" in r1["error"]
-        assert [(x.operation, x.failed) for x in mine] == [("carrier.label", False), ("payment.refund", True), ("carrier.cancel_label", False)]
+        assert [(x.operation, x.failed) for x in mine] == [("carrier.label", False), ("payment.refund", True),
+                                                           ("carrier.cancel_label", False)]
 
         services.fail("mail.send", times=2)
         done = order(agent)
@@ -40,15 +45,18 @@ async def test_refund_saga_compensates_before_the_pivot_and_retries_after_it(clu
         r2 = json.loads((await results_for({done["task_id"]}, timeout=60))[done["task_id"]][0].value)
         mine = [x for x in services.calls if x.key.startswith(done["task_id"])]
         assert r2["status"] == "succeeded" and set(r2["output"]) == {"label", "refund", "notify", "update_order"}
-        assert [x.operation for x in mine] == ["carrier.label", "payment.refund", "mail.send", "mail.send", "mail.send", "orders.update"]
+        assert [x.operation for x in mine] == ["carrier.label", "payment.refund", "mail.send", "mail.send", "mail.send",
+                                               "orders.update"]
         assert len({x.key for x in mine if x.operation == "mail.send"}) == 1, "one idempotency key across the retries"
         assert not [x for x in mine if x.operation == "carrier.cancel_label"], "nothing is undone after the pivot"
         for op in ("carrier.label", "payment.refund", "mail.send", "orders.update", "carrier.cancel_label"):
             keys = services.executed(op)
             assert len(keys) == len(set(keys)), f"{op}: a key had an effect twice"
         controls = await read_topic(
-            topics.CONTROL, timeout=20, until=lambda s: any(json.loads(m.value)["event"] == "saga.completed" for m in s),
-            keep=lambda m: m.key in (undone["task_id"].encode(), done["task_id"].encode()) and json.loads(m.value)["event"].startswith("saga."),
+            topics.CONTROL, timeout=20,
+            until=lambda s: any(json.loads(m.value)["event"] == "saga.completed" for m in s),
+            keep=lambda m: (m.key in (undone["task_id"].encode(), done["task_id"].encode())
+                            and json.loads(m.value)["event"].startswith("saga.")),
         )
     events = [(m.key.decode() == done["task_id"], json.loads(m.value)["event"]) for m in controls]
     assert (False, "saga.compensating") in events and (False, "saga.compensated") in events
@@ -59,7 +67,8 @@ async def test_refund_saga_compensates_before_the_pivot_and_retries_after_it(clu
 
 async def test_refund_saga_survives_a_worker_kill_after_the_pivot(cluster_factory):
     """SIGKILL while `notify` is in flight (after the pivot): the next worker replays the checkpointed reports, so
-    label and refund are not called again, notify is repeated with its key (no second effect), and the saga completes."""
+    label and refund are not called again, notify is repeated with its key (no second effect), and the saga
+    completes."""
     async with FakeServices() as services:
         agent = unique("support")
         c = cluster_factory([agent], None, toml=saga_toml(agent), AGENTS_STREAM_REFUND_SERVICES=services.url)
@@ -75,6 +84,7 @@ async def test_refund_saga_survives_a_worker_kill_after_the_pivot(cluster_factor
         assert r["status"] == "succeeded" and set(r["output"]) == {"label", "refund", "notify", "update_order"}
         mine = [(x.operation, x.replay) for x in services.calls if x.key.startswith(t["task_id"])]
         assert mine == [
-            ("carrier.label", False), ("payment.refund", False), ("mail.send", False), ("mail.send", True), ("orders.update", False),
+            ("carrier.label", False), ("payment.refund", False), ("mail.send", False), ("mail.send", True),
+            ("orders.update", False),
         ], mine
     print(f"\nsaga kill: calls after a SIGKILL during notify {mine}")

@@ -112,7 +112,9 @@ async def probe(agent: str, partitions: set[int], prefix: str) -> dict[int, floa
 
 
 def assert_one_distinct_success(results: dict, ids: set[str]) -> None:
-    assert set(results) == ids, f"{len(ids - set(results))} tasks without a result, e.g. {sorted(ids - set(results))[:5]}"
+    assert set(results) == ids, (
+        f"{len(ids - set(results))} tasks without a result, e.g. {sorted(ids - set(results))[:5]}"
+    )
     for task_id, msgs in results.items():
         assert len({m.value for m in msgs}) == 1, f"{task_id} has {len({m.value for m in msgs})} distinct results"
         assert json.loads(msgs[0].value)["status"] == "succeeded", msgs[0].value
@@ -142,7 +144,8 @@ async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, f
     toml = write_config(tmp_path / "scale.toml", [agent], fake_llm.url, timeout_s=CALL_S * 1.5).read_text()
     c = cluster_factory(
         [agent], fake_llm.url, toml=toml,
-        AGENTS_STREAM_MAX_IN_FLIGHT="128", AGENTS_STREAM_LEASE_TTL_S=LEASE_TTL_S, AGENTS_STREAM_SHUTDOWN_GRACE_S=GRACE_S,
+        AGENTS_STREAM_MAX_IN_FLIGHT="128", AGENTS_STREAM_LEASE_TTL_S=LEASE_TTL_S,
+        AGENTS_STREAM_SHUTDOWN_GRACE_S=GRACE_S,
     )
     started = time.monotonic()
     w0 = await c.started("w0")
@@ -155,7 +158,10 @@ async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, f
     await produce(topic, [encode(t) for t in first])
     await eventually(lambda: fake_llm.in_flight >= TASKS, timeout=30, interval=0.1, what=f"{TASKS} calls in flight")
     calls_started = min(r.ts for r in fake_llm.requests if r.task_id in ids)
-    print(f"\nscale-out: {TASKS} calls of {CALL_S:.0f}s in flight on w0 ({time.time() - calls_started:.1f}s after the first began)")
+    print(
+        f"\nscale-out: {TASKS} calls of {CALL_S:.0f}s in flight on w0 "
+        f"({time.time() - calls_started:.1f}s after the first began)"
+    )
 
     since = time.monotonic()
     w1, w2 = c.worker("w1").start(), c.worker("w2").start()
@@ -169,7 +175,8 @@ async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, f
     ready_s = time.monotonic() - since
     out_owners = by_worker(owners, workers)
     print(f"scale-out: group Stable with 3 members after {stable_s:.1f}s ({out_owners}); "
-          f"{in_flight_at_stable} calls still in flight, {done_at_stable} answered; new workers ready after {ready_s:.1f}s")
+          f"{in_flight_at_stable} calls still in flight, {done_at_stable} answered; new workers ready after "
+          f"{ready_s:.1f}s")
     # The rebalance did not wait for the calls: it was over while every one of them still ran.
     assert done_at_stable == 0, f"{done_at_stable} of the long calls had ended before the group was stable"
     assert stable_s < CALL_S / 2, stable_s
@@ -189,7 +196,10 @@ async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, f
     assert_one_distinct_success(results, ids)
     calls = calls_per_task(fake_llm, ids)
     out_done_s = max(m.timestamp / 1000 for msgs in results.values() for m in msgs) - calls_started
-    print(f"scale-out: all {TASKS} answered {out_done_s:.1f}s after the first call began; calls per task {dict(Counter(calls.values()))}")
+    print(
+        f"scale-out: all {TASKS} answered {out_done_s:.1f}s after the first call began; calls per task "
+        f"{dict(Counter(calls.values()))}"
+    )
     # The calls kept running on w0 (its heartbeats renewed the leases the new owners read): none ran twice.
     assert set(calls.values()) == {1}, {t: n for t, n in calls.items() if n != 1}
     moved = {t for t in ids if partition_of(t) in new_parts}
@@ -198,7 +208,8 @@ async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, f
         ("scale-out: new workers ready (/readyz)", f"{ready_s:.1f} s"),
         ("scale-out: long calls answered when Stable", f"{done_at_stable} of {TASKS}"),
         ("scale-out: new task → result on w1/w2 partitions", f"{min(took[p] for p in new_parts):.2f}..{on_new:.2f} s"),
-        ("scale-out: new task → result on w0 partitions", f"{min(took[p] for p in out_owners['w0']):.2f}..{on_w0:.2f} s"),
+        ("scale-out: new task → result on w0 partitions",
+         f"{min(took[p] for p in out_owners['w0']):.2f}..{on_w0:.2f} s"),
         ("scale-out: tasks whose partition moved", f"{len(moved)} of {TASKS}, each 1 call"),
         ("scale-out: all 100 answered after first call", f"{out_done_s:.1f} s"),
     ]
@@ -209,7 +220,8 @@ async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, f
     second = [task(agent, n=i) for i in range(TASKS)]
     ids2 = {t["task_id"] for t in second}
     await produce(topic, [encode(t) for t in second])
-    await eventually(lambda: fake_llm.in_flight >= TASKS, timeout=30, interval=0.1, what=f"{TASKS} calls in flight on 3 workers")
+    await eventually(lambda: fake_llm.in_flight >= TASKS, timeout=30, interval=0.1,
+                     what=f"{TASKS} calls in flight on 3 workers")
     _s, _left, owners = await wait_for_group(c.app_id, topic, lambda o: len(o) == 3, since=time.monotonic(), timeout=10)
     in_owners = by_worker(owners, workers)
     owner_of = {p: name for name, parts in in_owners.items() for p in parts}

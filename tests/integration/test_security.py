@@ -75,7 +75,8 @@ def assert_no_password(*outputs: str) -> None:
     ids=["sasl_plaintext-scram-sha-512", "sasl_ssl-plain"],
 )
 async def test_worker_and_cli_over_sasl_process_a_task_end_to_end(cluster_factory, port, mechanism, tls):
-    """A worker and `agents-stream publish` with the same credentials: the task's result arrives; no password is logged."""
+    """A worker and `agents-stream publish` with the same credentials: the task's result arrives;
+    no password is logged."""
     agent = unique("secure")
     c = cluster_factory([agent], None)
     env = credentials(port, mechanism, tls=tls)
@@ -91,7 +92,8 @@ async def test_worker_and_cli_over_sasl_process_a_task_end_to_end(cluster_factor
 
 
 async def test_wrong_password_stops_the_cli_and_the_worker_with_the_reason(cluster_factory):
-    """A refused login: the CLI exits 1 and the worker exits (not hangs), both saying the broker refused the credentials."""
+    """A refused login: the CLI exits 1 and the worker exits (not hangs),
+    both saying the broker refused the credentials."""
     agent = unique("secure")
     env = credentials(SASL_PORT, "SCRAM-SHA-256", tls=False, password=WRONG_PASSWORD)
     proc = await publish(agent, [task(agent)], env)

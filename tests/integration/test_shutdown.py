@@ -30,7 +30,8 @@ async def test_sigterm_finishes_calls_in_flight_and_leaves_the_rest_to_the_next_
     ts = [task(agent) for _ in range(6)]
     ids = {t["task_id"] for t in ts}
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
-    await eventually(lambda: sum(1 for r in fake_llm.requests if r.task_id in ids) >= 2, timeout=30, what="two calls in flight")
+    await eventually(lambda: sum(1 for r in fake_llm.requests if r.task_id in ids) >= 2, timeout=30,
+                     what="two calls in flight")
     in_flight = {r.task_id for r in fake_llm.requests if r.task_id in ids}
 
     stopping = asyncio.create_task(asyncio.to_thread(w0.terminate, 40.0))
@@ -48,7 +49,10 @@ async def test_sigterm_finishes_calls_in_flight_and_leaves_the_rest_to_the_next_
     assert {json.loads(m[0].value)["status"] for m in early.values()} == {"succeeded"}, "calls in flight finished"
     called_by_w0 = Counter(r.task_id for r in fake_llm.requests if r.task_id in ids)
     assert set(called_by_w0) == in_flight, "nothing new was started after SIGTERM"
-    print(f"\nshutdown: exit {code} after {seconds:.1f}s, {len(in_flight)} calls finished, readyz {sorted(map(str, seen))}")
+    print(
+        f"\nshutdown: exit {code} after {seconds:.1f}s, {len(in_flight)} calls finished, readyz "
+        f"{sorted(map(str, seen))}"
+    )
 
     await fake_llm.set_mode(latency=0.0)
     await c.started("w1")

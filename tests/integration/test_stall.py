@@ -29,7 +29,8 @@ async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_f
     me = (await w.readyz())["worker"]
     alerts = await read_topic(
         topics.CONTROL, timeout=30, until=lambda seen: len(seen) >= 1,
-        keep=lambda m: json.loads(m.value)["event"] == "alert.partition_reread" and json.loads(m.value)["subject"] == me,
+        keep=lambda m: (json.loads(m.value)["event"] == "alert.partition_reread"
+                        and json.loads(m.value)["subject"] == me),
     )
     print(f"\nstall: {json.loads(alerts[0].value)}")
     assert await uncommitted(c.app_id, topics.task_topic(agent)) == 0

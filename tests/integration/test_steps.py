@@ -18,7 +18,8 @@ def calls_per_step(fake, task_id: str, steps: int) -> list[int]:
 
 
 async def test_a_killed_multi_step_task_reruns_only_the_unfinished_step(cluster_factory, fake_llm):
-    """SIGKILL during step 3 of 3: after the restart steps 1 and 2 are not called again; the result has all three outputs."""
+    """SIGKILL during step 3 of 3: after the restart steps 1 and 2 are not called again;
+    the result has all three outputs."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await c.started("a")
@@ -35,4 +36,6 @@ async def test_a_killed_multi_step_task_reruns_only_the_unfinished_step(cluster_
     assert result["status"] == "succeeded" and result["output"] == ["first", "second", "third"]
     assert calls == [1, 1, 2], "only the interrupted step ran again"
     later = [r for r in fake_llm.requests if r.task_id == t["task_id"] and "Step 3 of 3:" in r.instruction][-1]
-    assert "first" in json.dumps(later.body) and "second" in json.dumps(later.body), "later steps see the earlier outputs"
+    assert "first" in json.dumps(later.body) and "second" in json.dumps(later.body), (
+        "later steps see the earlier outputs"
+    )

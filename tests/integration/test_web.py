@@ -29,11 +29,15 @@ async def test_any_worker_answers_for_any_task(cluster_factory):
     for task_id in ids:
         for w in workers:
             body = await w.get(f"/tasks/{quote(task_id, safe='')}")
-            assert isinstance(body, dict) and body.get("task_id") == task_id and body["state"] == "succeeded", (w.name, task_id, body)
+            assert isinstance(body, dict) and body.get("task_id") == task_id and body["state"] == "succeeded", (
+                w.name, task_id, body)
             owners.add(body["owner"])
     assert len(owners) == 2, "both workers own some of the tasks, so half the reads were forwarded"
     views = [await w.get("/circuits") for w in workers]
-    assert set(views[0]["providers"]) == set(views[1]["providers"]) == {"local"} and views[0]["worker"] != views[1]["worker"]
+    assert (
+        set(views[0]["providers"]) == set(views[1]["providers"]) == {"local"}
+        and views[0]["worker"] != views[1]["worker"]
+    )
     for w in workers:
         body = await w.get("/tasks/no-such-task")
         assert body == {"error": "unknown task_id 'no-such-task'"}
@@ -53,7 +57,9 @@ async def post(w, path: str, body: Any, *, token: str | None = TOKEN, **headers:
             return r.status, await r.json()
 
 
-async def test_dead_letters_are_listed_shown_and_requeued_over_http_and_mutations_are_guarded(cluster_factory, fake_llm):
+async def test_dead_letters_are_listed_shown_and_requeued_over_http_and_mutations_are_guarded(
+    cluster_factory, fake_llm
+):
     """/dlq lists a dead letter with its layer and reason, /dlq/<ref> shows it, POST /dlq/requeue brings it back to a
     result; a requeue without the token, from another origin, not as JSON or too large is refused and sends nothing."""
     agent = unique("webdlq")
@@ -81,10 +87,12 @@ async def test_dead_letters_are_listed_shown_and_requeued_over_http_and_mutation
     assert (await post(w, "/dlq/requeue", json.dumps(ref).encode(), **{"Content-Type": "text/plain"}))[0] == 415
     assert (await post(w, "/dlq/requeue", {"ref": row["ref"], "pad": "x" * 70_000}))[0] == 413
     assert (await post(w, "/dlq/requeue", {"ref": "not-a-ref"}))[0] == 400
-    status_code, body = await post(w, "/dlq/requeue", {"topic": row["topic"], "partition": row["partition"], "offset": row["offset"]},
+    status_code, body = await post(w, "/dlq/requeue",
+                                   {"topic": row["topic"], "partition": row["partition"], "offset": row["offset"]},
                                    Origin=f"http://127.0.0.1:{w.web_port}")
     assert status_code == 202 and body["requeued"]["task_id"] == t["task_id"], body
-    results = await read_topic(topics.RESULTS, timeout=60, until=lambda seen: len(seen) >= 2, keep=lambda m: m.key == t["task_id"].encode())
+    results = await read_topic(topics.RESULTS, timeout=60, until=lambda seen: len(seen) >= 2,
+                               keep=lambda m: m.key == t["task_id"].encode())
     assert [json.loads(m.value)["status"] for m in results] == ["failed", "succeeded"], "one requeue, one new run"
     await asyncio.sleep(2)
     assert (await w.get(f"/dlq?agent={agent}"))["count"] == 1, "the refused requeues sent nothing"
@@ -100,7 +108,8 @@ async def test_cancel_over_http_becomes_a_job_event(cluster_factory):
     assert (await post(w, f"/jobs/{job_id}/cancel", {"by": "ops"}, token=None))[0] == 401
     status_code, body = await post(w, f"/jobs/{job_id}/cancel", {"by": "ops", "reason": "wrong input"})
     assert status_code == 202 and body == {"accepted": True, "job_id": job_id, "by": "ops"}
-    sent = await read_topic(topics.JOBS, timeout=30, until=lambda seen: len(seen) >= 1, keep=lambda m: m.key == job_id.encode())
+    sent = await read_topic(topics.JOBS, timeout=30, until=lambda seen: len(seen) >= 1,
+                            keep=lambda m: m.key == job_id.encode())
     assert len(sent) == 1, "the refused call sent nothing"
     event = json.loads(sent[0].value)
     assert (event["job_id"], event["action"], event["by"], event["reason"]) == (job_id, "cancel", "ops", "wrong input")
@@ -109,7 +118,10 @@ async def test_cancel_over_http_becomes_a_job_event(cluster_factory):
 async def test_any_worker_lists_every_workers_approvals(cluster_factory, fake_llm):
     """Tasks parked for approval on two workers' partitions are all listed by /approvals on either worker."""
     agent = unique("webgate")
-    policy = f'[agents.{agent}.approval]\nalways = true\n[[agents.{agent}.approval.levels]]\nname = "lead"\ntimeout_s = 600\n'
+    policy = (
+        f'[agents.{agent}.approval]\nalways = true\n'
+        f'[[agents.{agent}.approval.levels]]\nname = "lead"\ntimeout_s = 600\n'
+    )
     c = cluster_factory([agent], fake_llm.url, extra=policy)
     workers = [await c.started("w0"), await c.started("w1")]
     ids = {f"{agent}-{i}" for i in range(12)}
@@ -123,7 +135,10 @@ async def test_any_worker_lists_every_workers_approvals(cluster_factory, fake_ll
     local = []
     async with aiohttp.ClientSession() as session:
         for w in workers:  # what each worker holds itself (the header marks a request already gathered)
-            async with session.get(f"http://127.0.0.1:{w.web_port}/approvals", headers={"X-Agents-Stream-Routed": "1"}) as r:
+            async with session.get(f"http://127.0.0.1:{w.web_port}/approvals",
+                                   headers={"X-Agents-Stream-Routed": "1"}) as r:
                 local.append({a["task_id"] for a in (await r.json())["awaiting"]})
-    assert all(local) and local[0] | local[1] == ids and not local[0] & local[1], "both workers hold some of the parked tasks"
+    assert all(local) and local[0] | local[1] == ids and not local[0] & local[1], (
+        "both workers hold some of the parked tasks"
+    )
     assert not [r for r in fake_llm.requests if r.task_id in ids], "nothing parked reached the provider"

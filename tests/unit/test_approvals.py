@@ -35,7 +35,8 @@ def parked(now: float = T0):
 
 def decide(record, decision="approve", by="alice", now=T0 + 1):
     return approvals.decide(
-        record, decision=decision, by=by, via="http", comment=None, now=now, me="w2", ttl=30.0, rejected_result=REJECTED_JSON,
+        record, decision=decision, by=by, via="http", comment=None, now=now, me="w2", ttl=30.0,
+        rejected_result=REJECTED_JSON,
     )
 
 
@@ -60,8 +61,10 @@ def test_policy_rules_each_match_and_name_themselves():
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": 100}) is None
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": "900.50"}) == "amount 900.5 > 100"
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": " 90 "}) is None
-    assert policy(amount_field="amount", amount_above=100, context_data={}) is None  # no amount: the rule does not apply
-    assert policy(saga_flagged=True, risk_at_least="low", risk_level="low") == "risk_level low >= low; saga step flagged for approval"
+    assert policy(amount_field="amount", amount_above=100,
+                  context_data={}) is None  # no amount: the rule does not apply
+    assert policy(saga_flagged=True, risk_at_least="low",
+                  risk_level="low") == "risk_level low >= low; saga step flagged for approval"
 
 
 @pytest.mark.parametrize("amount", ["lots", float("nan"), float("inf"), [500], {"usd": 500}, True, None])
@@ -104,8 +107,11 @@ def test_approve_dispatches_once_and_records_who():
     """Approval starts dispatch 1 under a lease; the decision (who, how, level) is kept on the record."""
     record, _ = parked()
     running, effects = decide(record)
-    assert running.state == RUNNING and running.dispatch == 1 and running.owner == "w2" and running.lease_until == T0 + 31
-    assert effects == [Control("approval.decided", {"decision": "approve", "by": "alice", "via": "http", "level": 0}), Dispatch(1)]
+    assert (
+        running.state == RUNNING and running.dispatch == 1 and running.owner == "w2" and running.lease_until == T0 + 31
+    )
+    assert effects == [Control("approval.decided", {"decision": "approve", "by": "alice", "via": "http", "level": 0}),
+                       Dispatch(1)]
     assert approvals.state(running)["decision"]["by"] == "alice"
     # a second decision, either way, is ignored
     assert decide(running, "reject", "bob") == (running, [])
@@ -185,7 +191,8 @@ def test_a_parked_task_ignores_outcomes_heartbeats_and_expiry():
     record, _ = parked()
     assert leases.finish(record, status="succeeded", result="{}", reason=None, now=T0)[0] == record
     assert leases.heartbeat(record, dispatch=0, owner="x", now=T0, ttl=30)[0] == record
-    assert leases.expire(record, dispatch=0, now=T0 + 99, me="x", ttl=30, max_attempts=3, running_here=False) == (record, [])
+    assert leases.expire(record, dispatch=0, now=T0 + 99, me="x", ttl=30, max_attempts=3,
+                         running_here=False) == (record, [])
     assert leases.checkpoint(record, index=0, output="x")[0] == record
 
 
@@ -251,5 +258,6 @@ def test_slack_message_has_text_and_link_buttons():
     buttons = body["blocks"][-1]["elements"]
     assert [b["url"] for b in buttons] == ["http://w/a", "http://w/r"]
     assert len(body["blocks"][1]["text"]["text"]) == 300
-    plain = links.slack_message(task_id="r-1", agent="refunds", reason="r", level=0, level_name="lead", due=0.0, instruction="", links=None)
+    plain = links.slack_message(task_id="r-1", agent="refunds", reason="r", level=0, level_name="lead", due=0.0,
+                                instruction="", links=None)
     assert all(b["type"] != "actions" for b in plain["blocks"]) and "agents-stream approve" in plain["text"]

@@ -84,7 +84,8 @@ def test_attempt_below_one_is_rejected(attempt: int) -> None:
 def test_delay_is_bounded_and_honours_retry_after(
     attempt: int, retry_after: float | None, jitter: bool, seed: int
 ) -> None:
-    """For any attempt and Retry-After the delay is in the jitter band (or the Retry-After) and never below Retry-After."""
+    """For any attempt and Retry-After the delay is in the jitter band (or the Retry-After)
+    and never below Retry-After."""
     base, cap = 0.5, 30.0
     ceiling = min(cap, base * 2 ** (attempt - 1))
     floor = retry_after or 0.0

@@ -106,7 +106,8 @@ def test_a_late_failure_counts_against_the_latest_failure_seen() -> None:
 
 
 def test_a_late_failure_never_dates_the_opening_back() -> None:
-    """An opening triggered by a late report is stamped with the newest failure, so the open timeout is not cut short."""
+    """An opening triggered by a late report is stamped with the newest failure,
+    so the open timeout is not cut short."""
     b, _ = fold([Failure(100.0), Failure(101.0), Failure(70.0)])
     assert b.state == OPEN
     assert b.opened_at == 101.0
@@ -308,7 +309,8 @@ def test_a_probe_reporting_twice_counts_once() -> None:
 
 
 def test_a_cancelled_probe_frees_its_place_without_counting() -> None:
-    """A probe whose worker gave it back (verdict too late, shutdown) frees the half-open place at once and counts for nothing."""
+    """A probe whose worker gave it back (verdict too late, shutdown) frees the half-open place at once
+    and counts for nothing."""
     cfg = BreakerConfig(failure_threshold=1, open_timeout_s=10, half_open_probes=1)
     b, _ = breaker.step(breaker.Breaker(), breaker.Failure(at=0.0), cfg)
     b, _ = breaker.step(b, breaker.ProbeRequest(at=11.0, probe_id="p1"), cfg)

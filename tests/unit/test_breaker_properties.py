@@ -191,7 +191,8 @@ def test_a_failing_provider_opens_at_exactly_the_threshold_th_failure(
 def test_a_dead_provider_gets_at_most_half_open_probes_calls_per_half_open_window(
     cfg: BreakerConfig, workers: int, arrivals: list[tuple[float, int, float]]
 ) -> None:
-    """Workers that probe only when admitted send a dead provider at most half_open_probes calls per half-open window."""
+    """Workers that probe only when admitted send a dead provider at most half_open_probes
+    calls per half-open window."""
     b = Breaker()
     t = 0.0
     in_flight: list[tuple[float, int, str | None]] = []  # heap of (done_at, worker, probe id or None)

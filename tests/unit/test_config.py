@@ -269,12 +269,14 @@ def test_breaker_defaults_and_per_provider_overrides() -> None:
         ({"providers": ["local"], "router": "classifier"}, None, 'needs classifier = "<provider>"'),
         ({"providers": ["local"], "output_schema": {"type": "object"}, "output_model": "m:M"}, None, "not both"),
         ({"providers": ["local"], "lowest": "great"}, None, "lowest"),
-        ({"providers": ["local"]}, {"local": {"kind": "local", "breaker": {"failure_threshold": 0}}}, "bad breaker settings"),
+        ({"providers": ["local"]}, {"local": {"kind": "local", "breaker": {"failure_threshold": 0}}},
+         "bad breaker settings"),
         ({"providers": ["local"]}, {"local": {"kind": "local", "max_concurrency": 0}}, "max_concurrency"),
         ({"providers": ["local"]}, {"local": {"kind": "local", "timeout_s": 90}}, "probe_timeout_s"),
     ],
 )
-def test_bad_resilience_settings_are_refused_with_a_clear_message(agent: dict, providers: dict | None, message: str) -> None:
+def test_bad_resilience_settings_are_refused_with_a_clear_message(agent: dict, providers: dict | None,
+                                                                  message: str) -> None:
     """A mistyped fallback, router, schema or breaker setting stops the worker at start with its name in the error."""
     with pytest.raises(ValidationError, match=message):
         config({"x": agent}, providers or {"local": {"kind": "local"}})

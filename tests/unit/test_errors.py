@@ -108,7 +108,8 @@ def test_provider_errors_are_dead_lettered_as_downstream(cls: type[TaskError]) -
     assert cls("x").layer == "downstream"
 
 
-@pytest.mark.parametrize("cls", [PoisonMessage, TransientError, RateLimited, PermanentError, SystemicError, CircuitOpen])
+@pytest.mark.parametrize("cls", [PoisonMessage, TransientError, RateLimited, PermanentError, SystemicError,
+                                 CircuitOpen])
 def test_every_error_is_a_task_error(cls: type[Exception]) -> None:
     """One ``except TaskError`` catches every error of the tree."""
     assert issubclass(cls, TaskError)

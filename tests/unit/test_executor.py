@@ -97,7 +97,9 @@ async def test_a_multi_step_task_checkpoints_each_step_and_passes_it_on() -> Non
     first, second = p.requests
     assert "Step 1 of 2: pick a city" in first.instruction and "Step 2 of 2: book a hotel" in second.instruction
     assert "previous_steps" not in first.body["messages"][-1]["content"]
-    assert '"previous_steps"' in second.body["messages"][-1]["content"] and "one" in second.body["messages"][-1]["content"]
+    assert (
+        '"previous_steps"' in second.body["messages"][-1]["content"] and "one" in second.body["messages"][-1]["content"]
+    )
 
 
 async def test_a_redispatched_multi_step_task_does_only_the_steps_not_done() -> None:

@@ -101,7 +101,8 @@ def run(record: JobRecord, outcomes: dict[str, str]) -> tuple[JobRecord, list]:
 
 
 def test_chain_runs_each_step_after_its_dependencies_and_hands_down_their_outputs() -> None:
-    """a → b → c, and d after a and c: each step is dispatched once its deps are done, with their outputs as upstream."""
+    """a → b → c, and d after a and c: each step is dispatched once its deps are done,
+    with their outputs as upstream."""
     record, effects = submit(CHAIN, context_data={"customer": "acme"})
     assert record.state == RUNNING and record.order == ["a", "b", "c", "d"]
     assert effects == [
@@ -467,7 +468,8 @@ def test_cycle_is_rejected_and_its_members_named() -> None:
     [
         (plan(task("a", deps=("nope",))), "task 'a' depends on 'nope', not a task of the plan"),
         (plan(task("a", deps=("a",))), "task 'a' depends on itself"),
-        (plan(task("a", "ghost")), "names agent 'ghost', which is not known; known agents: researcher, reviewer, writer"),
+        (plan(task("a", "ghost")),
+         "names agent 'ghost', which is not known; known agents: researcher, reviewer, writer"),
         (plan(task("a"), task("b"), task("a"), task("b")), "task ids must be unique; repeated: a, b"),
         (plan(task("plan")), "'plan' is reserved"),
         ("{not json", "the plan is not JSON"),

@@ -1,4 +1,5 @@
-"""Broker credentials without a broker: settings → Faust's broker_credentials and aiokafka kwargs, and the checks at start."""
+"""Broker credentials without a broker: settings → Faust's broker_credentials and aiokafka kwargs,
+and the checks at start."""
 
 from __future__ import annotations
 
@@ -47,7 +48,8 @@ def test_default_is_plaintext_without_credentials():
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
 def test_sasl_plaintext_gives_the_same_auth_to_faust_and_to_plain_clients(mechanism):
     """SASL_PLAINTEXT with each mechanism: Faust's credentials reach aiokafka exactly as our own clients' kwargs do."""
-    s = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism, sasl_username="agents", sasl_password=PASSWORD)
+    s = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism=mechanism, sasl_username="agents",
+                 sasl_password=PASSWORD)
     kwargs = client_kwargs(s)
     assert kwargs == {
         "security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism,
@@ -60,13 +62,15 @@ def test_sasl_plaintext_gives_the_same_auth_to_faust_and_to_plain_clients(mechan
 
 def test_sasl_ssl_uses_a_verifying_tls_context_with_the_ca_file(pem):
     """SASL_SSL: the broker's certificate and host name are checked against AGENTS_STREAM_KAFKA_SSL_CAFILE."""
-    s = settings(security_protocol="sasl_ssl", sasl_mechanism="plain", sasl_username="key", sasl_password=PASSWORD, ssl_cafile=str(pem["cert"]))
+    s = settings(security_protocol="sasl_ssl", sasl_mechanism="plain", sasl_username="key", sasl_password=PASSWORD,
+                 ssl_cafile=str(pem["cert"]))
     kwargs = client_kwargs(s)
     context = kwargs.pop("ssl_context")
     assert isinstance(context, ssl.SSLContext)
     assert context.verify_mode == ssl.CERT_REQUIRED and context.check_hostname
     assert [c["subject"] for c in context.get_ca_certs()] == [((("commonName", "test"),),)]
-    assert kwargs == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_plain_username": "key", "sasl_plain_password": PASSWORD}
+    assert kwargs == {"security_protocol": "SASL_SSL", "sasl_mechanism": "PLAIN", "sasl_plain_username": "key",
+                      "sasl_plain_password": PASSWORD}
     creds = broker_credentials(s)
     assert creds.protocol.value == "SASL_SSL" and creds.ssl_context is not None
     assert credentials_to_aiokafka_auth(creds)["security_protocol"] == "SASL_SSL"
@@ -104,9 +108,12 @@ def test_ssl_with_a_client_certificate_in_one_or_two_files(pem, files):
         ({"security_protocol": "SASL_SSL", "sasl_username": "u"}, "SASL_SSL needs AGENTS_STREAM_KAFKA_SASL_PASSWORD"),
         ({"sasl_username": "u", "sasl_password": "p"}, "PLAINTEXT does not use SASL"),
         ({"security_protocol": "SASL_PLAINTEXT", "sasl_username": "u", "sasl_password": "p", "ssl_cafile": "/ca.pem"},
-         "AGENTS_STREAM_KAFKA_SSL_CAFILE set but AGENTS_STREAM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT does not use TLS"),
-        ({"security_protocol": "SSL", "ssl_cafile": "/nonexistent/ca.pem"}, "AGENTS_STREAM_KAFKA_SSL_CAFILE='/nonexistent/ca.pem': no such file"),
-        ({"security_protocol": "SSL", "ssl_keyfile": "/k.pem"}, "AGENTS_STREAM_KAFKA_SSL_KEYFILE is set without AGENTS_STREAM_KAFKA_SSL_CERTFILE"),
+         "AGENTS_STREAM_KAFKA_SSL_CAFILE set but "
+         "AGENTS_STREAM_KAFKA_SECURITY_PROTOCOL=SASL_PLAINTEXT does not use TLS"),
+        ({"security_protocol": "SSL", "ssl_cafile": "/nonexistent/ca.pem"},
+         "AGENTS_STREAM_KAFKA_SSL_CAFILE='/nonexistent/ca.pem': no such file"),
+        ({"security_protocol": "SSL", "ssl_keyfile": "/k.pem"},
+         "AGENTS_STREAM_KAFKA_SSL_KEYFILE is set without AGENTS_STREAM_KAFKA_SSL_CERTFILE"),
     ],
 )
 def test_invalid_combinations_fail_naming_the_setting(env, named):
@@ -129,7 +136,8 @@ def test_the_password_is_never_shown(capsys):
     """The SASL password appears in no repr, description or `agents-stream settings` output."""
     from agents_stream.ops.cli import main
 
-    s = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="agents", sasl_password=PASSWORD)
+    s = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-512", sasl_username="agents",
+                 sasl_password=PASSWORD)
     shown = [repr(s), str(s), repr(parse(s)), parse(s).describe(), repr(broker_credentials(s))]
     assert all(PASSWORD not in text for text in shown), shown
     assert "SCRAM-SHA-512 as user 'agents'" in parse(s).describe()
@@ -154,7 +162,8 @@ def test_diagnose_names_the_refusal_and_the_settings_but_not_the_password():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
-    st = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256", sasl_username="agents", sasl_password=PASSWORD)
+    st = settings(security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256", sasl_username="agents",
+                  sasl_password=PASSWORD)
     reason = asyncio.run(kafka_security.diagnose(st, f"127.0.0.1:{port}", timeout=5))
     assert f"127.0.0.1:{port}:" in reason and "SASL SCRAM-SHA-256 as user 'agents'" in reason
     assert PASSWORD not in reason

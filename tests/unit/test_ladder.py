@@ -83,7 +83,8 @@ async def test_a_cached_answer_older_than_the_limit_is_not_used_and_the_task_hol
     """A cached answer past cache_max_age_s is no answer: with nothing else allowed, the task is held."""
     async with FakeLLM(DOWN, default=None) as p:
         settings = {"probe_interval_s": 30.0}
-        async with worker({"p": p}, {"providers": ["p"], "lowest": "low", "cache_max_age_s": 60}, settings=settings) as w:
+        async with worker({"p": p}, {"providers": ["p"], "lowest": "low", "cache_max_age_s": 60},
+                          settings=settings) as w:
             w.dispatch("t1")
             await w.until(lambda: w.lookups, what="a cache lookup")
             w.executor.cache_answer("t1", {"output": "stale", "at": time.time() - 120, "task_id": "t0"})

@@ -180,7 +180,8 @@ def test_success_emits_result_and_settles() -> None:
 
 
 def test_failure_emits_result_dead_letters_and_settles() -> None:
-    """A failure emits its result, dead-letters the payload as 'downstream' with the dispatch count, alerts, then settles."""
+    """A failure emits its result, dead-letters the payload as 'downstream' with the dispatch count, alerts,
+    then settles."""
     rec = running(dispatch=2, owner=ME)
     new, effects = leases.finish(rec, status=FAILED, result=RESULT, reason="http_400", now=T0 + 3)
     assert effects == [
@@ -475,7 +476,8 @@ def test_step_outputs_are_checkpointed_in_order_and_duplicates_change_nothing() 
 
 
 def test_a_redispatch_carries_the_checkpoint_and_finishing_clears_it() -> None:
-    """A task taken over after a crash keeps its finished steps; when it ends the checkpoint is cleared (the result has them)."""
+    """A task taken over after a crash keeps its finished steps;
+    when it ends the checkpoint is cleared (the result has them)."""
     r, _ = leases.checkpoint(running(lease_until=T0), index=0, output="one")
     taken, effects = expire(r, dispatch=1, now=T0 + 1)
     assert Dispatch(2) in effects and leases.completed_steps(taken) == ["one"]

@@ -253,7 +253,8 @@ async def test_a_delivery_confirmed_after_a_revoke_does_not_release_the_hold_of_
 
 
 def _event(tp: TP, offset: int, value: bytes, key: bytes = b"k") -> SimpleNamespace:
-    return SimpleNamespace(message=SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[]), key=key, value=value)
+    return SimpleNamespace(message=SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[]), key=key,
+                           value=value)
 
 
 async def test_a_record_past_a_gap_is_not_applied_before_the_records_it_skipped():
@@ -370,7 +371,8 @@ async def _dead_letter_whose_send_fails(found: object) -> tuple[Ledger, list, li
 
 async def test_a_dead_letter_whose_failed_send_landed_all_the_same_is_not_sent_again():
     ledger, sent, lookups = await _dead_letter_whose_send_fails(found=SimpleNamespace(ref="agent.tasks.a.dlq:2:5"))
-    assert [lookup[:2] for lookup in lookups] == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], "looked on the topic before re-sending"
+    assert [lookup[:2] for lookup in lookups] == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], (
+        "looked on the topic before re-sending")
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"], "not sent a second time"
     assert ledger.watermark.commit_offset(TP1) == 64
 

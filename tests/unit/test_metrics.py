@@ -60,7 +60,8 @@ def test_retry_reason_is_one_of_five_labels(exc: BaseException, reason: str) -> 
 def test_retry_reasons_stay_a_small_set() -> None:
     """Whatever is raised, the label is one of the five documented values."""
     errors = [RateLimited("x"), TransientError("x"), PermanentError("x"), ValueError("x"), _raised_from(OSError())]
-    assert {metrics.retry_reason(e) for e in errors} <= {"rate_limited", "timeout", "connection", "server_error", "unexpected"}
+    assert {metrics.retry_reason(e) for e in errors} <= {"rate_limited", "timeout", "connection", "server_error",
+                                                         "unexpected"}
 
 
 def test_consumer_lag_sums_partitions_per_topic() -> None:
@@ -71,7 +72,8 @@ def test_consumer_lag_sums_partitions_per_topic() -> None:
 
 
 def test_consumer_lag_counts_unknown_partitions_as_zero_and_never_goes_negative() -> None:
-    """A partition with no fetched end or no position yet adds nothing; a stale end below the position is 0, not negative."""
+    """A partition with no fetched end or no position yet adds nothing; a stale end below the position is 0,
+    not negative."""
     ends = {TP("a", 0): None, TP("a", 1): 3, TP("a", 2): 9, TP("a", 3): 2}
     positions = {TP("a", 0): 1, TP("a", 1): None, TP("a", 2): 8, TP("a", 3): 5}
     assert metrics.consumer_lag(ends, positions) == {"a": 1}
@@ -93,7 +95,8 @@ def _scrape(**kwargs) -> dict[tuple[str, tuple], float]:
 
 
 def test_render_sets_the_scrape_time_gauges() -> None:
-    """Leases, approvals per agent, lag per topic, held tasks and breaker state come from the values passed at scrape time."""
+    """Leases, approvals per agent, lag per topic, held tasks and breaker state come from the values
+    passed at scrape time."""
     agent, topic, provider = (f"{p}-{uuid.uuid4().hex[:8]}" for p in ("agent", "topic", "provider"))
     got = _scrape(
         circuits={provider: {"state": "half_open", "opens": 3}}, held=2, agents=[agent], leases_now=5,
@@ -108,7 +111,8 @@ def test_render_sets_the_scrape_time_gauges() -> None:
     assert got[("agents_stream_provider_calls_in_flight", (("provider", provider),))] == 0
 
     again = _scrape(agents=[agent], approvals={agent: 0}, lag={topic: 0})
-    assert again[("agents_stream_approvals_pending", (("agent", agent),))] == 0, "a gauge falls back, it is not left behind"
+    assert again[("agents_stream_approvals_pending", (("agent", agent),))] == 0, (
+        "a gauge falls back, it is not left behind")
     assert again[("agents_stream_consumer_lag_messages", (("topic", topic),))] == 0
 
 

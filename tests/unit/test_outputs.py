@@ -157,7 +157,8 @@ def test_pydantic_model_errors_are_short_and_located() -> None:
     with pytest.raises(FormatError) as info:
         spec.check('{"score": "high"}')
     assert str(info.value) == (
-        "missing required property 'summary'; $.score: Input should be a valid integer, unable to parse string as an integer"
+        "missing required property 'summary'; "
+        "$.score: Input should be a valid integer, unable to parse string as an integer"
     )
     with pytest.raises(FormatError, match=r"^not JSON: "):
         spec.check("{oops")

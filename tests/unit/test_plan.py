@@ -53,7 +53,8 @@ def test_lowest_failed_allows_the_partial_result() -> None:
 
 
 def test_providers_without_their_key_are_skipped(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A provider whose key is unset is not a rung (the next one becomes primary); an unusable light model is dropped."""
+    """A provider whose key is unset is not a rung (the next one becomes primary);
+    an unusable light model is dropped."""
     monkeypatch.delenv("AGENTS_STREAM_TEST_UNSET_KEY", raising=False)
     p = plan({"providers": ["keyed", "alt"], "light": "keyed", "lowest": "low"})
     assert rungs(p) == [("primary", "alt", "high", False)]
@@ -61,7 +62,8 @@ def test_providers_without_their_key_are_skipped(monkeypatch: pytest.MonkeyPatch
 
 
 def test_a_bad_agent_schema_or_model_stops_the_worker_at_start() -> None:
-    """An invalid agent-level output_schema or an unimportable output_model is configuration: refused when the plan is built."""
+    """An invalid agent-level output_schema or an unimportable output_model is configuration: refused
+    when the plan is built."""
     with pytest.raises(ValueError, match="agent 'x'"):
         plan({"providers": ["p"], "output_schema": {"type": "no-such-type"}})
     with pytest.raises(ValueError, match="agent 'x'.*nowhere"):

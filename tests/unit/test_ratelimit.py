@@ -220,7 +220,8 @@ def test_share_with_no_live_workers_counts_this_one(live: int) -> None:
 
 
 def test_share_never_drops_below_minimum() -> None:
-    """With more workers than the limit, each still gets ``minimum``, so none starves (the total may exceed the limit)."""
+    """With more workers than the limit, each still gets ``minimum``,
+    so none starves (the total may exceed the limit)."""
     assert share(3, 10) == 1.0
     assert share(3, 10, minimum=0.5) == 0.5
     assert share(3, 10, minimum=0) == pytest.approx(0.3)

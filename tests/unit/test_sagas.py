@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 REFUND = Saga("refund", ("label", "refund", "notify", "update_order"), pivot="refund")
 
 
-def run(saga: Saga, failures: dict[tuple[str, str], int], limit: int = 200) -> tuple[sagas.SagaState, list[tuple[str, str, str]], list[Control]]:
+def run(saga: Saga, failures: dict[tuple[str, str], int],
+        limit: int = 200) -> tuple[sagas.SagaState, list[tuple[str, str, str]], list[Control]]:
     """Drive a saga to its end; ``failures[(kind, step)]`` = how many attempts of it fail first.
 
     Returns the final state, the calls the services saw as (kind, step, idempotency key), and the control events.
@@ -64,7 +65,8 @@ def test_a_failure_before_the_pivot_compensates_in_reverse() -> None:
     """The refund (the pivot) fails: the label is cancelled; nothing after it runs."""
     state, calls, _ = run(REFUND, {("action", "refund"): 1})
     assert state.status == COMPENSATED
-    assert calls == [("action", "label", "s-1:label"), ("action", "refund", "s-1:refund"), ("compensation", "label", "s-1:label:compensate")]
+    assert calls == [("action", "label", "s-1:label"), ("action", "refund", "s-1:refund"),
+                     ("compensation", "label", "s-1:label:compensate")]
 
 
 def test_a_failure_after_the_pivot_is_retried_to_completion_with_the_same_key() -> None:
@@ -83,7 +85,8 @@ def test_a_failing_compensation_is_retried_until_it_succeeds() -> None:
     state, calls, _ = run(saga, {("action", "c"): 1, ("compensation", "b"): 2})
     assert state.status == COMPENSATED and state.undone == ("b", "a")
     comps = [c for c in calls if c[0] == "compensation"]
-    assert [c[1] for c in comps] == ["b", "b", "b", "a"] and {c[2] for c in comps if c[1] == "b"} == {"s-1:b:compensate"}
+    assert ([c[1] for c in comps] == ["b", "b", "b", "a"]
+            and {c[2] for c in comps if c[1] == "b"} == {"s-1:b:compensate"})
 
 
 def test_duplicate_and_stale_reports_change_nothing() -> None:
@@ -106,7 +109,8 @@ def test_a_bad_saga_definition_is_refused() -> None:
 
 
 failures = st.dictionaries(
-    st.tuples(st.sampled_from(["action", "compensation"]), st.sampled_from(REFUND.steps)), st.integers(0, 3), max_size=6,
+    st.tuples(st.sampled_from(["action", "compensation"]), st.sampled_from(REFUND.steps)), st.integers(0, 3),
+    max_size=6,
 )
 
 

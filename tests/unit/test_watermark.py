@@ -172,7 +172,8 @@ steps = st.lists(
 @settings(max_examples=300)
 @given(steps=steps)
 def test_commit_never_passes_open_or_unhandled(steps: list[tuple[int, list[int], int]]) -> None:
-    """For any interleaving of handled/open/close the commit never passes the lowest open offset or the last handled + 1."""
+    """For any interleaving of handled/open/close the commit never passes the lowest open offset
+    or the last handled + 1."""
     wm = Watermark()
     holds: list[int] = []  # a multiset of open offsets, the model
     for offset, (opens, closes, reopen) in enumerate(steps):
