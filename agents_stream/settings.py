@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any
+from pathlib import Path
+from typing import Any, Sequence
+
+#: where a worker keeps its tables when neither ``faust --datadir`` nor AGENTS_STREAM_DATA_DIR says: one
+#: directory per app id, so workers of two app ids on one host never open each other's RocksDB stores
+DEFAULT_DATA_ROOT = ".data/worker"
 
 
 def bootstrap_servers(broker_url: str) -> str:
@@ -52,7 +57,11 @@ class Settings:
         "Address other workers reach this worker's web views at (table reads are forwarded to the key's owner there); also the one they listen on unless WEB_BIND is set.",
     )
     web_bind: str = _setting("WEB_BIND", "", "Address the web views listen on, when not WEB_HOST (0.0.0.0 in a container: WEB_HOST is then its own IP).")
-    data_dir: str = _setting("AGENTS_STREAM_DATA_DIR", ".data/worker", "Where this worker keeps its RocksDB tables (one per worker on a host).")
+    data_dir: str = _setting(
+        "AGENTS_STREAM_DATA_DIR", "",
+        "Where this worker keeps its RocksDB tables (one per worker on a host); Faust's --datadir wins over it. "
+        "Empty: .data/worker/<app id>.",
+    )
     partitions: int = _setting("AGENTS_STREAM_PARTITIONS", 8, "Partitions of every topic the app creates: the ceiling of scale-out.")
     max_in_flight: int = _setting("AGENTS_STREAM_MAX_IN_FLIGHT", 64, "Provider calls one worker runs at once.")
     max_queued: int = _setting("AGENTS_STREAM_MAX_QUEUED", 256, "Dispatched tasks waiting for a call slot before intake pauses.")
@@ -107,6 +116,13 @@ class Settings:
             return not self.agent_filter()
         return _parse_bool("AGENTS_STREAM_JOBS", self.jobs)
 
+    def worker_data_dir(self, cli_datadir: str | None = None) -> str:
+        """The data directory: Faust's ``--datadir`` when given, else AGENTS_STREAM_DATA_DIR, else
+        ``.data/worker/<app id>`` (namespaced: another app id on the host has its own)."""
+        if cli_datadir:
+            return cli_datadir
+        return self.data_dir or str(Path(DEFAULT_DATA_ROOT) / self.app_id)
+
     def link_base(self) -> str:
         return self.public_url or f"http://{self.web_host}:{self.web_port}"
 
@@ -117,3 +133,20 @@ class Settings:
     def describe(cls) -> list[tuple[str, str, Any, str]]:
         """(field, env name, default, doc) for every setting."""
         return [(f.name, f.metadata["env"], f.default, f.metadata["doc"]) for f in fields(cls)]
+
+
+def datadir_option(argv: Sequence[str]) -> str | None:
+    """The value of Faust's own ``--datadir``/``-D`` option when ``argv`` is Faust's command line
+    (``faust -A agents_stream.app --datadir X worker``), else None.
+
+    Faust imports the app module before it applies that option (it reads ``-A`` and ``-W`` from argv the same
+    way, first), and this app's tables are defined at import: so the app reads the option here.
+    """
+    if not argv or not (Path(argv[0]).name == "faust" or Path(argv[0]).parent.name == "faust"):
+        return None
+    for i, arg in enumerate(argv[1:], 1):
+        if arg in ("-D", "--datadir"):
+            return argv[i + 1] if i + 1 < len(argv) else None
+        if arg.startswith("--datadir="):
+            return arg.partition("=")[2] or None
+    return None

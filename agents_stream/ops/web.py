@@ -15,7 +15,7 @@ import html
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import aiohttp
 from aiokafka.errors import KafkaError
@@ -27,13 +27,35 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.ops import dlq, metrics
 from agents_stream.ops.notify import LinkError, verify
 from agents_stream.orchestrator import JobRequest
+from agents_stream.settings import Settings
+from agents_stream.tables.definitions import Tables
 from agents_stream.tables.leases import TaskRecord
+
+if TYPE_CHECKING:
+    from agents_stream.execution.executor import Executor
+    from agents_stream.ledger.ledger import Ledger
+    from agents_stream.resilience.circuits import Circuits
 
 log = logging.getLogger(__name__)
 
 
 MAX_BODY = 64 * 1024
 ROUTED_HEADER = "X-Agents-Stream-Routed"
+
+
+class Worker(Protocol):
+    """What the web views read of the worker they run in (agents_stream.app.Runtime is one)."""
+
+    settings: Settings
+    tables: Tables
+    worker_id: str
+    agents: list[str]
+    ready: bool  # output topics declared and executor running
+    ledger: Ledger
+    executor: Executor
+    circuits: Circuits
+
+    def consumer_lag(self) -> dict[str, int]: ...
 
 
 class Refused(Exception):
@@ -119,14 +141,14 @@ async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
     await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json().encode())
 
 
-def owner_of(app: Any, table: Any, key: str) -> str | None:
+def owner_of(app: Any, table: Any, key: str, partitions: int) -> str | None:
     """The web URL of the worker whose active partitions hold ``key`` in ``table``; None during a rebalance.
 
     Faust's own ``table_route`` hashes the key as the changelog serializes it
     (JSON, with quotes), not as our topics are keyed (raw task_id bytes), so it
     sends about half of all lookups to a worker that does not own the key.
     """
-    partition = topics.partition_for(key.encode("utf-8"), app.settings.partitions)
+    partition = topics.partition_for(key.encode("utf-8"), partitions)
     changelog = table.changelog_topic.get_topic_name()
     for url, assigned in app.router.tables_metadata().items():
         if partition in assigned.get(changelog, ()):
@@ -134,12 +156,12 @@ def owner_of(app: Any, table: Any, key: str) -> str | None:
     return None
 
 
-def routed(app: Any, table: Any, param: str) -> Any:
+def routed(app: Any, table: Any, param: str, partitions: int) -> Any:
     """Answer a read on the worker that owns the key, forwarding the request there when that is another worker."""
 
     def decorate(handler: Any) -> Any:
         async def view(self: View, request: Request, **kwargs: Any) -> Response:
-            owner = owner_of(app, table, kwargs[param])
+            owner = owner_of(app, table, kwargs[param], partitions)
             here = str(app.conf.canonical_url).rstrip("/")
             if owner is None:
                 return self.json({"error": "partitions are being reassigned; retry in a few seconds"}, status=503)
@@ -165,23 +187,24 @@ def _page(title: str, body: str) -> str:
     ).format(t=html.escape(title), b=body)
 
 
-def register(app: Any) -> None:
-    table = app.task_table
-    settings = app.settings
+def register(app: Any, runtime: Worker) -> None:
+    """Add the views to ``app``'s web server; they read ``runtime`` (its tables, ledger, executor, circuits)."""
+    table = runtime.tables.tasks
+    settings = runtime.settings
     security = kafka_security.client_kwargs(settings)
 
     @app.page("/approvals")
     class Approvals(View):
         async def get(self, request: Request) -> Response:
             """The tasks awaiting approval on every worker (each worker knows those of its partitions)."""
-            awaiting = list(app.runtime.ledger.awaiting())
+            awaiting = list(runtime.ledger.awaiting())
             missing: list[str] = []
             if not request.headers.get(ROUTED_HEADER):
                 bodies, missing = await gather(app, "/approvals")
                 for body in bodies:
                     awaiting.extend(body.get("awaiting", []))
             awaiting.sort(key=lambda a: a.get("requested_at") or 0.0)
-            return self.json({"worker": app.runtime.worker_id, "awaiting": awaiting, "unreachable": missing})
+            return self.json({"worker": runtime.worker_id, "awaiting": awaiting, "unreachable": missing})
 
     @app.page("/approvals/{task_id}")
     class Decide(View):
@@ -309,7 +332,7 @@ def register(app: Any) -> None:
     @app.page("/healthz")
     class Healthz(View):
         async def get(self, request: Request) -> Response:
-            return self.json({"status": "ok", "worker": app.runtime.worker_id})
+            return self.json({"status": "ok", "worker": runtime.worker_id})
 
     @app.page("/readyz")
     class Readyz(View):
@@ -317,23 +340,23 @@ def register(app: Any) -> None:
             # The port opens only after table recovery; 503 once shutdown began.
             if app.should_stop:
                 return self.json({"status": "stopping"}, status=503)
-            if not app.runtime.started:
+            if not runtime.ready:
                 return self.json({"status": "starting"}, status=503)
-            ex = app.runtime.executor
+            ex = runtime.executor
             return self.json({
                 "status": "ready",
-                "worker": app.runtime.worker_id,
+                "worker": runtime.worker_id,
                 "in_flight": ex.running,
                 "queued": len(ex.jobs) - ex.running,
                 "held": ex.held,
-                "providers_down": sorted(p for p in app.runtime.circuits.circuits if not app.runtime.circuits.available(p)[0]),
+                "providers_down": sorted(p for p in runtime.circuits.circuits if not runtime.circuits.available(p)[0]),
             })
 
     @app.page("/metrics")
     class Metrics(View):
         async def get(self, request: Request) -> Response:
             # Only this worker's own numbers, from memory: Prometheus scrapes every worker and sums.
-            rt = app.runtime
+            rt = runtime
             body, content_type = metrics.render(
                 rt.circuits.describe(), rt.executor.held, agents=rt.agents, leases_now=len(rt.ledger.open_tasks),
                 approvals=rt.ledger.approvals_pending(rt.agents), lag=rt.consumer_lag(),
@@ -344,21 +367,21 @@ def register(app: Any) -> None:
     class CircuitsView(View):
         async def get(self, request: Request) -> Response:
             # The same on every worker: all fold one log (agents_stream.resilience.circuits).
-            return self.json({"worker": app.runtime.worker_id, "providers": app.runtime.circuits.describe()})
+            return self.json({"worker": runtime.worker_id, "providers": runtime.circuits.describe()})
 
-    if getattr(app.runtime.ledger, "orchestrator", None) is not None:
-        jobs_table = app.jobs_table
+    orchestrator = runtime.ledger.orchestrator
+    if orchestrator is not None:
 
         @app.page("/jobs/{job_id}")
-        @routed(app, jobs_table, "job_id")
+        @routed(app, runtime.tables.jobs, "job_id", settings.partitions)
         async def job(self: View, request: Request, job_id: str) -> Response:
-            body = app.runtime.ledger.orchestrator.describe(job_id)
+            body = orchestrator.describe(job_id)
             if body is None:
                 return self.json({"error": f"unknown job_id {job_id!r}"}, status=404)
             return self.json(body)
 
     @app.page("/tasks/{task_id}")
-    @routed(app, table, "task_id")
+    @routed(app, table, "task_id", settings.partitions)
     async def task(self: View, request: Request, task_id: str) -> Response:
         data = table.get(task_id)
         if not data:
