@@ -124,6 +124,7 @@ async def ensure_topics(
                 await asyncio.wait_for(admin.create_topics(missing), timeout=30.0)
             except TopicAlreadyExistsError:
                 pass  # another worker starting at the same time made them
+            log.info("Created topics %s", ", ".join(sorted(t.name for t in missing)))
         counts = await _described(admin, names + compacted + [t.name for t in others], timeout)
         if group is not None:
             await _coordinator(admin, group, timeout)

@@ -57,12 +57,24 @@ class Worker:
     web_port: int
     proc: subprocess.Popen | None = None
     _log: Any = None
+    #: options of ``faust`` itself, before the subcommand (``--datadir X``)
+    faust_options: list[str] = field(default_factory=list)
+    cwd: Path = ROOT
+    #: Python run in the worker process before Faust's command line (a test's own topic names)
+    preamble: str | None = None
+
+    def command(self) -> list[str]:
+        cli = ["-A", "agents_stream.app", *self.faust_options, "worker", "-l", "info"]
+        if self.preamble is None:
+            return [sys.executable, "-m", "faust", *cli]
+        # runpy as ``-m`` does: Faust's argv[0] is its own __main__, as the app expects.
+        run = f"{self.preamble}\nimport runpy\nrunpy.run_module('faust', run_name='__main__', alter_sys=True)"
+        return [sys.executable, "-c", run, *cli]
 
     def start(self) -> Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", "agents_stream.app", "worker", "-l", "info"],
-            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            self.command(), cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         return self
 
