@@ -106,11 +106,8 @@ class AgentsStreamApp(faust.App):
 
 
 class LedgerPorts:
-    """What ``Ledger(app, ...)`` reads from its first argument: the watermark, three tables and ``topic()``.
-
-    Given instead of the app, so no table or watermark is hung on the app; goes when the ledger takes them
-    as arguments of its own.
-    """
+    """What ``Ledger(app, ...)`` reads from its first argument (the watermark, three tables, ``topic()``), given
+    instead of the app so nothing is hung on it; goes when the ledger takes them as arguments of its own."""
 
     def __init__(self, app: faust.App, watermark: Watermark, tables: Tables) -> None:
         self.app = app
@@ -348,44 +345,18 @@ def _new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Age
         settings=settings,
         watermark=watermark,
         input_topics=inputs,
-        broker=settings.broker,
-        broker_credentials=credentials,
-        store="rocksdb://",
-        datadir=settings.worker_data_dir(datadir_option(sys.argv)),
-        topic_partitions=settings.partitions,
-        topic_replication_factor=1,
-        key_serializer="raw",
-        value_serializer="raw",
-        web_port=settings.web_port,
-        web_host=settings.web_host,
-        web_bind=settings.web_bind or settings.web_host,
-        web_enabled=True,
-        web_tables_enabled=False,
-        broker_session_timeout=settings.session_timeout_s,
-        broker_heartbeat_interval=settings.heartbeat_interval_s,
-        broker_request_timeout=max(40.0, settings.session_timeout_s + 10),
-        broker_rebalance_timeout=60.0,
+        broker=settings.broker, broker_credentials=credentials,
+        store="rocksdb://", datadir=settings.worker_data_dir(datadir_option(sys.argv)),
+        topic_partitions=settings.partitions, topic_replication_factor=1, key_serializer="raw", value_serializer="raw",
+        web_port=settings.web_port, web_host=settings.web_host, web_bind=settings.web_bind or settings.web_host,
+        web_enabled=True, web_tables_enabled=False,
+        broker_session_timeout=settings.session_timeout_s, broker_heartbeat_interval=settings.heartbeat_interval_s,
+        broker_request_timeout=max(40.0, settings.session_timeout_s + 10), broker_rebalance_timeout=60.0,
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
-        stream_buffer_maxsize=512,
-        consumer_auto_offset_reset="earliest",
-        producer_acks=-1,
-        producer_linger_ms=1,
-        table_cleanup_interval=3600.0,
-        loghandlers=[],
+        stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
+        table_cleanup_interval=3600.0, loghandlers=[],
     )
-
-
-def _warn_about_access(settings: Settings, runtime: Runtime) -> None:
-    if runtime.ledger.policies and not settings.api_token and not settings.api_open:
-        log.warning(
-            "Approvals are configured but AGENTS_STREAM_API_TOKEN is not set: POST /approvals/<task_id> refuses every "
-            "request (signed links, the CLI and agent.approvals events still work). Set a token to decide over HTTP."
-        )
-    if settings.api_open:
-        log.warning(
-            "AGENTS_STREAM_API_OPEN is set: mutating web endpoints accept requests without a token. Local demos only."
-        )
 
 
 def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
@@ -451,7 +422,6 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     )
     app.attach(runtime)
     _wire(app, runtime, settings)
-    _warn_about_access(settings, runtime)
     web.register(app, runtime)
     return app
 

@@ -191,6 +191,15 @@ def register(app: Any, runtime: Worker) -> None:
     """Add the views to ``app``'s web server; they read ``runtime`` (its tables, ledger, executor, circuits)."""
     table = runtime.tables.tasks
     settings = runtime.settings
+    if runtime.ledger.policies and not settings.api_token and not settings.api_open:
+        log.warning(
+            "Approvals are configured but AGENTS_STREAM_API_TOKEN is not set: POST /approvals/<task_id> refuses every "
+            "request (signed links, the CLI and agent.approvals events still work). Set a token to decide over HTTP."
+        )
+    if settings.api_open:
+        log.warning(
+            "AGENTS_STREAM_API_OPEN is set: mutating web endpoints accept requests without a token. Local demos only."
+        )
     security = kafka_security.client_kwargs(settings)
 
     @app.page("/approvals")
