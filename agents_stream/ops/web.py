@@ -189,7 +189,6 @@ def _page(title: str, body: str) -> str:
 
 def register(app: Any, runtime: Worker) -> None:
     """Add the views to ``app``'s web server; they read ``runtime`` (its tables, ledger, executor, circuits)."""
-    table = runtime.tables.tasks
     settings = runtime.settings
     if runtime.ledger.policies and not settings.api_token and not settings.api_open:
         log.warning(
@@ -200,7 +199,20 @@ def register(app: Any, runtime: Worker) -> None:
         log.warning(
             "AGENTS_STREAM_API_OPEN is set: mutating web endpoints accept requests without a token. Local demos only."
         )
-    security = kafka_security.client_kwargs(settings)
+    # In this order: a fixed path (/dlq/requeue) before the pattern that would match it too (/dlq/{ref}).
+    _approval_views(app, runtime)
+    _dead_letter_views(app, settings)
+    _cancel_and_link_views(app, settings)
+    _health_views(app, runtime)
+    _record_views(app, runtime)
+
+    from agents_stream.ops.console import register_console
+
+    register_console(app)
+
+
+def _approval_views(app: Any, runtime: Worker) -> None:
+    settings = runtime.settings
 
     @app.page("/approvals")
     class Approvals(View):
@@ -233,6 +245,10 @@ def register(app: Any, runtime: Worker) -> None:
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}, status=202)
+
+
+def _dead_letter_views(app: Any, settings: Settings) -> None:
+    security = kafka_security.client_kwargs(settings)
 
     @app.page("/dlq")
     class DeadLetters(View):
@@ -286,6 +302,8 @@ def register(app: Any, runtime: Worker) -> None:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
             return self.json(found[0].as_dict())
 
+
+def _cancel_and_link_views(app: Any, settings: Settings) -> None:
     @app.page("/jobs/{job_id}/cancel")
     class CancelJob(View):
         async def post(self, request: Request, job_id: str) -> Response:
@@ -338,6 +356,8 @@ def register(app: Any, runtime: Worker) -> None:
                 return self.html(_page("Not recorded", f"<p>{html.escape(str(exc))}</p>"), status=exc.status)
             return self.html(_page("Decision recorded", f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"), status=202)
 
+
+def _health_views(app: Any, runtime: Worker) -> None:
     @app.page("/healthz")
     class Healthz(View):
         async def get(self, request: Request) -> Response:
@@ -378,6 +398,11 @@ def register(app: Any, runtime: Worker) -> None:
             # The same on every worker: all fold one log (agents_stream.resilience.circuits).
             return self.json({"worker": runtime.worker_id, "providers": runtime.circuits.describe()})
 
+
+def _record_views(app: Any, runtime: Worker) -> None:
+    """A task's and a job's record, answered by the worker owning the key."""
+    table = runtime.tables.tasks
+    settings = runtime.settings
     orchestrator = runtime.ledger.orchestrator
     if orchestrator is not None:
 
@@ -408,7 +433,3 @@ def register(app: Any, runtime: Worker) -> None:
             "approval": json.loads(record.approval) if record.approval else None,
         }
         return self.json(body)
-
-    from agents_stream.ops.console import register_console
-
-    register_console(app)
