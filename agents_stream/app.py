@@ -389,16 +389,18 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
                 log.warning("Progress check failed (%r); the next tick tries again", exc)
 
-    @app.on_partitions_revoked.connect
-    async def _revoked(sender: Any, revoked: set[TP], **kwargs: Any) -> None:
+    # mode's SignalHandlerT (mypy_extensions argument types) admits no def mypy accepts: hence the ignores.
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def _revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        (revoked,) = args  # Faust sends the revoked partitions positionally
         runtime.on_revoked(set(revoked))
 
-    @app.on_partitions_assigned.connect
-    async def _assigned(sender: Any, assigned: set[TP], **kwargs: Any) -> None:
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def _assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
         runtime.on_assigned()
 
-    @app.on_rebalance_complete.connect
-    async def _rebalanced(sender: Any, **kwargs: Any) -> None:
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))

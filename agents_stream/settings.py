@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 #: where a worker keeps its tables when neither ``faust --datadir`` nor AGENTS_STREAM_DATA_DIR says: one
 #: directory per app id, so workers of two app ids on one host never open each other's RocksDB stores
@@ -102,12 +102,13 @@ class Settings:
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None, **overrides: Any) -> Settings:
         """Defaults, then the environment, then explicit overrides."""
-        env = os.environ if env is None else env
+        source: Mapping[str, str] = os.environ if env is None else env
         values: dict[str, Any] = {}
         for f in fields(cls):
-            raw = env.get(f.metadata["env"])
+            raw = source.get(f.metadata["env"])
             if raw is not None and raw != "":
-                values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else type(f.default)(raw)
+                kind: Any = type(f.default)  # every field has a default of its type
+                values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else kind(raw)
         values.update(overrides)
         return cls(**values)
 

@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, cast
 
 from aiokafka.structs import OffsetAndMetadata
 from faust.transport.consumer import ensure_TPset
@@ -56,7 +56,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
                 {ensure_aiokafka_TP(tp): OffsetAndMetadata(off, "") for tp, off in commitable.items()}
             )
         except Exception as exc:  # every failure is retried next round; see above
-            self.consumer._last_commit_error = exc
+            cast("WatermarkConsumer", self.consumer)._last_commit_error = exc
             return False
         now = monotonic()
         self.tp_last_committed_at.update({tp: now for tp in commitable})
@@ -100,7 +100,8 @@ class WatermarkConsumer(AIOKafkaConsumer):
 
     async def committed_offsets(self, tps: set[TP]) -> dict[TP, int | None]:
         """The group's committed offsets of ``tps``, as the broker has them."""
-        return await self._thread.call_thread(self._thread.committed_offsets, tps)
+        thread = cast(WatermarkConsumerThread, self._thread)
+        return await thread.call_thread(thread.committed_offsets, tps)
 
     def _new_consumer_thread(self) -> WatermarkConsumerThread:
         return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)
@@ -126,7 +127,8 @@ class WatermarkConsumer(AIOKafkaConsumer):
         tps = set(super()._filter_tps_with_pending_acks(topics))
         commits = self._commits()
         if commits is not None:
-            tps.update(tp for tp in commits.watermark.tracked() if topics is None or tp in topics or tp.topic in topics)
+            tracked = cast("set[TP]", commits.watermark.tracked())  # the ledger holds offsets of TPs
+            tps.update(tp for tp in tracked if topics is None or tp in topics or tp.topic in topics)
         return tps
 
     def _new_offset(self, tp: TP) -> Optional[int]:
@@ -144,7 +146,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
         before = {tp: self._committed_offset.get(tp) for tp in offsets}
         self._last_commit_error = None
         did_commit = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
-        error = self._last_commit_error
+        error = cast("BaseException | None", self._last_commit_error)  # set by the thread's _commit, meanwhile
         if error is not None:
             # Faust marks the offsets committed even when the broker refused (#316):
             # undo that so the same watermark is committed again on the next round.

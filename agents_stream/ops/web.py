@@ -74,7 +74,8 @@ def authorized(settings: Any, request: Request) -> bool:
     return hmac.compare_digest(given.encode(), f"Bearer {settings.api_token}".encode())
 
 
-def same_origin(request: Request) -> bool:
+# The helpers below take the request as aiohttp has it (faust.web.Request declares none of these attributes).
+def same_origin(request: Any) -> bool:
     """A browser names the page's origin on cross-site requests; a mutation from another site is refused."""
     origin = request.headers.get("Origin")
     if not origin or origin == "null":
@@ -82,7 +83,7 @@ def same_origin(request: Request) -> bool:
     return origin.split("://", 1)[-1].rstrip("/") == request.host
 
 
-async def mutation_body(settings: Any, request: Request) -> dict[str, Any]:
+async def mutation_body(settings: Any, request: Any) -> dict[str, Any]:
     """The checks every mutating endpoint makes, in order; raises Refused with the status and what to do."""
     if not same_origin(request):
         raise Refused(403, "cross-origin request refused: use the console served by this worker, the CLI, or a client without an Origin header")
@@ -235,9 +236,10 @@ def _approval_views(app: Any, runtime: Worker) -> None:
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             try:
-                decision = ApprovalDecision(
-                    task_id=task_id, decision=body.get("decision"), by=body.get("by"), via="http", comment=body.get("comment"),
-                )
+                decision = ApprovalDecision.model_validate({
+                    "task_id": task_id, "decision": body.get("decision"), "by": body.get("by"), "via": "http",
+                    "comment": body.get("comment"),
+                })
             except Exception as exc:  # bad fields: the caller's mistake, said plainly
                 return self.json({"error": f"expected JSON {{\"decision\": \"approve\"|\"reject\", \"by\": \"<who>\"}}: {exc}"}, status=400)
             try:
