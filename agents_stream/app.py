@@ -26,6 +26,7 @@ from agents_stream.contract import topics
 from agents_stream.execution.executor import AgentPlan, Executor
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, input_topics, output_topics
+from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.delivery import confirmed
 from agents_stream.kafka.flow import Flow
@@ -171,15 +172,18 @@ class Runtime(Service):
             config,
             list(built),
             self.worker_id,
-            bootstrap=bootstrap_servers(settings.broker),
-            client_kwargs=kafka_security.client_kwargs(settings),
             send=lambda key, value: self.circuits_topic.send_soon(key=key, value=value),
             on_transition=self._on_breaker_transition,
             on_change=self.update_flow,
             spend_report=self.spend_report,
             app_id=settings.app_id,
-            history_s=settings.circuits_history_s,
             presence_s=settings.presence_interval_s,
+        )
+        self.circuits_log = CircuitsLog(
+            self.circuits,
+            bootstrap=bootstrap_servers(settings.broker),
+            client_kwargs=kafka_security.client_kwargs(settings),
+            history_s=settings.circuits_history_s,
         )
         self.executor = Executor(
             settings,
@@ -206,15 +210,15 @@ class Runtime(Service):
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
-    # The parts are not mode Services yet: on_start and on_stop call them in today's order. MERGE marks each
-    # place. As Services, start them with add_dependency (children start after on_start, in the order added);
-    # their stops stay awaited here, in this order (children would stop after on_stop, too late for the commit).
+    # The parts that are not mode Services yet are called in today's order; MERGE marks each place. A Service
+    # part is started here with add_runtime_dependency (now: this Service owns it, and the order holds; a plain
+    # add_dependency would start it after on_start) and stopped here, in its place (children stop after on_stop).
 
     async def on_start(self) -> None:
         for topic in self.output_topics:
             # Without its output topics the worker cannot work: a timeout here ends it, loudly.
             await asyncio.wait_for(topic.maybe_declare(), timeout=60.0)
-        await self.circuits.start()  # MERGE: the circuits follower Service
+        await self.add_runtime_dependency(self.circuits_log)  # the breakers are folded before any call
         self.executor.start()  # MERGE: the Executor Service
         self.ready = True
         log.info(
@@ -234,7 +238,7 @@ class Runtime(Service):
         except Exception as exc:
             log.warning("Final commit on shutdown failed (%r); the next worker resumes from the last commit", exc)
         await self.ledger.stop()  # MERGE: the Outbox Service (the ledger's deliveries), then the Notifier Service
-        await self.circuits.stop()  # MERGE: the circuits follower Service
+        await self.circuits_log.stop()
         await self.flow.stop()
 
     async def settle(self, timeout: float) -> bool:

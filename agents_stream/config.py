@@ -156,7 +156,8 @@ class AgentConfig(BaseModel):
     budget_usd_per_day: float | None = Field(default=None, gt=0)
     #: past the budget: "cheaper" sends tasks to the light tier only, "hold" holds them until the day turns
     over_budget: Literal["cheaper", "hold"] = "cheaper"
-    #: run every task of this agent as a saga: "package.module:NAME" of an agents_stream.execution.saga_runner.SagaDefinition
+    #: run every task of this agent as a saga:
+    #: "package.module:NAME" of an agents_stream.execution.saga_runner.SagaDefinition
     saga: str | None = None
     #: human approval before a task runs (tables/approvals.py)
     approval: ApprovalPolicy | None = None

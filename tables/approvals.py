@@ -49,7 +49,10 @@ def needs_approval(
     reasons = []
     if always:
         reasons.append("policy: always")
-    if risk_at_least is not None and risk_level in RISK_ORDER and RISK_ORDER.index(risk_level) >= RISK_ORDER.index(risk_at_least):
+    if (
+        risk_at_least is not None and risk_level in RISK_ORDER
+        and RISK_ORDER.index(risk_level) >= RISK_ORDER.index(risk_at_least)
+    ):
         reasons.append(f"risk_level {risk_level} >= {risk_at_least}")
     if amount_field is not None and amount_above is not None and amount_field in context_data:
         # An amount the rule cannot read ("5000.00", NaN, a list) is not waved through: a human looks.
@@ -136,8 +139,9 @@ def escalate(
     nxt = level + 1
     if nxt >= len(timeouts):
         return decide(
-            record, decision="reject", by="timeout", via="timeout", comment=f"no decision at any of {len(timeouts)} levels",
-            now=now, me="", ttl=0.0, rejected_result=rejected_result,
+            record, decision="reject", by="timeout", via="timeout",
+            comment=f"no decision at any of {len(timeouts)} levels", now=now, me="", ttl=0.0,
+            rejected_result=rejected_result,
         )
     approval["escalations"] = [*approval.get("escalations", []), {"from": level, "to": nxt, "at": now}]
     approval["level"] = nxt

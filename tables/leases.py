@@ -144,28 +144,10 @@ def receive(
     if record is None or (
         requeue_id is not None and record.state in (FAILED, DEAD_LETTERED) and record.requeue_id != requeue_id
     ):
-        new = TaskRecord(
-            state=RUNNING,
-            agent=agent,
-            dispatch=1,
-            owner=me,
-            lease_until=now + ttl,
-            payload=payload,
-            topic=topic,
-            partition=partition,
-            offset=offset,
-            received_at=now,
-            requeue_id=requeue_id,
-            requeues=(record.requeues if record else 0) + (1 if requeue_id else 0),
-            history=history,
+        return _first_delivery(
+            record, agent=agent, payload=payload, topic=topic, partition=partition, offset=offset, now=now, me=me,
+            ttl=ttl, requeue_id=requeue_id, history=history, approval=approval,
         )
-        effects: list[Effect] = [Track(), Dispatch(1)]
-        if approval is not None:
-            reason, timeouts = approval
-            new, effects = park(new, reason=reason, now=now, timeouts=timeouts)
-        if requeue_id is not None:
-            effects.append(Control("task.requeued", {"requeue_id": requeue_id, "requeues": new.requeues}))
-        return new, effects
     if record.terminal:
         # A finished task never reaches a provider again; a redelivery re-emits its result.
         if record.result is not None:
@@ -175,18 +157,52 @@ def receive(
         # It waits for a human and the decision arrives as an event.
         return record, []
     if running_here:
-        # Our executor already has it. Hold this offset too: after a rebalance that gave the
-        # partition back to us, the first delivery's hold was dropped with the revoke, and
-        # without this one the watermark would commit past a task with no outcome (lost if
-        # we then crash). Settle releases every offset tracked for the task.
+        # Our executor has it; hold this offset too: a revoke and re-assign dropped the first delivery's hold
+        # (docs/decisions.md, "Holds and take-overs in the lease machine"). Settle releases every hold of the task.
         return record, [Track()]
-    # Running under a lease this process does not hold (we crashed and restarted,
-    # or the partition moved here): hold the offset and wait for the owner's
-    # outcome. Never take over here, even if the stored lease looks lapsed: after
-    # a rebalance longer than the lease, the live owner's renewals are still
-    # unread in the outcomes topic, and this record predates them. The scanner's
-    # `expired` event goes through that topic behind them (``expire``).
+    # Another owner's lease (or ours before a restart): hold and wait for its outcome. Never take over here, even
+    # if the lease looks lapsed: only the scanner's `expired` event does (``expire``; docs/decisions.md, Delivery).
     return record, [Track()]
+
+
+def _first_delivery(
+    record: TaskRecord | None,
+    *,
+    agent: str,
+    payload: str,
+    topic: str,
+    partition: int,
+    offset: int,
+    now: float,
+    me: str,
+    ttl: float,
+    requeue_id: str | None,
+    history: str | None,
+    approval: tuple[str, list[float]] | None,
+) -> tuple[TaskRecord, list[Effect]]:
+    """A new task, or a requeue of a failed or dead-lettered one: lease it here and dispatch (or park) it."""
+    new = TaskRecord(
+        state=RUNNING,
+        agent=agent,
+        dispatch=1,
+        owner=me,
+        lease_until=now + ttl,
+        payload=payload,
+        topic=topic,
+        partition=partition,
+        offset=offset,
+        received_at=now,
+        requeue_id=requeue_id,
+        requeues=(record.requeues if record else 0) + (1 if requeue_id else 0),
+        history=history,
+    )
+    effects: list[Effect] = [Track(), Dispatch(1)]
+    if approval is not None:
+        reason, timeouts = approval
+        new, effects = park(new, reason=reason, now=now, timeouts=timeouts)
+    if requeue_id is not None:
+        effects.append(Control("task.requeued", {"requeue_id": requeue_id, "requeues": new.requeues}))
+    return new, effects
 
 
 def heartbeat(

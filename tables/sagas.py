@@ -16,6 +16,7 @@ across retries, so a service that saw it once does nothing the second time.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 RUNNING = "running"
 COMPENSATING = "compensating"
@@ -100,7 +101,7 @@ class RunCompensation:
 @dataclass(frozen=True)
 class Control:
     event: str  # saga.step_done, saga.pivoted, saga.compensating, saga.compensated, saga.completed, saga.retrying
-    details: dict
+    details: dict[str, Any]
 
 
 Effect = RunAction | RunCompensation | Control
@@ -158,7 +159,8 @@ def step(saga: Saga, state: SagaState, event: Event) -> tuple[SagaState, list[Ef
                 RunAction(event.step, action_key(sid, event.step), attempt),
             ]
         compensating = replace(state, status=COMPENSATING, attempt=1, error=f"{event.step}: {event.error}")
-        effects = [Control("saga.compensating", {"failed_step": event.step, "error": event.error, "undo": _to_undo(compensating)})]
+        details = {"failed_step": event.step, "error": event.error, "undo": _to_undo(compensating)}
+        effects = [Control("saga.compensating", details)]
         return _next_compensation(compensating, effects)
     if isinstance(event, CompensationSucceeded) and state.status == COMPENSATING:
         undone = replace(state, undone=(*state.undone, event.step), attempt=1)
@@ -166,7 +168,9 @@ def step(saga: Saga, state: SagaState, event: Event) -> tuple[SagaState, list[Ef
     if isinstance(event, CompensationFailed) and state.status == COMPENSATING:
         attempt = state.attempt + 1
         return replace(state, attempt=attempt), [
-            Control("saga.retrying", {"step": event.step, "attempt": attempt, "error": event.error, "compensation": True}),
+            Control(
+                "saga.retrying", {"step": event.step, "attempt": attempt, "error": event.error, "compensation": True}
+            ),
             RunCompensation(event.step, compensation_key(sid, event.step), attempt),
         ]
     return state, []

@@ -7,6 +7,8 @@
     ├── PermanentError       the task's own fault (HTTP 400, refusal): failed + DLQ
     ├── SystemicError        not the task's fault (401/403, bad config): hold + alert
     └── CircuitOpen          not retried: fall back or hold
+
+Callers ask the error (``retriable``, ``retry_after``) instead of keeping lists of them.
 """
 
 from __future__ import annotations

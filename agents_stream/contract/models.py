@@ -99,7 +99,9 @@ class ApprovalDecision(BaseModel):
     comment: str | None = Field(default=None, max_length=2000)
 
 
-def internal_event(tp: Any, offset: int, key: bytes | None, value: bytes | None, what: str) -> tuple[str, dict[str, Any], str] | None:
+def internal_event(
+    tp: Any, offset: int, key: bytes | None, value: bytes | None, what: str
+) -> tuple[str, dict[str, Any], str] | None:
     """(key, event, kind) of an event only our workers write, or None (logged) for a broken one:
     it carries no work to lose, so it is skipped rather than dead-lettered."""
     try:

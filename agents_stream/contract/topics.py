@@ -13,7 +13,8 @@ APPROVALS = "agent.approvals"
 JOB_RESULTS = "agent.job.results"
 #: Internal, shared by every app id: results of a job's tasks and deadline events for the orchestrator, keyed by job_id
 JOB_EVENTS = "agent.job.events"
-#: Internal, one partition, shared by every app id: breaker, Retry-After and presence events (agents_stream.resilience.circuits)
+#: Internal, one partition, shared by every app id: breaker, Retry-After and presence events
+#: (agents_stream.resilience.circuits)
 CIRCUITS = "agent.circuits"
 TASK_PREFIX = "agent.tasks."
 #: headers of a task requeued from its dead-letter topic (agents_stream.ops.dlq): the requeue's id,

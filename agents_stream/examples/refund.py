@@ -55,7 +55,8 @@ REFUND = SagaDefinition(
     "refund",
     (
         SagaStep("label", create_label, cancel_label),
-        SagaStep("refund", refund, pivot=True, approval=True),  # money moves: a human signs off when the agent has a policy
+        # money moves: a human signs off when the agent has a policy
+        SagaStep("refund", refund, pivot=True, approval=True),
         SagaStep("notify", notify),
         SagaStep("update_order", update_order),
     ),

@@ -1,4 +1,4 @@
-"""Fake carrier, payment, mail and order services for the refund saga: real HTTP, idempotent by key, recording every call.
+"""Fake carrier, payment, mail and order services for the refund saga: real HTTP, idempotent by key, recording calls.
 
     async with FakeServices() as services:
         services.fail("payment.refund", times=1)      # the next refund call answers 503

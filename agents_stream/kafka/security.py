@@ -23,7 +23,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from agents_stream.settings import Settings
 
-__all__ = ["MECHANISMS", "PROTOCOLS", "KafkaSecurity", "KafkaSecurityError", "broker_credentials", "client_kwargs", "diagnose", "parse"]
+__all__ = [
+    "MECHANISMS", "PROTOCOLS", "KafkaSecurity", "KafkaSecurityError", "broker_credentials", "client_kwargs", "diagnose",
+    "parse",
+]
 
 PROTOCOLS = ("PLAINTEXT", "SASL_PLAINTEXT", "SSL", "SASL_SSL")
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
@@ -80,9 +83,13 @@ def parse(settings: Settings) -> KafkaSecurity:
         settings.kafka_ssl_cafile, settings.kafka_ssl_certfile, settings.kafka_ssl_keyfile,
     )
     if protocol not in PROTOCOLS:
-        raise KafkaSecurityError(f"{_PROTOCOL}={settings.kafka_security_protocol!r} is not one of {', '.join(PROTOCOLS)}")
+        raise KafkaSecurityError(
+            f"{_PROTOCOL}={settings.kafka_security_protocol!r} is not one of {', '.join(PROTOCOLS)}"
+        )
     if mechanism not in MECHANISMS:
-        raise KafkaSecurityError(f"{_MECHANISM}={settings.kafka_sasl_mechanism!r} is not one of {', '.join(MECHANISMS)}")
+        raise KafkaSecurityError(
+            f"{_MECHANISM}={settings.kafka_sasl_mechanism!r} is not one of {', '.join(MECHANISMS)}"
+        )
     if sec.sasl:
         missing = [name for name, value in ((_USERNAME, sec.username), (_PASSWORD, sec.password)) if not value]
         if missing:
@@ -97,7 +104,9 @@ def parse(settings: Settings) -> KafkaSecurity:
     if not sec.tls:
         named = [name for name, value in files if value]
         if named:
-            raise KafkaSecurityError(f"{', '.join(named)} set but {_PROTOCOL}={protocol} does not use TLS; set it to SSL or SASL_SSL")
+            raise KafkaSecurityError(
+                f"{', '.join(named)} set but {_PROTOCOL}={protocol} does not use TLS; set it to SSL or SASL_SSL"
+            )
         return sec
     if sec.keyfile and not sec.certfile:
         raise KafkaSecurityError(f"{_KEYFILE} is set without {_CERTFILE} (the client certificate it belongs to)")
@@ -174,7 +183,8 @@ async def diagnose(settings: Settings, bootstrap: str, timeout: float = 10.0) ->
             reasons.append(f"{address}: no answer within {timeout:.0f}s")
         except Exception as exc:  # any refusal is the answer we came for
             # Kafka's errors name themselves ("[Error 58] SaslAuthenticationFailed: ..."); others do not.
-            reasons.append(f"{address}: {exc}" if isinstance(exc, KafkaError) else f"{address}: {type(exc).__name__}: {exc}")
+            named_error = exc if isinstance(exc, KafkaError) else f"{type(exc).__name__}: {exc}"
+            reasons.append(f"{address}: {named_error}")
         else:
             conn.close()
             reasons.append(f"{address}: connects now")

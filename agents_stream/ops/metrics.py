@@ -19,7 +19,8 @@ from agents_stream.contract.errors import RateLimited, TransientError
 REGISTRY = CollectorRegistry()
 
 provider_calls = Counter(
-    "agents_stream_provider_calls_total", "Provider calls by outcome (success, failure, rate_limited, rejected, cancelled).",
+    "agents_stream_provider_calls_total",
+    "Provider calls by outcome (success, failure, rate_limited, rejected, cancelled).",
     ["provider", "outcome"], registry=REGISTRY,
 )
 provider_latency = Histogram(
@@ -27,17 +28,26 @@ provider_latency = Histogram(
     ["provider"], registry=REGISTRY, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
 )
 provider_in_flight = Gauge(
-    "agents_stream_provider_calls_in_flight", "Provider calls this worker has started and not yet seen end.", ["provider"], registry=REGISTRY,
+    "agents_stream_provider_calls_in_flight", "Provider calls this worker has started and not yet seen end.",
+    ["provider"], registry=REGISTRY,
 )
 provider_retries = Counter(
     "agents_stream_provider_retries_total",
-    "Retries of a provider call after a transient failure, by reason (rate_limited, timeout, connection, server_error, unexpected).",
+    "Retries of a provider call after a transient failure, "
+    "by reason (rate_limited, timeout, connection, server_error, unexpected).",
     ["provider", "reason"], registry=REGISTRY,
 )
-tokens = Counter("agents_stream_tokens_total", "Tokens used, as providers reported them.", ["agent", "provider", "direction"], registry=REGISTRY)
-cost = Counter("agents_stream_cost_usd_total", "Spend in USD from the configured price table (unpriced models count 0).", ["agent", "provider"], registry=REGISTRY)
+tokens = Counter(
+    "agents_stream_tokens_total", "Tokens used, as providers reported them.",
+    ["agent", "provider", "direction"], registry=REGISTRY,
+)
+cost = Counter(
+    "agents_stream_cost_usd_total", "Spend in USD from the configured price table (unpriced models count 0).",
+    ["agent", "provider"], registry=REGISTRY,
+)
 answers = Counter(
-    "agents_stream_answers_total", "Task outcomes by the tier that produced them (primary, alternate, light, cache, none) and confidence.",
+    "agents_stream_answers_total",
+    "Task outcomes by the tier that produced them (primary, alternate, light, cache, none) and confidence.",
     ["agent", "status", "tier", "confidence"], registry=REGISTRY,
 )
 tasks = Counter(
@@ -48,26 +58,42 @@ tasks = Counter(
 )
 dead_letters = Counter(
     "agents_stream_dead_letters_total",
-    "Records sent to a dead-letter topic, by agent (none for approval decisions and jobs) and error layer (schema, downstream, recovery).",
+    "Records sent to a dead-letter topic, by agent (none for approval decisions and jobs) "
+    "and error layer (schema, downstream, recovery).",
     ["agent", "layer"], registry=REGISTRY,
 )
-format_retries = Counter("agents_stream_format_retries_total", "Corrective retries of answers that did not match the output schema.", ["agent"], registry=REGISTRY)
-held = Gauge("agents_stream_tasks_held", "Tasks held on this worker because no provider they may use is available.", registry=REGISTRY)
+format_retries = Counter(
+    "agents_stream_format_retries_total", "Corrective retries of answers that did not match the output schema.",
+    ["agent"], registry=REGISTRY,
+)
+held = Gauge(
+    "agents_stream_tasks_held", "Tasks held on this worker because no provider they may use is available.",
+    registry=REGISTRY,
+)
 leases = Gauge(
     "agents_stream_leases_held",
-    "Running tasks under a lease in the task-table partitions this worker owns (summed over workers: each leased task once).",
+    "Running tasks under a lease in the task-table partitions this worker owns "
+    "(summed over workers: each leased task once).",
     registry=REGISTRY,
 )
 approvals_pending = Gauge(
-    "agents_stream_approvals_pending", "Tasks awaiting a human decision in the partitions this worker owns.", ["agent"], registry=REGISTRY,
+    "agents_stream_approvals_pending", "Tasks awaiting a human decision in the partitions this worker owns.",
+    ["agent"], registry=REGISTRY,
 )
 consumer_lag_messages = Gauge(
     "agents_stream_consumer_lag_messages",
-    "Records not yet done on this worker's partitions of an input topic: last known end offset minus the commit watermark.",
+    "Records not yet done on this worker's partitions of an input topic: "
+    "last known end offset minus the commit watermark.",
     ["topic"], registry=REGISTRY,
 )
-breaker_state = Gauge("agents_stream_breaker_state", "Breaker state per provider: 0 closed, 1 half-open, 2 open.", ["provider"], registry=REGISTRY)
-breaker_opens = Gauge("agents_stream_breaker_opens", "Times the provider's breaker opened (as folded from the shared log).", ["provider"], registry=REGISTRY)
+breaker_state = Gauge(
+    "agents_stream_breaker_state", "Breaker state per provider: 0 closed, 1 half-open, 2 open.",
+    ["provider"], registry=REGISTRY,
+)
+breaker_opens = Gauge(
+    "agents_stream_breaker_opens", "Times the provider's breaker opened (as folded from the shared log).",
+    ["provider"], registry=REGISTRY,
+)
 
 _STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 #: every terminal state of the task ledger (tables/leases.py TERMINAL)
@@ -89,7 +115,9 @@ def retry_reason(exc: BaseException) -> str:
     return "unexpected"
 
 
-def consumer_lag(ends: Mapping[Any, int | None], positions: Mapping[Any, int | None], topics: Iterable[str] = ()) -> dict[str, int]:
+def consumer_lag(
+    ends: Mapping[Any, int | None], positions: Mapping[Any, int | None], topics: Iterable[str] = ()
+) -> dict[str, int]:
     """Per topic, the sum over its partitions (``tp.topic``) of end offset minus position, never below 0.
 
     A partition whose end or position is not known yet counts 0; every name in

@@ -69,59 +69,68 @@ def error_for(
     said = f" ({detail})" if detail else ""
     error: TaskError
     if exc is not None:
-        if isinstance(exc, TimeoutError):
-            error = TransientError(
-                f"{name} did not answer within {config.timeout_s:g}s: "
-                "retry later, or raise timeout_s if the model is slow",
-                provider=name,
-            )
-        elif isinstance(exc, aiohttp.InvalidURL):
-            error = SystemicError(
-                f"{name} has an unusable base_url {config.base_url!r}: fix the provider's configuration",
-                provider=name,
-            )
-        else:
-            error = TransientError(
-                f"{name} could not be reached ({type(exc).__name__}: {exc}): "
-                "retry later; check base_url if it persists",
-                provider=name,
-            )
+        error = _no_answer(config, name, exc)
     elif refusal is not None:
         error = PermanentError(
             f"{name} refused the prompt ({refusal}): change the prompt; retrying will not help",
             provider=name,
         )
-    elif status is None or 200 <= status < 300:
-        error = TransientError(
+    else:
+        error = _status_error(config, name, status, said, headers)
+    return _redacted(error, config.api_key())
+
+
+def _no_answer(config: ProviderConfig, name: str, exc: BaseException) -> TaskError:
+    if isinstance(exc, TimeoutError):
+        return TransientError(
+            f"{name} did not answer within {config.timeout_s:g}s: "
+            "retry later, or raise timeout_s if the model is slow",
+            provider=name,
+        )
+    if isinstance(exc, aiohttp.InvalidURL):
+        return SystemicError(
+            f"{name} has an unusable base_url {config.base_url!r}: fix the provider's configuration",
+            provider=name,
+        )
+    return TransientError(
+        f"{name} could not be reached ({type(exc).__name__}: {exc}): "
+        "retry later; check base_url if it persists",
+        provider=name,
+    )
+
+
+def _status_error(
+    config: ProviderConfig, name: str, status: int | None, said: str, headers: Mapping[str, str] | None
+) -> TaskError:
+    if status is None or 200 <= status < 300:
+        return TransientError(
             f"{name} sent a malformed response{said}: retry; report it if it persists",
             provider=name,
         )
-    elif status == 429:
+    if status == 429:
         retry_after = parse_retry_after((headers or {}).get("Retry-After"))
         when = f"after {retry_after:g}s" if retry_after is not None else "later"
-        error = RateLimited(
+        return RateLimited(
             f"{name} answered 429 (rate limited){said}: retry {when}",
             provider=name,
             retry_after=retry_after,
         )
-    elif status in (401, 403):
+    if status in (401, 403):
         fix = f"check {config.api_key_env}" if config.api_key_env else "check the endpoint's credentials"
-        error = SystemicError(f"{name} answered {status}{said}: {fix}", provider=name)
-    elif status >= 500 or status == 408:
-        error = TransientError(f"{name} answered {status}{said}: the provider is failing; retry later", provider=name)
-    elif status == 404:
-        error = PermanentError(
+        return SystemicError(f"{name} answered {status}{said}: {fix}", provider=name)
+    if status >= 500 or status == 408:
+        return TransientError(f"{name} answered {status}{said}: the provider is failing; retry later", provider=name)
+    if status == 404:
+        return PermanentError(
             f"{name} answered 404{said}: check the model name {config.model!r} and base_url",
             provider=name,
         )
-    elif 400 <= status < 500:
-        error = PermanentError(
+    if 400 <= status < 500:
+        return PermanentError(
             f"{name} answered {status}{said}: the request was rejected; fix the prompt or its size",
             provider=name,
         )
-    else:
-        error = TransientError(f"{name} answered an unexpected {status}{said}: retry later", provider=name)
-    return _redacted(error, config.api_key())
+    return TransientError(f"{name} answered an unexpected {status}{said}: retry later", provider=name)
 
 
 def _redacted(error: TaskError, key: str | None) -> TaskError:
@@ -161,9 +170,8 @@ class HTTPProvider(Provider):
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # total= bounds connect + send + read, so no call outlives timeout_s. No connection cap of the
-            # session's own (aiohttp's default is 100): the executor's call slots and the provider's
-            # concurrency limit bound the calls, and a call waiting for a pooled connection spent its timeout.
+            # total= bounds connect + send + read: no call outlives timeout_s. No pool cap (aiohttp's default is 100):
+            # the executor's slots and the provider's limit bound calls; one queued for a connection would time out.
             self._session = aiohttp.ClientSession(
                 timeout=aiohttp.ClientTimeout(total=self.config.timeout_s), connector=aiohttp.TCPConnector(limit=0),
             )

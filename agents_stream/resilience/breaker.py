@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 from agents_stream.config import BreakerConfig
 
@@ -89,6 +90,8 @@ class Adopt:
 
 
 Event = Failure | Success | ProbeRequest | ProbeCancel | Adopt
+#: the events that reach the per-state steps (a cancel only frees a place, an adoption replaces the state)
+_Call = Failure | Success | ProbeRequest
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ def step(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, list[Tr
     return b, transitions
 
 
-def _closed(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, Transition | None]:
+def _closed(b: Breaker, event: _Call, cfg: BreakerConfig) -> tuple[Breaker, Transition | None]:
     if isinstance(event, Success):
         # A sliding window, not a consecutive count: successes don't forgive failures.
         return replace(b, total_successes=b.total_successes + 1), None
@@ -183,7 +186,7 @@ def _closed(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, Tran
     return b, Transition(CLOSED, OPEN, latest, reason)
 
 
-def _open(b: Breaker, event: Event) -> Breaker:
+def _open(b: Breaker, event: _Call) -> Breaker:
     # Reports of calls that were already in flight when it opened: counted, nothing else.
     if isinstance(event, Failure):
         return replace(b, total_failures=b.total_failures + 1)
@@ -192,7 +195,7 @@ def _open(b: Breaker, event: Event) -> Breaker:
     return b  # probes wait for the open timeout
 
 
-def _half_open(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, Transition | None]:
+def _half_open(b: Breaker, event: _Call, cfg: BreakerConfig) -> tuple[Breaker, Transition | None]:
     if isinstance(event, ProbeRequest):
         # A probe whose worker died never reports; after probe_timeout_s its place is freed.
         probes = tuple((pid, t) for pid, t in b.probes if event.at - t <= cfg.probe_timeout_s)
@@ -257,7 +260,7 @@ def reopens_at(b: Breaker, cfg: BreakerConfig) -> float | None:
     return b.opened_at + cfg.open_timeout_s
 
 
-def as_dict(b: Breaker, now: float, cfg: BreakerConfig) -> dict:
+def as_dict(b: Breaker, now: float, cfg: BreakerConfig) -> dict[str, Any]:
     """A JSON-able view of the breaker at ``now``, for ``/circuits``."""
     state = view(b, now, cfg)
     return {

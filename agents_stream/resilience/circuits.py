@@ -1,51 +1,31 @@
-"""Provider circuits shared by every worker: breakers, Retry-After, concurrency and rate limits, folded from one Kafka log.
+"""Provider circuits shared by every worker: breakers, Retry-After, presence, spend and limits, folded from one log.
 
-Every worker appends what it learns about a provider (a failed call, a probe
-request or result, a 429's Retry-After, its own presence) to the
-single-partition topic ``agent.circuits``, and every worker folds that whole
-log, in the same order, through the pure state machine of
-``agents_stream.resilience.breaker``. So all workers hold the same breaker state, and a
-transition one worker causes is seen by the others within the log's
-propagation delay (tens of milliseconds on a healthy broker).
-
-Two rules keep the number of calls a failing provider receives bounded:
-
-* a worker starts no new call to a provider while one of its own failure
-  (or 429) events for it is not yet folded back, so by the time it calls
-  again it knows whether that failure opened the breaker;
-* in half-open, a probe is a call the log admitted: a worker asks with a
-  ``probe`` event and calls only if the fold admitted its id, so at most
-  ``half_open_probes`` probes are in flight cluster-wide.
-
-This module owns I/O and waiting; every decision is in ``breaker`` and
-``ratelimit``. Only executors call ``acquire``/``release``; tables are not
-touched here (the log itself is the changelog of this state).
+Every worker appends what it learns about a provider to the single-partition topic ``agent.circuits`` and folds
+that whole log, in one order, through ``breaker`` and ``ratelimit`` (the decisions live there; waiting lives here).
+Why, and the two rules that bound the calls a failing provider receives: docs/decisions.md, "Breakers".
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field, replace
-from typing import Any, Awaitable, Callable
-
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Protocol
 
 from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
-from agents_stream.contract import topics
 from agents_stream.contract.errors import CircuitOpen
-from agents_stream.resilience import breaker
+from agents_stream.resilience import breaker, circuit_events
 from agents_stream.resilience.breaker import Breaker, Transition
-from agents_stream.resilience.ratelimit import TokenBucket, ramp, share, take
+from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
 
-__all__ = ["Circuits", "Permit"]
+__all__ = ["Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
 
 log = logging.getLogger(__name__)
 
-Send = Callable[[bytes, bytes], Any]
+#: appends one (key, value) to agent.circuits; may return a future (its failure is logged)
+Publish = Callable[[bytes, bytes], Any]
 OnTransition = Callable[[str, Transition, bool], None]
 
 #: how long a worker waits for its own failure event to come back before calling anyway
@@ -54,6 +34,19 @@ _UNFOLDED_WAIT_S = 2.0
 _PROBE_VERDICT_S = 3.0
 #: Retry-After assumed for a 429 that did not say
 _DEFAULT_RETRY_AFTER_S = 1.0
+
+
+class LogRecord(Protocol):
+    """What the fold reads of one log record (aiokafka's ``ConsumerRecord`` has it)."""
+
+    @property
+    def offset(self) -> int: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def timestamp(self) -> int: ...
+    @property
+    def timestamp_type(self) -> int: ...
 
 
 @dataclass(eq=False)
@@ -79,174 +72,113 @@ class _Circuit:
     next_probe_at: float = 0.0  # after a refused request, when to ask again
     #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
     retry_after_propagation_s: float | None = None
-    probe_waiters: dict[str, asyncio.Future] = field(default_factory=dict)
+    probe_waiters: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
 
 
 class Circuits:
+    """One worker's view of the shared circuits log, and the gate its calls pass.
+
+    Feed it the log's records, in order, with ``fold`` (``agents_stream.kafka.circuits_log``
+    reads them from Kafka, ``agents_stream.testing.circuits_log`` from memory).
+    """
+
     def __init__(
         self,
         config: AppConfig,
         providers: list[str],
         worker_id: str,
         *,
-        bootstrap: str,
-        client_kwargs: dict[str, Any] | None = None,
-        send: Send,
+        send: Publish,
         on_transition: OnTransition,
         on_change: Callable[[], None],
         spend_report: Callable[[], dict[str, Any]] = dict,
         app_id: str = "",
-        history_s: float = 600.0,
         presence_s: float = 5.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.worker_id = worker_id
         #: provider name → its circuit; names that configure the same endpoint and model share one
-        self.circuits: dict[str, _Circuit] = {}
+        self._circuits: dict[str, _Circuit] = {}
         self._by_id: dict[str, _Circuit] = {}
         for name in dict.fromkeys(providers):
             pconf = config.provider(name)
             cid = circuit_id(pconf)
             if cid not in self._by_id:
                 self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name))
-            self.circuits[name] = self._by_id[cid]
-        self._bootstrap = bootstrap
-        self._client_kwargs = client_kwargs or {}  # broker credentials (agents_stream.kafka.security)
+            self._circuits[name] = self._by_id[cid]
         self._send = send
         self._on_transition = on_transition
         self._on_change = on_change
         self._spend_report = spend_report
-        self.history_s = history_s
         self.presence_s = presence_s
         self._clock = clock
-        self._consumer: AIOKafkaConsumer | None = None
-        self._tasks: set[asyncio.Task] = set()
         self.app_id = app_id
         self._changed = asyncio.Event()  # breaker state, Retry-After or probe places changed
         self._slot_freed = asyncio.Event()  # a call of this worker ended
         self._start_offset = 0
         #: worker id → (last hello at, endpoints it calls)
-        self.presence: dict[str, tuple[float, frozenset[str]]] = {}
+        self._presence: dict[str, tuple[float, frozenset[str]]] = {}
         #: (app id, agent, day, partition) → (reported at, USD): the newest report per partition wins
         self._spend: dict[tuple[str, str, str, str], tuple[float, float]] = {}
+        #: records folded so far
         self.folded = 0
 
-    # -- lifecycle ---------------------------------------------------------------------
+    def providers(self) -> list[str]:
+        """The provider names this worker calls (several may share one circuit)."""
+        return list(self._circuits)
 
-    async def start(self, timeout: float = 60.0) -> None:
-        """Fold the recent log (``history_s``) up to its current end, then follow it."""
-        tp = TopicPartition(topics.CIRCUITS, 0)
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self._bootstrap,
-            group_id=None,
-            enable_auto_commit=False,
-            fetch_max_wait_ms=20,  # the fold's propagation delay: keep it short
-            client_id=f"circuits-{self.worker_id}",
-            **self._client_kwargs,
-        )
-        await asyncio.wait_for(consumer.start(), timeout)
-        self._consumer = consumer
-        partitions = consumer.partitions_for_topic(topics.CIRCUITS)
-        if partitions is not None and len(partitions) != 1:
-            raise RuntimeError(
-                f"{topics.CIRCUITS} has {len(partitions)} partitions; the circuits need exactly one "
-                "(one order for every worker): delete the topic and let a worker create it"
-            )
-        consumer.assign([tp])
-        since = int((self._clock() - self.history_s) * 1000)
-        found = await asyncio.wait_for(consumer.offsets_for_times({tp: since}), timeout)
-        end = (await asyncio.wait_for(consumer.end_offsets([tp]), timeout))[tp]
-        self._start_offset = found[tp].offset if found.get(tp) is not None else end
-        consumer.seek(tp, self._start_offset)
-        deadline = time.monotonic() + timeout
-        while await asyncio.wait_for(consumer.position(tp), timeout) < end:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"could not read {topics.CIRCUITS} up to offset {end} within {timeout:.0f}s")
-            self._fold_batch(await consumer.getmany(tp, timeout_ms=500, max_records=5000))
-        log.info(
-            "Circuits: folded %d events of %s (offsets %d..%d); providers %s",
-            self.folded, topics.CIRCUITS, self._start_offset, end, ", ".join(self.circuits),
-        )
-        self._spawn(self._follow(tp))
-        self._spawn(self._hello_loop())
+    def providers_down(self) -> list[str]:
+        """The provider names that admit no call now (open, or told to wait by a Retry-After), sorted."""
+        return sorted(p for p in self._circuits if not self.available(p)[0])
 
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(list(self._tasks), timeout=5.0)
-        consumer, self._consumer = self._consumer, None
-        if consumer is not None:
-            try:
-                await asyncio.wait_for(consumer.stop(), timeout=5.0)
-            except Exception as exc:  # best effort on the way out
-                log.warning("Circuits consumer did not stop cleanly: %r", exc)
+    @property
+    def circuits(self) -> tuple[str, ...]:
+        """Deprecated: the provider names, for ops/web.py until it calls ``providers_down()``."""
+        return tuple(self._circuits)
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    def endpoints(self) -> list[str]:
+        """The circuit ids (endpoint, model, account) this worker calls, as its presence reports them."""
+        return sorted(self._by_id)
 
-    async def _follow(self, tp: TopicPartition) -> None:
-        assert self._consumer is not None
-        while True:
-            try:
-                batch = await self._consumer.getmany(tp, timeout_ms=500, max_records=1000)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # aiokafka reconnects by itself; keep following
-                log.warning("Circuits: reading %s failed (%r); retrying in 1s", topics.CIRCUITS, exc)
-                await asyncio.sleep(1.0)
-                continue
-            try:
-                self._fold_batch(batch)
-            except Exception as exc:  # _fold skips bad records; this is a bug, and the fold must go on
-                log.exception("Circuits: folding a batch failed (%r); continuing with the next", exc)
+    def begin(self, offset: int) -> None:
+        """The first offset this worker folds: transitions caused before it are adopted from the log."""
+        self._start_offset = offset
 
-    async def _hello_loop(self) -> None:
-        while True:
-            try:
-                self._publish("hello", None, providers=sorted(self._by_id), app=self.app_id, spend=self._spend_report())
-            except Exception as exc:  # presence is refreshed next round
-                log.warning("Circuits: presence not sent (%r)", exc)
-            await asyncio.sleep(self.presence_s)
+    def hello(self) -> None:
+        """Announce this worker's presence, endpoints and spend (shared limits are split among live workers)."""
+        self._publish("hello", None, providers=self.endpoints(), app=self.app_id, spend=self._spend_report())
 
     # -- the fold ------------------------------------------------------------------------
 
-    def _fold_batch(self, batch: dict[Any, list[Any]]) -> None:
+    def fold(self, records: Iterable[LogRecord]) -> None:
+        """Apply the log's next records, in offset order; callers waiting on a change are woken once."""
         changed = False
-        for records in batch.values():
-            for record in records:
-                self.folded += 1
-                try:
-                    changed |= self._fold(record)
-                except Exception as exc:  # one bad record (another version's, a bug) must not stop the fold
-                    log.warning("Circuits: skipping unusable event at offset %d: %r", record.offset, exc)
+        for record in records:
+            self.folded += 1
+            try:
+                changed |= self._fold(record)
+            except Exception as exc:  # one bad record (another version's, a bug) must not stop the fold
+                log.warning("Circuits: skipping unusable event at offset %d: %r", record.offset, exc)
         if changed:
             self._signal()
 
-    def _fold(self, record: Any) -> bool:
+    def _fold(self, record: LogRecord) -> bool:
         """Apply one record; True when what callers wait on changed (state, Retry-After, probe places)."""
-        offset = record.offset
-        ev = json.loads(record.value)
-        if not isinstance(ev, dict):
-            raise ValueError("not a JSON object")
+        ev = circuit_events.decode(record.value)
         kind, worker = str(ev["kind"]), str(ev["worker"])
         # The broker's append time when the topic keeps it (LogAppendTime): one clock for
         # every worker, so a worker with a skewed clock cannot move the window or the timeout.
         at = record.timestamp / 1000.0 if record.timestamp_type == 1 else float(ev["at"])
         if kind == "hello":
-            self.presence[worker] = (at, frozenset(str(p) for p in ev.get("providers") or ()))
+            self._presence[worker] = (at, frozenset(str(p) for p in ev.get("providers") or ()))
             self._fold_spend(at, str(ev.get("app", "")), ev.get("spend") or {})
             return False
         c = self._by_id.get(str(ev.get("provider", "")))
         if c is None:
             return False  # an endpoint this worker does not call
         mine = worker == self.worker_id
-        woke_gate = False
-        if mine:
-            if c.unfolded.pop(str(ev.get("id", "")), None) is not None:
-                woke_gate = True  # the gate waits for its own failure to come back
+        # The gate waits for its own failure to come back.
+        woke_gate = mine and c.unfolded.pop(str(ev.get("id", "")), None) is not None
         if kind == "rate_limited":
             until = at + float(ev["retry_after"]) if "retry_after" in ev else float(ev["until"])
             if not mine:
@@ -259,17 +191,13 @@ class Circuits:
             # For a worker that joined after the cause: take over the state the log recorded.
             if int(ev["cause"]) >= self._start_offset or ev["to"] == c.breaker.state:
                 return False
-            event: Any = breaker.Adopt(at=at, state=ev["to"], opened_at=ev.get("opened_at"), closed_at=ev.get("closed_at"))
-        elif kind == "failure":
-            event = breaker.Failure(at=at, probe_id=_opt_str(ev.get("probe_id")))
-        elif kind == "success":
-            event = breaker.Success(at=at, probe_id=_opt_str(ev.get("probe_id")))
-        elif kind == "probe":
-            event = breaker.ProbeRequest(at=at, probe_id=str(ev["probe_id"]))
-        elif kind == "probe_cancel":
-            event = breaker.ProbeCancel(at=at, probe_id=str(ev["probe_id"]))
-        else:
-            return False  # a newer worker's event kind
+        event = circuit_events.breaker_event(kind, ev, at)
+        if event is None:
+            return False
+        return self._step(c, event, kind, ev, mine, record.offset) or woke_gate
+
+    def _step(self, c: _Circuit, event: breaker.Event, kind: str, ev: dict[str, Any], mine: bool, offset: int) -> bool:
+        """Step the breaker; True when what callers wait on changed."""
         before = c.breaker
         c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
         if kind == "probe":
@@ -279,9 +207,11 @@ class Circuits:
         for t in transitions:
             self._transition(c, t, mine and kind != "transition", offset)
         after = c.breaker
-        moved = (before.state, before.opened_at, before.successes, before.probes) != (after.state, after.opened_at, after.successes, after.probes)
+        moved = (before.state, before.opened_at, before.successes, before.probes) != (
+            after.state, after.opened_at, after.successes, after.probes
+        )
         # A probe request only adds a place (or is refused): nobody waiting can go on because of it.
-        return (moved and kind != "probe") or bool(transitions) or woke_gate
+        return (moved and kind != "probe") or bool(transitions)
 
     def _transition(self, c: _Circuit, t: Transition, mine: bool, offset: int) -> None:
         name = c.config.name or c.id
@@ -324,9 +254,8 @@ class Circuits:
         await _wait(self._slot_freed, timeout)
 
     def _publish(self, kind: str, provider: str | None, **fields: Any) -> str:
-        event_id = uuid.uuid4().hex
-        body = {"v": 1, "id": event_id, "kind": kind, "provider": provider, "worker": self.worker_id, "at": self._clock(), **fields}
-        fut = self._send((provider or self.worker_id).encode(), json.dumps(body).encode())
+        event_id, key, value = circuit_events.encode(kind, provider, self.worker_id, self._clock(), **fields)
+        fut = self._send(key, value)
         if hasattr(fut, "add_done_callback"):
             fut.add_done_callback(_log_send_failure)
         return event_id
@@ -334,12 +263,12 @@ class Circuits:
     # -- what executors ask --------------------------------------------------------------
 
     def state(self, provider: str) -> str:
-        c = self.circuits[provider]
+        c = self._circuits[provider]
         return breaker.view(c.breaker, self._clock(), c.breaker_config)
 
     def available(self, provider: str) -> tuple[bool, float | None]:
         """Whether a call could be admitted now (closed, or half-open), and if not, from when."""
-        c = self.circuits[provider]
+        c = self._circuits[provider]
         now = self._clock()
         if c.blocked_until > now:
             return False, c.blocked_until
@@ -350,14 +279,15 @@ class Circuits:
 
     def live_workers(self, provider: str) -> int:
         """Workers (this one included) that said within three presence intervals that they call this endpoint."""
-        cid = self.circuits[provider].id
+        cid = self._circuits[provider].id
         horizon = self._clock() - 3 * self.presence_s
-        others = sum(1 for w, (at, ids) in self.presence.items() if w != self.worker_id and at >= horizon and cid in ids)
-        return 1 + others
+        return 1 + sum(
+            1 for w, (at, ids) in self._presence.items() if w != self.worker_id and at >= horizon and cid in ids
+        )
 
     def concurrency_limit(self, provider: str) -> float | None:
         """This worker's share of the provider's cluster-wide max_concurrency, ramped after a close."""
-        c = self.circuits[provider]
+        c = self._circuits[provider]
         if c.config.max_concurrency is None:
             return None
         limit = share(c.config.max_concurrency, self.live_workers(provider))
@@ -365,21 +295,27 @@ class Circuits:
 
     def spend(self, agent: str, day: str) -> float:
         """Cluster-wide spend of this app's agent on a UTC day, as the workers last reported it."""
-        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if app == self.app_id and a == agent and d == day)
+        mine = (self.app_id, agent, day)
+        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if (app, a, d) == mine)
 
     async def acquire(self, provider: str) -> Permit:
         """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
-        c = self.circuits[provider]
+        c = self._circuits[provider]
         while True:
             now = self._clock()
             if c.blocked_until > now:
-                raise CircuitOpen(f"{provider} asked to wait (Retry-After) until {c.blocked_until:.3f}", provider=provider, retry_at=c.blocked_until)
+                raise CircuitOpen(
+                    f"{provider} asked to wait (Retry-After) until {c.blocked_until:.3f}",
+                    provider=provider, retry_at=c.blocked_until,
+                )
             state = breaker.view(c.breaker, now, c.breaker_config)
             if state == breaker.OPEN:
-                raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=breaker.reopens_at(c.breaker, c.breaker_config))
+                reopens = breaker.reopens_at(c.breaker, c.breaker_config)
+                raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=reopens)
             if state == breaker.HALF_OPEN:
                 if now < c.next_probe_at:
-                    raise CircuitOpen(f"{provider}: half-open, probe places taken", provider=provider, retry_at=c.next_probe_at)
+                    msg = f"{provider}: half-open, probe places taken"
+                    raise CircuitOpen(msg, provider=provider, retry_at=c.next_probe_at)
                 return await self._probe(c)
             # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.
             stale = [i for i, sent in c.unfolded.items() if now - sent > _UNFOLDED_WAIT_S]
@@ -394,11 +330,7 @@ class Circuits:
                 continue
             if c.config.rps is not None:
                 rate = share(c.config.rps, self.live_workers(provider), minimum=0.1)
-                if c.bucket is None:
-                    c.bucket = TokenBucket.full(rate, max(1.0, rate), now)
-                elif c.bucket.rate != rate:  # the number of live workers changed: a new share, tokens kept
-                    c.bucket = replace(c.bucket, rate=rate, burst=max(1.0, rate), tokens=min(c.bucket.tokens, max(1.0, rate)))
-                c.bucket, wait = take(c.bucket, now)
+                c.bucket, wait = take(rebucket(c.bucket, rate, now), now)
                 if wait > 0:
                     await asyncio.sleep(min(wait, 0.5))
                     continue
@@ -411,7 +343,7 @@ class Circuits:
             raise CircuitOpen(f"{name}: half-open, a probe from this worker is under way", provider=name)
         c.probing = True
         probe_id = uuid.uuid4().hex
-        waiter: asyncio.Future = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         c.probe_waiters[probe_id] = waiter
         admitted = False
         try:
@@ -437,7 +369,7 @@ class Circuits:
         if permit.released:
             return
         permit.released = True
-        c = self.circuits[permit.provider]
+        c = self._circuits[permit.provider]
         c.in_flight -= 1
         self._slot_freed.set()
         self._slot_freed = asyncio.Event()
@@ -466,7 +398,7 @@ class Circuits:
     def describe(self) -> dict[str, Any]:
         now = self._clock()
         out = {}
-        for name, c in self.circuits.items():
+        for name, c in self._circuits.items():
             out[name] = {
                 "endpoint": c.id,
                 **breaker.as_dict(c.breaker, now, c.breaker_config),
@@ -496,10 +428,8 @@ async def _wait(event: asyncio.Event, timeout: float) -> None:
         pass
 
 
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
-
-
 def _log_send_failure(fut: Any) -> None:
     if not fut.cancelled() and fut.exception() is not None:
-        log.warning("Circuits: an event was not delivered (%r); other workers learn it from the next one", fut.exception())
+        log.warning(
+            "Circuits: an event was not delivered (%r); other workers learn it from the next one", fut.exception()
+        )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-__all__ = ["TokenBucket", "ramp", "share", "take"]
+__all__ = ["TokenBucket", "ramp", "rebucket", "share", "take"]
 
 #: A take this close (in seconds) before its token is due is admitted. ``now + wait``
 #: in floats lands up to half an ulp early (~1e-7s for an epoch timestamp), and a
@@ -39,7 +39,8 @@ class TokenBucket:
 
 
 def take(bucket: TokenBucket, now: float) -> tuple[TokenBucket, float]:
-    """Refill to `now`, then take one token: (new bucket, 0.0) when admitted, else (bucket refilled but untouched, seconds until a token is available).
+    """Refill to `now`, then take one token: (new bucket, 0.0) when admitted, else (bucket refilled but untouched,
+    seconds until a token is available).
 
     A ``now`` earlier than ``updated`` (the clock went back) refills nothing and
     leaves ``updated`` where it was, so the time between is never paid for twice.
@@ -54,6 +55,17 @@ def take(bucket: TokenBucket, now: float) -> tuple[TokenBucket, float]:
     return bucket, (bucket.updated - now) + short_s
 
 
+def rebucket(bucket: TokenBucket | None, rate: float, now: float) -> TokenBucket:
+    """The bucket for a worker's share ``rate`` (burst ``max(1, rate)``): a full one when there is none yet; when the
+    share changed (the number of live workers did), the old bucket at the new rate with its tokens kept (capped)."""
+    burst = max(1.0, rate)
+    if bucket is None:
+        return TokenBucket.full(rate, burst, now)
+    if bucket.rate == rate:
+        return bucket
+    return replace(bucket, rate=rate, burst=burst, tokens=min(bucket.tokens, burst))
+
+
 def share(limit: int | float, live_workers: int, *, minimum: float = 1) -> float:
     """One worker's part of a cluster-wide limit: limit / max(1, live_workers), at least `minimum`.
 
@@ -65,7 +77,8 @@ def share(limit: int | float, live_workers: int, *, minimum: float = 1) -> float
 
 
 def ramp(limit: float, closed_at: float | None, now: float, ramp_s: float) -> float:
-    """Slow start after a breaker closes: grows linearly from 1 to `limit` over ramp_s seconds after closed_at; `limit` when closed_at is None or ramp_s == 0; never below 1.
+    """Slow start after a breaker closes: grows linearly from 1 to `limit` over ramp_s seconds after closed_at;
+    `limit` when closed_at is None or ramp_s == 0; never below 1.
 
     A ``now`` before ``closed_at`` (clocks differ between workers) reads as the
     start of the ramp, the cautious end.

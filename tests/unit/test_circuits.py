@@ -4,100 +4,96 @@ from __future__ import annotations
 
 import asyncio
 import json
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from agents_stream.config import AppConfig
 from agents_stream.contract.errors import CircuitOpen
+from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits, circuit_id
-
-
-@dataclass
-class Record:
-    offset: int
-    value: bytes
-    timestamp: int
-    timestamp_type: int = 1  # LogAppendTime
-
-
-class Log:
-    """One partition: appends get the next offset and the "broker" time of the shared clock."""
-
-    def __init__(self, clock: list[float]) -> None:
-        self.records: list[Record] = []
-        self.clock = clock
-
-    def append(self, key: bytes, value: bytes) -> None:
-        self.records.append(Record(len(self.records), value, int(self.clock[0] * 1000)))
+from agents_stream.testing.circuits_log import MemoryCircuitsLog
 
 
 def config(max_concurrency: int | None = None, **breaker: Any) -> AppConfig:
     return AppConfig.model_validate({
-        "breaker": {"failure_threshold": 3, "open_timeout_s": 10, "success_threshold": 1, "half_open_probes": 1, **breaker},
-        "providers": {"p": {"kind": "openai", "base_url": "http://x/v1", "model": "m", "timeout_s": 5, "max_concurrency": max_concurrency}},
+        "breaker": {
+            "failure_threshold": 3, "open_timeout_s": 10, "success_threshold": 1, "half_open_probes": 1, **breaker,
+        },
+        "providers": {"p": {
+            "kind": "openai", "base_url": "http://x/v1", "model": "m", "timeout_s": 5,
+            "max_concurrency": max_concurrency,
+        }},
         "agents": {"a": {"providers": ["p"]}},
     })
 
 
 class Cluster:
-    """N workers' Circuits on one log; ``pump`` folds whatever each has not seen yet."""
+    """N workers' Circuits on one MemoryCircuitsLog; ``paused``: they fold only on ``pump`` (the test decides when)."""
 
-    def __init__(self, n: int, cfg: AppConfig | None = None) -> None:
+    def __init__(self, n: int, cfg: AppConfig | None = None, *, paused: bool = True) -> None:
         self.clock = [1000.0]
-        self.log = Log(self.clock)
+        self.log = MemoryCircuitsLog(clock=lambda: self.clock[0])
+        if paused:
+            self.log.pause()
         self.changes = [0] * n
-        self.seen = [0] * n
+        self.transitions: list[list[tuple[str, Transition, bool]]] = [[] for _ in range(n)]
         self.workers = []
         for i in range(n):
             c = Circuits(
-                cfg or config(), ["p"], f"w{i}", bootstrap="unused",
-                send=self.log.append, on_transition=lambda *a: None,
+                cfg or config(), ["p"], f"w{i}",
+                send=self.log.send, on_transition=lambda *t, i=i: self.transitions[i].append(t),
                 on_change=lambda i=i: self._changed(i), app_id="app", clock=lambda: self.clock[0],
             )
+            self.log.attach(c)
             self.workers.append(c)
 
     def _changed(self, i: int) -> None:
         self.changes[i] += 1
 
     def pump(self) -> None:
-        for i, c in enumerate(self.workers):
-            new = self.log.records[self.seen[i]:]
-            self.seen[i] = len(self.log.records)
-            c._fold_batch({0: new})
+        self.log.deliver()
 
     async def pumping(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             self.pump()
             await asyncio.sleep(0.001)
 
+    def kinds(self) -> list[str]:
+        return [json.loads(r.value)["kind"] for r in self.log.records]
+
 
 def raw(kind: str, **fields: Any) -> bytes:
     return json.dumps({"v": 1, "id": "x", "kind": kind, "worker": "other", "at": 0, **fields}).encode()
 
 
-def test_malformed_records_are_skipped_and_the_fold_goes_on() -> None:
+async def test_malformed_records_are_skipped_and_the_fold_goes_on() -> None:
     """A broken or foreign record on the shared log is skipped; the valid events after it still apply."""
     cl = Cluster(1)
     c = cl.workers[0]
     cid = circuit_id(config().providers["p"])
-    bad = [b"not json", b"[1,2]", raw("probe", provider=cid), raw("rate_limited", provider=cid), raw("hello", spend=[1]),
+    bad = [b"not json", b"[1,2]", raw("probe", provider=cid), raw("rate_limited", provider=cid),
+           raw("hello", spend=[1]),
            raw("transition", provider=cid, to="exploded", cause=-5), raw("failure", provider={"not": "hashable"})]
     good = [raw("failure", provider=cid) for _ in range(3)]
-    records = [Record(i, v, 1_000_000) for i, v in enumerate(bad + good)]
-    c._fold_batch({0: records})
+    for value in bad + good:
+        cl.log.send(b"k", value)
+    cl.pump()
+    assert c.folded == len(bad + good)
     assert c.state("p") == "open", "the three good failures after the bad records opened the breaker"
 
 
-def test_the_broker_clock_is_used_not_the_senders() -> None:
-    """With LogAppendTime the fold uses the broker's timestamp: a sender whose clock is far ahead cannot move the open timeout."""
+async def test_the_broker_clock_is_used_not_the_senders() -> None:
+    """With LogAppendTime the fold uses the broker's timestamp: a sender whose clock is far ahead cannot move the
+    open timeout."""
     cl = Cluster(1)
     c = cl.workers[0]
     cid = circuit_id(config().providers["p"])
     future = raw("failure", provider=cid) .replace(b'"at": 0', b'"at": 99999999')
-    c._fold_batch({0: [Record(i, future, 1_000_000) for i in range(3)]})
-    assert c.circuits["p"].breaker.opened_at == 1000.0
+    for _ in range(3):
+        cl.log.send(b"k", future)
+    cl.pump()
+    assert c.describe()["p"]["opened_at"] == 1000.0
     assert c.available("p") == (False, 1010.0)
 
 
@@ -121,7 +117,7 @@ async def test_calls_to_a_dead_provider_are_bounded_across_workers(max_concurren
     plus the calls in flight when the breaker opened (all 60 callers, or max_concurrency) reach it."""
     cl = Cluster(3, config(max_concurrency=max_concurrency))
     for w in cl.workers:
-        w._publish("hello", None, providers=sorted(w._by_id), app="app", spend={})
+        w.hello()
     cl.pump()
     assert all(w.live_workers("p") == 3 for w in cl.workers)
     stop = asyncio.Event()
@@ -143,36 +139,36 @@ async def test_calls_to_a_dead_provider_are_bounded_across_workers(max_concurren
     stop.set()
     await pump
     in_flight = 60 if max_concurrency is None else max_concurrency
-    print(f"\ncalls to a dead provider from 3 workers x 20 callers, max_concurrency {max_concurrency}: {calls} (bound {3 + in_flight})")
+    print(f"\ncalls to a dead provider from 3 workers x 20 callers, max_concurrency {max_concurrency}: {calls} "
+          f"(bound {3 + in_flight})")
     assert all(c.state("p") == "open" for c in cl.workers)
     assert calls <= 3 + in_flight
 
 
 async def test_half_open_admits_one_probe_cluster_wide_and_refusals_do_not_storm() -> None:
     """In half-open exactly one probe is admitted among all workers; a refused worker does not ask again at once."""
-    cl = Cluster(3)
+    cl = Cluster(3, paused=False)  # every worker folds each record on the loop turn after its send
     cid = circuit_id(config().providers["p"])
-    for w in cl.workers:
-        w._fold_batch({0: [Record(i, raw("failure", provider=cid), 1_000_000) for i in range(3)]})
+    for _ in range(3):
+        cl.log.send(b"k", raw("failure", provider=cid))
+    await asyncio.sleep(0)
+    assert all(w.state("p") == "open" for w in cl.workers)
     cl.clock[0] += 11  # past open_timeout
-    stop = asyncio.Event()
-    pump = asyncio.ensure_future(cl.pumping(stop))
     results = await asyncio.gather(*(w.acquire("p") for w in cl.workers), return_exceptions=True)
     admitted = [r for r in results if not isinstance(r, BaseException)]
     assert len(admitted) == 1 and all(isinstance(r, CircuitOpen) for r in results if r not in admitted)
-    probes_before = sum(1 for r in cl.log.records if json.loads(r.value)["kind"] == "probe")
+    probes_before = cl.kinds().count("probe")
     refused = [w for w, r in zip(cl.workers, results, strict=True) if isinstance(r, CircuitOpen)]
     for w in refused:
         with pytest.raises(CircuitOpen):
             await w.acquire("p")  # within the pause: no new probe request
-    probes_after = sum(1 for r in cl.log.records if json.loads(r.value)["kind"] == "probe")
+    probes_after = cl.kinds().count("probe")
     assert probes_after == probes_before
     owner = cl.workers[results.index(admitted[0])]
     owner.release(admitted[0], "success")
     await asyncio.sleep(0.05)
-    stop.set()
-    await pump
-    assert all(w.state("p") == "closed" for w in cl.workers), "one probe success (success_threshold 1) closed it everywhere"
+    assert all(w.state("p") == "closed" for w in cl.workers), \
+        "one probe success (success_threshold 1) closed it everywhere"
 
 
 async def test_retry_after_from_one_worker_blocks_the_others_once_folded() -> None:
@@ -187,14 +183,15 @@ async def test_retry_after_from_one_worker_blocks_the_others_once_folded() -> No
     with pytest.raises(CircuitOpen) as info:
         await b.acquire("p")
     assert info.value.retry_at == pytest.approx(1005.0)
-    assert b.circuits["p"].retry_after_propagation_s is not None
+    assert b.describe()["p"]["retry_after_propagation_s"] is not None
     cl.clock[0] += 5.1
     permit = await asyncio.wait_for(b.acquire("p"), 1)
     b.release(permit, "success")
 
 
-def test_spend_is_summed_per_app_across_partitions() -> None:
-    """Budgets count this app's spend of the day over every partition's latest report; another app's spend is not ours."""
+async def test_spend_is_summed_per_app_across_partitions() -> None:
+    """Budgets count this app's spend of the day over every partition's latest report; another app's spend is not
+    ours."""
     cl = Cluster(1)
     c = cl.workers[0]
     reports = [
@@ -202,7 +199,10 @@ def test_spend_is_summed_per_app_across_partitions() -> None:
         raw("hello", worker="w2", app="app", spend={"a": {"2026-11-29": {"1": 2.5}}}),  # newer report for partition 1
         raw("hello", worker="w3", app="other-app", spend={"a": {"2026-11-29": {"2": 100.0}}}),
     ]
-    c._fold_batch({0: [Record(i, r, 1_000_000 + i) for i, r in enumerate(reports)]})
+    for r in reports:
+        cl.log.send(b"k", r)
+        cl.clock[0] += 1.0  # each report newer than the one before
+    cl.pump()
     assert c.spend("a", "2026-11-29") == pytest.approx(4.0)
 
 
@@ -218,3 +218,44 @@ def test_circuit_id_separates_accounts_and_shares_endpoints() -> None:
     })
     ids = {n: circuit_id(p) for n, p in cfg.providers.items()}
     assert ids["a"] == ids["b"] != ids["c"]
+
+
+async def test_two_workers_on_one_log_agree_on_a_breaker_transition() -> None:
+    """Failures one worker sees open the breaker on both workers, at the same time; only the worker whose
+    event caused it records the transition on the log, with that event's offset as its cause."""
+    cl = Cluster(2, paused=False)
+    a, b = cl.workers
+    for _ in range(3):
+        permit = await asyncio.wait_for(a.acquire("p"), 1)  # waits for the previous failure to come back
+        a.release(permit, "failure")
+    await asyncio.sleep(0)
+    assert a.state("p") == b.state("p") == "open"
+    assert a.describe()["p"]["opened_at"] == b.describe()["p"]["opened_at"] == 1000.0
+    (name_a, ta, mine_a), = cl.transitions[0]
+    (name_b, tb, mine_b), = cl.transitions[1]
+    assert (name_a, ta.frm, ta.to, mine_a) == ("p", "closed", "open", True)
+    assert (name_b, tb, mine_b) == ("p", ta, False)
+    assert cl.kinds() == ["failure", "failure", "failure", "transition"]
+    recorded = json.loads(cl.log.records[3].value)
+    assert (recorded["worker"], recorded["to"], recorded["cause"], recorded["opened_at"]) == ("w0", "open", 2, 1000.0)
+    await asyncio.sleep(0)
+    assert len(cl.transitions[0]) == len(cl.transitions[1]) == 1, "folding the recorded transition moves nothing"
+    with pytest.raises(CircuitOpen):
+        await b.acquire("p")
+
+
+async def test_a_joining_worker_adopts_a_transition_it_did_not_see_the_cause_of() -> None:
+    """A worker attached after the failures (folding from the recorded transition on) takes over the open state."""
+    cl = Cluster(1, paused=False)
+    a = cl.workers[0]
+    for _ in range(3):
+        permit = await asyncio.wait_for(a.acquire("p"), 1)
+        a.release(permit, "failure")
+    await asyncio.sleep(0)
+    assert cl.kinds() == ["failure", "failure", "failure", "transition"]
+    joiner = Circuits(config(), ["p"], "w9", send=cl.log.send, on_transition=lambda *t: None, on_change=lambda: None,
+                      app_id="app", clock=lambda: cl.clock[0])
+    cl.log.attach(joiner, from_offset=3)
+    await asyncio.sleep(0)
+    assert joiner.state("p") == "open"
+    assert joiner.describe()["p"]["opened_at"] == 1000.0

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from agents_stream.resilience.ratelimit import TokenBucket, ramp, share, take
+from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
 
 
 def slack(rate: float) -> float:
@@ -190,6 +190,18 @@ def test_tokens_stay_between_a_borrowed_crumb_and_burst(rate: float, burst: floa
     for now in times:
         bucket, _ = take(bucket, now)
         assert -slack(rate) <= bucket.tokens <= burst
+
+
+def test_rebucket_starts_full_keeps_an_unchanged_bucket_and_caps_tokens_on_a_new_share() -> None:
+    """A first bucket is full; the same share keeps the bucket; a new share (live workers changed) keeps the tokens,
+    capped at the new burst, without refilling."""
+    first = rebucket(None, 4.0, 10.0)
+    assert first == TokenBucket(rate=4.0, burst=4.0, tokens=4.0, updated=10.0)
+    assert rebucket(first, 4.0, 20.0) is first
+    assert rebucket(first, 2.0, 20.0) == TokenBucket(rate=2.0, burst=2.0, tokens=2.0, updated=10.0)
+    low = TokenBucket(rate=4.0, burst=4.0, tokens=0.5, updated=10.0)
+    assert rebucket(low, 8.0, 20.0) == TokenBucket(rate=8.0, burst=8.0, tokens=0.5, updated=10.0)
+    assert rebucket(None, 0.1, 0.0).burst == 1.0, "a share below one call per second still holds one whole token"
 
 
 # --- share ---------------------------------------------------------------------------

@@ -1,0 +1,51 @@
+"""What the ``agents-stream`` commands share: their parser hook, one confirmed send, and why the broker failed."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from typing import Any, Callable
+
+from agents_stream.kafka import security as kafka_security
+from agents_stream.settings import Settings, bootstrap_servers
+
+__all__ = ["AddParser", "broker_call", "broker_unreachable", "send_one"]
+
+#: a command module's ``register(add_parser)`` gets the subparsers' ``add_parser``
+AddParser = Callable[..., argparse.ArgumentParser]
+
+
+async def send_one(settings: Settings, topic: str, key: bytes, value: bytes) -> None:
+    from aiokafka import AIOKafkaProducer
+
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap_servers(settings.broker), acks="all", **kafka_security.client_kwargs(settings)
+    )
+    try:
+        await asyncio.wait_for(producer.start(), timeout=30)  # a refused login fails here: still close the producer
+        await asyncio.wait_for(producer.send_and_wait(topic, value, key=key), timeout=30)
+    finally:
+        await asyncio.wait_for(producer.stop(), timeout=30)
+
+
+def broker_call(settings: Settings, what: str, coro: Any) -> int:
+    from aiokafka.errors import KafkaError
+
+    try:
+        asyncio.run(coro)
+    except (KafkaError, OSError, TimeoutError) as exc:
+        return broker_unreachable(settings, what, exc)
+    return 0
+
+
+def broker_unreachable(settings: Settings, what: str, exc: BaseException) -> int:
+    """Say why the broker could not be used: aiokafka's own error only says "Unable to bootstrap"."""
+    from aiokafka.errors import KafkaConnectionError
+
+    detail = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, KafkaConnectionError):  # a refused login or TLS handshake ends up here too
+        detail = asyncio.run(kafka_security.diagnose(settings, bootstrap_servers(settings.broker)))
+    print(f"agents-stream {what}: cannot use the broker at {settings.broker} ({detail}); "
+          "check KAFKA_BROKER and the AGENTS_STREAM_KAFKA_* settings", file=sys.stderr)
+    return 1

@@ -1,0 +1,87 @@
+"""``agents-stream tasks show`` and the worker web views the task and job commands read (``/tasks``, ``/jobs``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+from agents_stream.ops.cli_common import AddParser
+from agents_stream.settings import Settings
+
+__all__ = ["get_view", "no_worker", "register", "render_job", "show"]
+
+
+def register(add_parser: AddParser) -> None:
+    tasks = add_parser("tasks", help="look up a task in the ledger (through a worker's /tasks view)")
+    tsub = tasks.add_subparsers(dest="tasks_command", required=True)
+    tshow = tsub.add_parser("show", help="a task's state, approval and result")
+    tshow.add_argument("id", metavar="TASK_ID")
+    tshow.add_argument("--json", action="store_true", help="the view's JSON as is")
+    tshow.set_defaults(func=_cmd_tasks_show)
+
+
+def get_view(settings: Settings, path: str) -> tuple[int, Any]:
+    """GET a worker's web view (any worker answers for any key: it forwards to the owner)."""
+    import urllib.error
+    import urllib.request
+
+    url = settings.link_base().rstrip("/") + path
+    try:
+        with urllib.request.urlopen(url, timeout=15) as resp:  # noqa: S310 (the operator's own worker)
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def no_worker(settings: Settings, exc: BaseException) -> int:
+    """Say that no worker answered, and how to point the command at one."""
+    print(f"agents-stream: no worker answered at {settings.link_base()} ({exc}); set AGENTS_STREAM_PUBLIC_URL "
+          "or WEB_HOST/WEB_PORT to a worker's web address", file=sys.stderr)
+    return 1
+
+
+def show(args: argparse.Namespace, path: str, render: Callable[[Any], str]) -> int:
+    from urllib.parse import quote
+
+    settings = Settings.from_env()
+    try:
+        status, body = get_view(settings, path.format(quote(args.id, safe="")))
+    except (OSError, ValueError) as exc:
+        return no_worker(settings, exc)
+    if args.json:
+        print(json.dumps(body, indent=2))
+    elif status == 200:
+        print(render(body))
+    else:
+        print(body.get("error", f"HTTP {status}"), file=sys.stderr)
+    return 0 if status == 200 else 1
+
+
+def _render_task(t: dict[str, Any]) -> str:
+    lines = [f"task {t['task_id']}  agent {t['agent']}  state {t['state']}  attempts {t['dispatch']}"]
+    if t.get("approval"):
+        a = t["approval"]
+        made = a.get("decision")
+        lines.append(f"approval: {a.get('reason')}; level {a.get('level', 0) + 1}"
+                     + (f"; {made['decision']} by {made['by']} via {made['via']}" if made else "; waiting"))
+    r = t.get("result")
+    if r:
+        lines.append(f"result: {r['status']}  confidence {r['confidence']}  source {r['source'] or '-'}"
+                     + (f"  error {r['error']}" if r.get("error") else ""))
+        lines.append(f"output: {json.dumps(r['output'])[:500]}")
+    return "\n".join(lines)
+
+
+def render_job(j: dict[str, Any]) -> str:
+    lines = [f"job {j['job_id']}  {j['state']}" + (f"  ({j['reason']})" if j.get("reason") else "")]
+    for step_id in j.get("order") or list(j.get("steps", {})):
+        s = j["steps"][step_id]
+        deps = ", ".join(s.get("depends_on") or []) or "-"
+        lines.append(f"  {step_id:<20} {s['agent']:<20} {s['status']:<11} after {deps}")
+    return "\n".join(lines)
+
+
+def _cmd_tasks_show(args: argparse.Namespace) -> int:
+    return show(args, "/tasks/{}", _render_task)

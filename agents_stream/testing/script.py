@@ -1,0 +1,107 @@
+"""The fake LLM's script: scripted replies (``ok``, ``status``, ``malformed``, ``hang``, ``refusal``) and modes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+__all__ = ["ECHO", "SCRIPT_RAN_OUT", "Mode", "Reply", "hang", "malformed", "ok", "refusal", "status", "validate_mode"]
+
+SCRIPT_RAN_OUT = "fake LLM script ran out"
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One scripted answer; build it with ``ok``, ``status``, ``malformed``, ``hang`` or ``refusal``."""
+
+    kind: str = "ok"  # ok | status | malformed | refusal
+    text: str | None = None
+    code: int = 200
+    retry_after: float | str | None = None
+    body: Any = None
+    latency: float = 0.0
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Reply:
+        """A reply from JSON (``POST /_admin/script``); unknown fields are an error."""
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown reply fields {sorted(unknown)}; known: {sorted(names)}")
+        reply = cls(**data)
+        if reply.kind not in {"ok", "status", "malformed", "refusal"}:
+            raise ValueError(f"unknown reply kind {reply.kind!r}")
+        return reply
+
+
+def ok(
+    text: str | None = None,
+    *,
+    latency: float = 0.0,
+    input_tokens: int | None = None,
+    output_tokens: int | None = None,
+) -> Reply:
+    """A normal answer; ``text=None`` echoes the prompt, token counts default to word counts."""
+    return Reply("ok", text=text, latency=latency, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def status(code: int, *, retry_after: float | str | None = None, body: Any = None, latency: float = 0.0) -> Reply:
+    """An HTTP status; ``body=None`` gives the API's own error shape, a str or dict is sent as is."""
+    return Reply("status", code=code, retry_after=retry_after, body=body, latency=latency)
+
+
+def malformed(latency: float = 0.0) -> Reply:
+    """A 200 whose JSON body is not the shape of any of the APIs."""
+    return Reply("malformed", latency=latency)
+
+
+def hang(seconds: float) -> Reply:
+    """Wait ``seconds`` before answering normally: longer than the client's timeout means a timeout."""
+    return Reply("ok", latency=seconds)
+
+
+def refusal(latency: float = 0.0) -> Reply:
+    """The API's content-filter answer (Gemini SAFETY, OpenAI content_filter, Anthropic refusal)."""
+    return Reply("refusal", latency=latency)
+
+
+#: the default answer: echo the prompt (a Reply is frozen, so one instance serves all)
+ECHO = ok()
+
+
+@dataclass(frozen=True)
+class Mode:
+    """Behaviour applied to every API request, ahead of the script."""
+
+    outage: bool | str = False  # True: 503 to everything; "refuse": the port refuses connections
+    latency: float = 0.0  # seconds added to every answer
+    error_rate: float = 0.0  # share of requests answered 500, drawn from the seeded RNG
+    rate_limit: float | None = None  # answer 429 with this Retry-After (seconds); None: off
+
+
+def validate_mode(changes: dict[str, Any]) -> dict[str, Any]:
+    """Mode changes (``Mode`` fields, ``seed``, ``outage_for``) checked and normalised; ValueError names the field."""
+    allowed = {f.name for f in fields(Mode)} | {"seed", "outage_for"}
+    unknown = set(changes) - allowed
+    if unknown:
+        raise ValueError(f"unknown mode fields {sorted(unknown)}; known: {sorted(allowed)}")
+    out = dict(changes)
+    if "outage" in out and out["outage"] not in (True, False, "refuse"):
+        raise ValueError('outage must be true, false or "refuse"')
+    for name in ("latency", "outage_for"):
+        if out.get(name) is not None and not (isinstance(out[name], int | float) and out[name] >= 0):
+            raise ValueError(f"{name} must be a number of seconds >= 0")
+    rate = out.get("error_rate", 0)
+    if not (isinstance(rate, int | float) and 0 <= rate <= 1):
+        raise ValueError("error_rate must be between 0 and 1")
+    if "rate_limit" in out:
+        value = out["rate_limit"]
+        if value is False:
+            out["rate_limit"] = None
+        elif value is not None and not (isinstance(value, int | float) and value >= 0):
+            raise ValueError("rate_limit must be a Retry-After in seconds >= 0, or null for off")
+    if "seed" in out and not isinstance(out["seed"], int):
+        raise ValueError("seed must be an integer")
+    return out

@@ -1,0 +1,399 @@
+"""The fake LLM's server: a real aiohttp server speaking the three APIs, with its admin endpoints (``/_admin/*``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import re
+import time
+from collections import deque
+from collections.abc import Generator, Iterable
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+from urllib.parse import unquote
+
+from aiohttp import web
+
+from agents_stream.testing.script import ECHO, SCRIPT_RAN_OUT, Mode, Reply, status, validate_mode
+from agents_stream.testing.wire import KEY_HEADERS, error_body, prompt_text, render
+
+__all__ = ["FakeLLM", "RecordedRequest"]
+
+# The public entry's name, as before the split: a logging config that names it keeps working.
+log = logging.getLogger("agents_stream.testing.fakellm")
+
+#: headers never recorded: their values are secrets (only their presence is)
+_SECRET_HEADERS = frozenset(
+    {"authorization", "proxy-authorization", "x-goog-api-key", "x-api-key", "api-key", "cookie"}
+)
+_TASK_ID = re.compile(r"task_id=([A-Za-z0-9_.:/\-]+)")
+#: how long stop() and an outage wait for in-flight answers before cutting them off
+_DRAIN_S = 1.0
+_START_TIMEOUT_S = 5.0
+
+
+@dataclass
+class RecordedRequest:
+    """One API call as the fake received it; secrets are reduced to "was there a key"."""
+
+    api: str  # gemini | openai | anthropic
+    path: str
+    url: str  # path and query, with the fake's own api_key (if any) redacted
+    model: str
+    headers: dict[str, str]
+    key_present: bool
+    key_header: str | None  # the header the key came in, lower-case
+    key_in_url: bool
+    body: Any
+    instruction: str
+    system: str
+    task_id: str | None
+    ts: float
+    status: int | None = None  # what the fake answered, once it has
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class _Applied:
+    """What ``set_mode`` returns: awaiting it waits until the listener matches the new mode."""
+
+    def __init__(self, task: asyncio.Task[None] | None) -> None:
+        self._task = task
+
+    def __await__(self) -> Generator[Any, None, None]:
+        if self._task is not None:
+            yield from asyncio.shield(self._task).__await__()
+
+
+class FakeLLM:
+    """A real aiohttp server on one port speaking Gemini, OpenAI chat completions and Anthropic Messages."""
+
+    def __init__(
+        self,
+        script: Iterable[Reply] | None = None,
+        *,
+        default: Reply | None = ECHO,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        seed: int = 0,
+        api_key: str | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.default = default
+        #: when set, requests without this key in the API's header get the API's 401
+        self.api_key = api_key
+        self.mode = Mode()
+        self.requests: list[RecordedRequest] = []
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        #: how many requests found the script empty with no default
+        self.script_misses = 0
+        self._script: deque[Reply] = deque(script or ())
+        self._seed = seed
+        self._rng = random.Random(seed)
+        self._runner: web.AppRunner | None = None
+        self._site: web.TCPSite | None = None
+        self._listener_lock = asyncio.Lock()
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._outage_timer: asyncio.Task[None] | None = None
+
+    # lifecycle
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``; the port is known once started."""
+        if not self.port:
+            raise RuntimeError("FakeLLM has no port yet: await start() first")
+        return f"http://{self.host}:{self.port}"
+
+    async def start(self) -> FakeLLM:
+        app = web.Application()
+        app.add_routes(
+            [
+                web.get("/", self._root),
+                web.get("/v1/models", self._models),
+                web.get("/models", self._models),
+                web.post("/v1beta/models/{target}", self._gemini),
+                web.post("/v1/models/{target}", self._gemini),
+                web.post("/v1/chat/completions", self._openai),
+                web.post("/chat/completions", self._openai),
+                web.post("/v1/messages", self._anthropic),
+                web.get("/_admin/mode", self._admin_get_mode),
+                web.post("/_admin/mode", self._admin_set_mode),
+                web.get("/_admin/requests", self._admin_requests),
+                web.get("/_admin/stats", self._admin_stats),
+                web.post("/_admin/script", self._admin_script),
+                web.post("/_admin/reset", self._admin_reset),
+            ]
+        )
+        # a short shutdown_timeout: a hung scripted answer must not hold stop() for a minute
+        self._runner = web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=_DRAIN_S)
+        self._stopping.clear()
+        await asyncio.wait_for(self._runner.setup(), _START_TIMEOUT_S)
+        await self._open()  # even in "refuse" mode: a port=0 fake needs a port first
+        await self._sync_listener()
+        log.info("fake LLM listening on %s", self.url)
+        return self
+
+    async def stop(self) -> None:
+        self._stopping.set()  # wakes every sleeping answer
+        self._outage_timer = None
+        tasks, self._tasks = list(self._tasks), set()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=_DRAIN_S)
+        runner, self._runner, self._site = self._runner, None, None
+        if runner is not None:
+            await asyncio.wait_for(runner.cleanup(), _DRAIN_S * 3)
+
+    async def __aenter__(self) -> FakeLLM:
+        return await self.start()
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.stop()
+
+    # control from the test process
+
+    def enqueue(self, *replies: Reply) -> None:
+        """Append replies to the script."""
+        self._script.extend(replies)
+
+    def set_mode(self, **changes: Any) -> _Applied:
+        """Change modes at once: ``outage`` (False/True/"refuse"), ``latency``, ``error_rate``,
+        ``rate_limit``, ``seed``, and ``outage_for`` (seconds until the outage ends by itself).
+
+        Await the result when toggling ``outage="refuse"`` to know the port is closed (or open).
+        """
+        changes = validate_mode(changes)
+        outage_for = changes.pop("outage_for", None)
+        if "seed" in changes:
+            self._seed = changes.pop("seed")
+            self._rng = random.Random(self._seed)
+        self.mode = replace(self.mode, **changes)
+        if "outage" in changes and self._outage_timer is not None:
+            self._outage_timer.cancel()
+            self._outage_timer = None
+        if self._runner is None:
+            return _Applied(None)
+        if outage_for is not None and self.mode.outage:
+            self._outage_timer = self._spawn(self._end_outage_after(outage_for))
+        listening = self._site is not None
+        if listening == (self.mode.outage != "refuse"):
+            return _Applied(None)
+        return _Applied(self._spawn(self._sync_listener()))
+
+    def reset(self) -> None:
+        """Forget requests, script, modes and peaks; reseed the RNG. The listener reopens if closed."""
+        self.requests.clear()
+        self._script.clear()
+        self.script_misses = 0
+        self.peak_in_flight = self.in_flight
+        self.set_mode(outage=False, latency=0.0, error_rate=0.0, rate_limit=None, seed=self._seed)
+
+    def stats(self) -> dict[str, Any]:
+        return {
+            "in_flight": self.in_flight,
+            "peak_in_flight": self.peak_in_flight,
+            "requests": len(self.requests),
+            "script_remaining": len(self._script),
+            "script_misses": self.script_misses,
+        }
+
+    # listener management (outage="refuse")
+
+    def _spawn(self, coro: Any) -> asyncio.Task[None]:
+        # owned: stop() cancels and awaits whatever is still running
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _end_outage_after(self, seconds: float) -> None:
+        await asyncio.sleep(seconds)
+        self._outage_timer = None
+        await self.set_mode(outage=False)
+
+    async def _open(self) -> None:
+        assert self._runner is not None
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await asyncio.wait_for(site.start(), _START_TIMEOUT_S)
+        self._site = site
+        if not self.port:
+            self.port = self._runner.addresses[0][1]
+
+    async def _sync_listener(self) -> None:
+        async with self._listener_lock:
+            if self._runner is None:
+                return
+            refuse = self.mode.outage == "refuse"
+            if refuse and self._site is not None:
+                site, self._site = self._site, None
+                await site.stop()
+                # keep-alive connections would still reach us; a dead server has none
+                for conn in self._runner.server.connections if self._runner.server else ():
+                    conn.force_close()
+                log.warning("fake LLM: outage=refuse, %s now refuses connections", self.url)
+            elif not refuse and self._site is None:
+                await self._open()
+                log.warning("fake LLM: listening again on %s", self.url)
+
+    # the APIs
+
+    async def _gemini(self, request: web.Request) -> web.StreamResponse:
+        target = request.match_info["target"]
+        if not target.endswith(":generateContent"):
+            raise web.HTTPNotFound(text=f"fake LLM speaks only :generateContent, not {target!r}")
+        return await self._api(request, "gemini", model=target.removesuffix(":generateContent"))
+
+    async def _openai(self, request: web.Request) -> web.StreamResponse:
+        return await self._api(request, "openai")
+
+    async def _anthropic(self, request: web.Request) -> web.StreamResponse:
+        return await self._api(request, "anthropic")
+
+    async def _api(self, request: web.Request, api: str, model: str = "") -> web.StreamResponse:
+        self.in_flight += 1
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+        try:
+            raw = await asyncio.wait_for(request.read(), _START_TIMEOUT_S)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+            record, key = self._record(request, api, model, body)
+            reply = self._choose(record, body, key)
+            delay = self.mode.latency + reply.latency
+            if delay > 0:
+                await self._sleep(delay)
+            if self._stopping.is_set():
+                reply = status(503, body=error_body(api, 503, "fake LLM is stopping"))
+            response = render(api, reply, model=record.model, system=record.system, instruction=record.instruction)
+            record.status = response.status
+            return response
+        finally:
+            self.in_flight -= 1
+
+    def _choose(self, record: RecordedRequest, body: Any, key: str | None) -> Reply:
+        """Modes first (outage, auth, rate limit, error rate), then the script, then the default."""
+        api = record.api
+        if self.mode.outage:
+            return status(503, body=error_body(api, 503, "fake LLM outage: the service is unavailable"))
+        # the key is checked only in the API's own header, as the real service would
+        if self.api_key is not None and (record.key_header != KEY_HEADERS[api] or key != self.api_key):
+            return status(401, body=error_body(api, 401, "fake LLM: missing or wrong API key"))
+        if self.mode.rate_limit is not None:
+            return status(429, retry_after=self.mode.rate_limit)
+        if self.mode.error_rate and self._rng.random() < self.mode.error_rate:
+            return status(500, body=error_body(api, 500, "fake LLM error_rate struck"))
+        if not isinstance(body, dict):
+            return status(400, body=error_body(api, 400, "request body is not a JSON object"))
+        if self._script:
+            return self._script.popleft()
+        if self.default is not None:
+            return self.default
+        self.script_misses += 1
+        log.error(
+            "%s: %s request #%d (task_id=%s) got a 500; give the FakeLLM a longer script or a default",
+            SCRIPT_RAN_OUT.upper(),
+            api,
+            len(self.requests),
+            record.task_id,
+        )
+        return status(500, body=error_body(api, 500, SCRIPT_RAN_OUT))
+
+    def _record(self, request: web.Request, api: str, model: str, body: Any) -> tuple[RecordedRequest, str | None]:
+        """Record the request; the key it carried is returned for checking, never stored."""
+        key_header, key = None, None
+        for name in ("x-goog-api-key", "authorization", "x-api-key"):
+            value = request.headers.get(name)
+            if value:
+                key_header, key = name, value.removeprefix("Bearer ").strip()
+                break
+        url = unquote(request.path_qs)
+        key_in_url = "key" in request.query or bool(self.api_key and self.api_key in url)
+        if self.api_key:
+            url = url.replace(self.api_key, "<redacted>")
+        instruction, system, everything = prompt_text(api, body)
+        found = _TASK_ID.search(instruction) or _TASK_ID.search(everything)
+        record = RecordedRequest(
+            api=api,
+            path=request.path,
+            url=url,
+            model=model or (str(body.get("model", "")) if isinstance(body, dict) else ""),
+            headers={k: v for k, v in request.headers.items() if k.lower() not in _SECRET_HEADERS},
+            key_present=key is not None or "key" in request.query,
+            key_header=key_header,
+            key_in_url=key_in_url,
+            body=body,
+            instruction=instruction,
+            system=system,
+            task_id=found.group(1) if found else None,
+            ts=time.time(),
+        )
+        self.requests.append(record)
+        return record, key
+
+    async def _sleep(self, seconds: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), seconds)
+
+    # plain endpoints and admin
+
+    async def _root(self, request: web.Request) -> web.Response:
+        return web.json_response({"fake": True})
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _admin_get_mode(self, request: web.Request) -> web.Response:
+        return web.json_response({**asdict(self.mode), "seed": self._seed})
+
+    async def _admin_set_mode(self, request: web.Request) -> web.StreamResponse:
+        try:
+            changes = validate_mode(await _json_object(request))
+        except ValueError as exc:
+            raise web.HTTPBadRequest(text=str(exc)) from None
+        mode = {**asdict(self.mode), **changes}
+        mode.pop("outage_for", None)
+        # answer before applying: outage="refuse" closes this very connection
+        response = web.json_response(mode)
+        await response.prepare(request)
+        await response.write_eof()
+        self.set_mode(**changes)
+        return response
+
+    async def _admin_requests(self, request: web.Request) -> web.Response:
+        return web.json_response([r.as_dict() for r in self.requests])
+
+    async def _admin_stats(self, request: web.Request) -> web.Response:
+        return web.json_response(self.stats())
+
+    async def _admin_script(self, request: web.Request) -> web.Response:
+        data = await _json_object(request)
+        try:
+            replies = [Reply.from_dict(r) for r in data.get("replies", [])]
+        except (TypeError, ValueError) as exc:
+            raise web.HTTPBadRequest(text=f"bad reply: {exc}") from None
+        self.enqueue(*replies)
+        return web.json_response({"script_remaining": len(self._script)})
+
+    async def _admin_reset(self, request: web.Request) -> web.Response:
+        self.reset()
+        return web.json_response({"reset": True})
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        data = json.loads(await asyncio.wait_for(request.read(), _START_TIMEOUT_S) or b"{}")
+    except ValueError:
+        raise web.HTTPBadRequest(text="body must be a JSON object") from None
+    if not isinstance(data, dict):
+        raise web.HTTPBadRequest(text="body must be a JSON object")
+    return data
