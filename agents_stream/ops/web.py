@@ -86,7 +86,11 @@ def same_origin(request: Any) -> bool:
 async def mutation_body(settings: Any, request: Any) -> dict[str, Any]:
     """The checks every mutating endpoint makes, in order; raises Refused with the status and what to do."""
     if not same_origin(request):
-        raise Refused(403, "cross-origin request refused: use the console served by this worker, the CLI, or a client without an Origin header")
+        raise Refused(
+            403,
+            "cross-origin request refused: use the console served by this worker, the CLI, or a client without an "
+            "Origin header",
+        )
     if not authorized(settings, request):
         raise Refused(401, "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)")
     if request.content_length is not None and request.content_length > MAX_BODY:
@@ -118,7 +122,11 @@ async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
     try:
         await asyncio.wait_for(send(), timeout=15.0)
     except (asyncio.TimeoutError, KafkaError) as exc:
-        raise Refused(503, f"the broker did not confirm the event on {topic} ({type(exc).__name__}); it may not have been sent: retry (a decision or cancel sent twice counts once)") from None
+        raise Refused(
+            503,
+            f"the broker did not confirm the event on {topic} ({type(exc).__name__}); it may not have been sent: "
+            "retry (a decision or cancel sent twice counts once)",
+        ) from None
 
 
 async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
@@ -127,7 +135,8 @@ async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
     urls = {str(u).rstrip("/") for u in app.router.tables_metadata()} - {here}
 
     async def one(url: str) -> Any:
-        async with app.http_client.get(url + path, headers={ROUTED_HEADER: "1"}, timeout=aiohttp.ClientTimeout(total=5)) as resp:
+        timeout = aiohttp.ClientTimeout(total=5)
+        async with app.http_client.get(url + path, headers={ROUTED_HEADER: "1"}, timeout=timeout) as resp:
             resp.raise_for_status()
             return await resp.json()
 
@@ -170,10 +179,12 @@ def routed(app: Any, table: Any, param: str, partitions: int) -> Any:
                 return await handler(self, request, **kwargs)
             url = owner.rstrip("/") + request.rel_url.raw_path_qs
             try:
-                async with app.http_client.get(url, headers={ROUTED_HEADER: "1"}, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                timeout = aiohttp.ClientTimeout(total=10)
+                async with app.http_client.get(url, headers={ROUTED_HEADER: "1"}, timeout=timeout) as resp:
                     return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                return self.json({"error": f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"}, status=502)
+                error = f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"
+                return self.json({"error": error}, status=502)
 
         return view
 
@@ -241,12 +252,14 @@ def _approval_views(app: Any, runtime: Worker) -> None:
                     "comment": body.get("comment"),
                 })
             except Exception as exc:  # bad fields: the caller's mistake, said plainly
-                return self.json({"error": f"expected JSON {{\"decision\": \"approve\"|\"reject\", \"by\": \"<who>\"}}: {exc}"}, status=400)
+                expected = '{"decision": "approve"|"reject", "by": "<who>"}'
+                return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
             try:
                 await publish_decision(app, decision)
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            return self.json({"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}, status=202)
+            accepted = {"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}
+            return self.json(accepted, status=202)
 
 
 def _dead_letter_views(app: Any, settings: Settings) -> None:
@@ -255,7 +268,8 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
     @app.page("/dlq")
     class DeadLetters(View):
         async def get(self, request: Request) -> Response:
-            """Dead letters, newest first, filtered like ``agents-stream dlq list`` (agent, layer, reason, since, until)."""
+            """Dead letters, newest first, filtered like ``agents-stream dlq list``
+            (agent, layer, reason, since, until)."""
             q = request.query
             try:
                 limit = max(1, min(int(q.get("limit", "100")), 1000))
@@ -266,14 +280,16 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
             except ValueError as exc:
                 return self.json({"error": f"bad filter: {exc}"}, status=400)
             except Exception as exc:  # the broker did not answer in time: say so, the console retries
-                return self.json({"error": f"reading the dead-letter topics failed: {type(exc).__name__}: {exc}"}, status=503)
+                error = f"reading the dead-letter topics failed: {type(exc).__name__}: {exc}"
+                return self.json({"error": error}, status=503)
             chosen.sort(key=lambda d: d.headers.get("failed_at", ""), reverse=True)
             return self.json({"dead_letters": [dlq.summary(d) for d in chosen[:limit]], "count": len(chosen)})
 
     @app.page("/dlq/requeue")
     class Requeue(View):
         async def post(self, request: Request) -> Response:
-            """Send one dead letter back to its task topic (body: ``{"ref": ...}`` or ``{"topic", "partition", "offset"}``)."""
+            """Send one dead letter back to its task topic
+            (body: ``{"ref": ...}`` or ``{"topic", "partition", "offset"}``)."""
             try:
                 body = await mutation_body(settings, request)
                 ref = body.get("ref") or f"{body.get('topic')}:{body.get('partition')}:{body.get('offset')}"
@@ -283,12 +299,17 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
             try:
-                found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
+                letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
+                found = [d for d in letters if d.ref == ref]
                 if not found:
                     return self.json({"error": f"no dead letter {ref}"}, status=404)
                 (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
             except (asyncio.TimeoutError, TimeoutError, KafkaError) as exc:
-                return self.json({"error": f"the broker did not answer ({type(exc).__name__}); the requeue may or may not have been sent: look the task up before retrying"}, status=503)
+                error = (
+                    f"the broker did not answer ({type(exc).__name__}); the requeue may or may not have been sent: "
+                    "look the task up before retrying"
+                )
+                return self.json({"error": error}, status=503)
             log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
             return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
 
@@ -299,7 +320,8 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
                 topic, _, _ = dlq.parse_ref(ref)
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
-            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
+            letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
+            found = [d for d in letters if d.ref == ref]
             if not found:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
             return self.json(found[0].as_dict())
@@ -312,12 +334,16 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
             try:
                 body = await mutation_body(settings, request)
                 cancel = JobRequest.model_validate(
-                    {"job_id": job_id, "action": "cancel", "by": body.get("by") or "http", "reason": body.get("reason") or ""},
+                    {
+                        "job_id": job_id, "action": "cancel", "by": body.get("by") or "http",
+                        "reason": body.get("reason") or "",
+                    },
                 )
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             except Exception as exc:
-                return self.json({"error": f"expected JSON {{\"by\": \"<who>\", \"reason\": \"<why>\"}}: {exc}"}, status=400)
+                expected = '{"by": "<who>", "reason": "<why>"}'
+                return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
             try:
                 await send_event(app, topics.JOBS, job_id, cancel.model_dump_json(exclude_none=True).encode())
             except Refused as exc:
@@ -337,7 +363,8 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
             except LinkError as exc:
                 return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
             hidden = "".join(
-                f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>" for k in ("level", "by", "exp", "sig")
+                f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>"
+                for k in ("level", "by", "exp", "sig")
             )
             verb = "Approve" if decision == "approve" else "Reject"
             return self.html(_page(f"{verb} task {task_id}?", (
@@ -356,7 +383,8 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
                 await publish_decision(app, made)
             except Refused as exc:
                 return self.html(_page("Not recorded", f"<p>{html.escape(str(exc))}</p>"), status=exc.status)
-            return self.html(_page("Decision recorded", f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"), status=202)
+            recorded = f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"
+            return self.html(_page("Decision recorded", recorded), status=202)
 
 
 def _health_views(app: Any, runtime: Worker) -> None:

@@ -34,11 +34,14 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0, extra: str = "") -> Path:
+def write_config(
+    path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0, extra: str = "",
+) -> Path:
     lines = [extra] if extra else []
     if fake_url:
         lines += [
-            "[providers.fake]", 'kind = "openai"', f'base_url = "{fake_url}/v1"', 'model = "fake-model"', f"timeout_s = {timeout_s}", "",
+            "[providers.fake]", 'kind = "openai"', f'base_url = "{fake_url}/v1"', 'model = "fake-model"',
+            f"timeout_s = {timeout_s}", "",
         ]
     lines += ["[providers.local]", 'kind = "local"', ""]
     for agent in agents:
@@ -85,7 +88,8 @@ class Worker:
                 if self.proc and self.proc.poll() is not None:
                     raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.tail()}")
                 try:
-                    async with session.get(f"http://127.0.0.1:{self.web_port}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    url, timeout = f"http://127.0.0.1:{self.web_port}/readyz", aiohttp.ClientTimeout(total=2)
+                    async with session.get(url, timeout=timeout) as r:
                         if r.status == 200:
                             return
                 except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -95,12 +99,14 @@ class Worker:
 
     async def readyz(self) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{self.web_port}/readyz", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            url, timeout = f"http://127.0.0.1:{self.web_port}/readyz", aiohttp.ClientTimeout(total=5)
+            async with session.get(url, timeout=timeout) as r:
                 return await r.json()
 
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{self.web_port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            url, timeout = f"http://127.0.0.1:{self.web_port}{path}", aiohttp.ClientTimeout(total=5)
+            async with session.get(url, timeout=timeout) as r:
                 return await r.json() if r.content_type == "application/json" else await r.text()
 
     def kill(self) -> None:
@@ -220,7 +226,10 @@ async def produce(
 
 
 def task(agent: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"task_id": task_id or str(uuid.uuid4()), "agent_name": agent, "instruction": f"analyse {extra.pop('n', 0)}", "context_data": {}, **extra}
+    return {
+        "task_id": task_id or str(uuid.uuid4()), "agent_name": agent, "instruction": f"analyse {extra.pop('n', 0)}",
+        "context_data": {}, **extra,
+    }
 
 
 def encode(t: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -237,7 +246,9 @@ async def read_topic(
     """All records of ``topic`` from the beginning that ``keep`` accepts, once ``until`` holds."""
     # A consumer subscribed before its topic exists would not see it for minutes (metadata age).
     await eventually(lambda: topic_exists(topic), timeout=min(timeout, 30), what=f"topic {topic}")
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None,
+    )
     await asyncio.wait_for(consumer.start(), 30)
     seen: list[Any] = []
     deadline = time.monotonic() + timeout
@@ -314,7 +325,9 @@ async def end_offsets(topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def eventually(check: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition") -> Any:
+async def eventually(
+    check: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition",
+) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:
