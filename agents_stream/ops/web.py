@@ -17,7 +17,6 @@ import logging
 import time
 from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
@@ -26,6 +25,7 @@ from agents_stream.contract.models import ApprovalDecision
 from agents_stream.kafka import security as kafka_security
 from agents_stream.ops import dlq, metrics
 from agents_stream.ops.notify import LinkError, verify
+from agents_stream.ops.routing import ROUTED_HEADER, gather, routed
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
 from agents_stream.tables.definitions import Tables
@@ -40,7 +40,6 @@ log = logging.getLogger(__name__)
 
 
 MAX_BODY = 64 * 1024
-ROUTED_HEADER = "X-Agents-Stream-Routed"
 
 
 class Worker(Protocol):
@@ -129,66 +128,9 @@ async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
         ) from None
 
 
-async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
-    """``path`` as answered by every other worker of the group (bodies, and the workers that did not answer)."""
-    here = str(app.conf.canonical_url).rstrip("/")
-    urls = {str(u).rstrip("/") for u in app.router.tables_metadata()} - {here}
-
-    async def one(url: str) -> Any:
-        timeout = aiohttp.ClientTimeout(total=5)
-        async with app.http_client.get(url + path, headers={ROUTED_HEADER: "1"}, timeout=timeout) as resp:
-            resp.raise_for_status()
-            return await resp.json()
-
-    answers = await asyncio.gather(*(one(u) for u in sorted(urls)), return_exceptions=True)
-    bodies = [a for a in answers if not isinstance(a, BaseException)]
-    missing = [u for u, a in zip(sorted(urls), answers, strict=True) if isinstance(a, BaseException)]
-    return bodies, missing
-
-
 async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
     """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
     await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json().encode())
-
-
-def owner_of(app: Any, table: Any, key: str, partitions: int) -> str | None:
-    """The web URL of the worker whose active partitions hold ``key`` in ``table``; None during a rebalance.
-
-    Faust's own ``table_route`` hashes the key as the changelog serializes it
-    (JSON, with quotes), not as our topics are keyed (raw task_id bytes), so it
-    sends about half of all lookups to a worker that does not own the key.
-    """
-    partition = topics.partition_for(key.encode("utf-8"), partitions)
-    changelog = table.changelog_topic.get_topic_name()
-    for url, assigned in app.router.tables_metadata().items():
-        if partition in assigned.get(changelog, ()):
-            return str(url)
-    return None
-
-
-def routed(app: Any, table: Any, param: str, partitions: int) -> Any:
-    """Answer a read on the worker that owns the key, forwarding the request there when that is another worker."""
-
-    def decorate(handler: Any) -> Any:
-        async def view(self: View, request: Request, **kwargs: Any) -> Response:
-            owner = owner_of(app, table, kwargs[param], partitions)
-            here = str(app.conf.canonical_url).rstrip("/")
-            if owner is None:
-                return self.json({"error": "partitions are being reassigned; retry in a few seconds"}, status=503)
-            if owner.rstrip("/") == here or request.headers.get(ROUTED_HEADER):
-                return await handler(self, request, **kwargs)
-            url = owner.rstrip("/") + request.rel_url.raw_path_qs
-            try:
-                timeout = aiohttp.ClientTimeout(total=10)
-                async with app.http_client.get(url, headers={ROUTED_HEADER: "1"}, timeout=timeout) as resp:
-                    return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                error = f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"
-                return self.json({"error": error}, status=502)
-
-        return view
-
-    return decorate
 
 
 def _page(title: str, body: str) -> str:
