@@ -42,23 +42,23 @@ class Tables:
 
 def _table(app: faust.App, settings: Settings, name: str, help: str) -> LedgerTable:
     """A table the ledger owns: str keys, plain versioned JSON values (never pickled), RocksDB via rocksdict."""
-    return app.tables.add(
-        LedgerTable(
-            app,
-            name=name,
-            default=None,
-            partitions=settings.partitions,
-            schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
-            beacon=app.tables.beacon,
-            help=help,
-            options={
-                "driver": "rocksdict",
-                "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
-                "write_buffer_size": 4 * 1024 * 1024,
-                "max_write_buffer_number": 2,
-            },
-        )
+    table = LedgerTable(
+        app,
+        name=name,
+        default=None,
+        partitions=settings.partitions,
+        schema=faust.Schema(key_type=str, key_serializer="raw", value_serializer="json"),
+        beacon=app.tables.beacon,
+        help=help,
+        options={
+            "driver": "rocksdict",
+            "block_cache_size": settings.rocksdb_cache_mb * 1024 * 1024,
+            "write_buffer_size": 4 * 1024 * 1024,
+            "max_write_buffer_number": 2,
+        },
     )
+    app.tables.add(table)  # returns the table it was given
+    return table
 
 
 def define_tables(app: faust.App, settings: Settings) -> Tables:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional, cast
 
 from aiokafka.structs import OffsetAndMetadata
 from faust.transport.consumer import ensure_TPset
@@ -22,7 +23,22 @@ from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
+from agents_stream.kafka.watermark import Watermark
+
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Commits:
+    """What the consumer commits on the ledger's partitions, and whom it tells when a commit failed.
+
+    Given to ``WatermarkTransport`` (the app's ``_new_transport``), which hands it to the consumer Faust makes.
+    """
+
+    watermark: Watermark
+    #: the input topics the ledger manages; other partitions keep Faust's own commit decision
+    managed_topics: frozenset[str]
+    on_failed: Callable[[dict[TP, int], BaseException], None]
 
 
 class WatermarkConsumerThread(AIOKafkaConsumerThread):
@@ -40,7 +56,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
                 {ensure_aiokafka_TP(tp): OffsetAndMetadata(off, "") for tp, off in commitable.items()}
             )
         except Exception as exc:  # every failure is retried next round; see above
-            self.consumer._last_commit_error = exc
+            cast("WatermarkConsumer", self.consumer)._last_commit_error = exc
             return False
         now = monotonic()
         self.tp_last_committed_at.update({tp: now for tp in commitable})
@@ -84,47 +100,61 @@ class WatermarkConsumer(AIOKafkaConsumer):
 
     async def committed_offsets(self, tps: set[TP]) -> dict[TP, int | None]:
         """The group's committed offsets of ``tps``, as the broker has them."""
-        return await self._thread.call_thread(self._thread.committed_offsets, tps)
+        thread = cast(WatermarkConsumerThread, self._thread)
+        return await thread.call_thread(thread.committed_offsets, tps)
 
     def _new_consumer_thread(self) -> WatermarkConsumerThread:
         return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
-    def _watermark_app(self) -> Any:
-        return self.app if getattr(self.app, "watermark", None) is not None else None
+    def active_partitions(self) -> set[TP]:
+        """The partitions being fetched now (Faust's active set, which pauses and rebalances change)."""
+        return set(self._get_active_partitions())
+
+    def buffered_partitions(self) -> set[TP]:
+        """Partitions Faust holds back because their stream buffer is full."""
+        return set(self._buffered_partitions)
+
+    def committed_offset(self, tp: TP) -> int | None:
+        """The last offset committed on ``tp`` as Faust remembers it (no broker request)."""
+        return self._committed_offset.get(tp)
+
+    def _commits(self) -> Commits | None:
+        return getattr(self.transport, "commits", None)
 
     def _filter_tps_with_pending_acks(self, topics: Any = None) -> Any:
         # Faust only looks at partitions with acks; ours can advance without a new
         # ack (a send confirmed later), so they are always candidates.
         tps = set(super()._filter_tps_with_pending_acks(topics))
-        app = self._watermark_app()
-        if app is not None:
-            tps.update(tp for tp in app.watermark.tracked() if topics is None or tp in topics or tp.topic in topics)
+        commits = self._commits()
+        if commits is not None:
+            tracked = cast("set[TP]", commits.watermark.tracked())  # the ledger holds offsets of TPs
+            tps.update(tp for tp in tracked if topics is None or tp in topics or tp.topic in topics)
         return tps
 
     def _new_offset(self, tp: TP) -> Optional[int]:
-        app = self._watermark_app()
-        if app is None or tp.topic not in app.managed_topics:
+        commits = self._commits()
+        if commits is None or tp.topic not in commits.managed_topics:
             return super()._new_offset(tp)
         # Faust's own ack list is not consulted; keep it from growing.
         acked = self._acked.get(tp)
         if acked:
             acked.clear()
             self._acked_index[tp].clear()
-        return app.watermark.commit_offset(tp)
+        return commits.watermark.commit_offset(tp)
 
     async def _commit_offsets(self, offsets: Mapping[TP, int], start_new_transaction: bool = True) -> bool:
         before = {tp: self._committed_offset.get(tp) for tp in offsets}
         self._last_commit_error = None
         did_commit = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
-        error = self._last_commit_error
+        error = cast("BaseException | None", self._last_commit_error)  # set by the thread's _commit, meanwhile
         if error is not None:
             # Faust marks the offsets committed even when the broker refused (#316):
             # undo that so the same watermark is committed again on the next round.
             for tp, offset in before.items():
                 self._committed_offset[tp] = offset
-            app = self._watermark_app()
-            if app is not None:
-                app.on_commit_failed(dict(offsets), error)
+            commits = self._commits()
+            if commits is not None:
+                commits.on_failed(dict(offsets), error)
         return did_commit
 
 
@@ -137,7 +167,10 @@ def _fault_drops() -> dict[str, int]:
         topic, _, count = item.partition("=")
         drops[topic.strip()] = int(count or 1)
     if drops:
-        log.warning("%s is set: dropping fetched records %s (a test fault; never set it in production)", FAULT_DROP_FETCHED, drops)
+        log.warning(
+            "%s is set: dropping fetched records %s (a test fault; never set it in production)",
+            FAULT_DROP_FETCHED, drops,
+        )
     return drops
 
 
@@ -156,4 +189,10 @@ def _drop_records(records: Any, drops: dict[str, int]) -> Any:
 
 
 class WatermarkTransport(AIOKafkaTransport):
+    """Faust's aiokafka transport whose consumers commit ``commits.watermark`` on the managed topics."""
+
     Consumer = WatermarkConsumer
+
+    def __init__(self, url: Any, app: Any, commits: Commits, loop: Any = None) -> None:
+        super().__init__(url, app, loop=loop)
+        self.commits = commits

@@ -15,9 +15,8 @@ import html
 import json
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-import aiohttp
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
@@ -26,14 +25,36 @@ from agents_stream.contract.models import ApprovalDecision
 from agents_stream.kafka import security as kafka_security
 from agents_stream.ops import dlq, metrics
 from agents_stream.ops.notify import LinkError, verify
+from agents_stream.ops.routing import ROUTED_HEADER, gather, routed
 from agents_stream.orchestrator import JobRequest
+from agents_stream.settings import Settings
+from agents_stream.tables.definitions import Tables
 from agents_stream.tables.leases import TaskRecord
+
+if TYPE_CHECKING:
+    from agents_stream.execution.executor import Executor
+    from agents_stream.ledger.ledger import Ledger
+    from agents_stream.resilience.circuits import Circuits
 
 log = logging.getLogger(__name__)
 
 
 MAX_BODY = 64 * 1024
-ROUTED_HEADER = "X-Agents-Stream-Routed"
+
+
+class Worker(Protocol):
+    """What the web views read of the worker they run in (agents_stream.app.Runtime is one)."""
+
+    settings: Settings
+    tables: Tables
+    worker_id: str
+    agents: list[str]
+    ready: bool  # output topics declared and executor running
+    ledger: Ledger
+    executor: Executor
+    circuits: Circuits
+
+    def consumer_lag(self) -> dict[str, int]: ...
 
 
 class Refused(Exception):
@@ -52,7 +73,8 @@ def authorized(settings: Any, request: Request) -> bool:
     return hmac.compare_digest(given.encode(), f"Bearer {settings.api_token}".encode())
 
 
-def same_origin(request: Request) -> bool:
+# The helpers below take the request as aiohttp has it (faust.web.Request declares none of these attributes).
+def same_origin(request: Any) -> bool:
     """A browser names the page's origin on cross-site requests; a mutation from another site is refused."""
     origin = request.headers.get("Origin")
     if not origin or origin == "null":
@@ -60,10 +82,14 @@ def same_origin(request: Request) -> bool:
     return origin.split("://", 1)[-1].rstrip("/") == request.host
 
 
-async def mutation_body(settings: Any, request: Request) -> dict[str, Any]:
+async def mutation_body(settings: Any, request: Any) -> dict[str, Any]:
     """The checks every mutating endpoint makes, in order; raises Refused with the status and what to do."""
     if not same_origin(request):
-        raise Refused(403, "cross-origin request refused: use the console served by this worker, the CLI, or a client without an Origin header")
+        raise Refused(
+            403,
+            "cross-origin request refused: use the console served by this worker, the CLI, or a client without an "
+            "Origin header",
+        )
     if not authorized(settings, request):
         raise Refused(401, "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)")
     if request.content_length is not None and request.content_length > MAX_BODY:
@@ -95,66 +121,16 @@ async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
     try:
         await asyncio.wait_for(send(), timeout=15.0)
     except (asyncio.TimeoutError, KafkaError) as exc:
-        raise Refused(503, f"the broker did not confirm the event on {topic} ({type(exc).__name__}); it may not have been sent: retry (a decision or cancel sent twice counts once)") from None
-
-
-async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
-    """``path`` as answered by every other worker of the group (bodies, and the workers that did not answer)."""
-    here = str(app.conf.canonical_url).rstrip("/")
-    urls = {str(u).rstrip("/") for u in app.router.tables_metadata()} - {here}
-
-    async def one(url: str) -> Any:
-        async with app.http_client.get(url + path, headers={ROUTED_HEADER: "1"}, timeout=aiohttp.ClientTimeout(total=5)) as resp:
-            resp.raise_for_status()
-            return await resp.json()
-
-    answers = await asyncio.gather(*(one(u) for u in sorted(urls)), return_exceptions=True)
-    bodies = [a for a in answers if not isinstance(a, BaseException)]
-    missing = [u for u, a in zip(sorted(urls), answers, strict=True) if isinstance(a, BaseException)]
-    return bodies, missing
+        raise Refused(
+            503,
+            f"the broker did not confirm the event on {topic} ({type(exc).__name__}); it may not have been sent: "
+            "retry (a decision or cancel sent twice counts once)",
+        ) from None
 
 
 async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
     """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
     await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json().encode())
-
-
-def owner_of(app: Any, table: Any, key: str) -> str | None:
-    """The web URL of the worker whose active partitions hold ``key`` in ``table``; None during a rebalance.
-
-    Faust's own ``table_route`` hashes the key as the changelog serializes it
-    (JSON, with quotes), not as our topics are keyed (raw task_id bytes), so it
-    sends about half of all lookups to a worker that does not own the key.
-    """
-    partition = topics.partition_for(key.encode("utf-8"), app.settings.partitions)
-    changelog = table.changelog_topic.get_topic_name()
-    for url, assigned in app.router.tables_metadata().items():
-        if partition in assigned.get(changelog, ()):
-            return str(url)
-    return None
-
-
-def routed(app: Any, table: Any, param: str) -> Any:
-    """Answer a read on the worker that owns the key, forwarding the request there when that is another worker."""
-
-    def decorate(handler: Any) -> Any:
-        async def view(self: View, request: Request, **kwargs: Any) -> Response:
-            owner = owner_of(app, table, kwargs[param])
-            here = str(app.conf.canonical_url).rstrip("/")
-            if owner is None:
-                return self.json({"error": "partitions are being reassigned; retry in a few seconds"}, status=503)
-            if owner.rstrip("/") == here or request.headers.get(ROUTED_HEADER):
-                return await handler(self, request, **kwargs)
-            url = owner.rstrip("/") + request.rel_url.raw_path_qs
-            try:
-                async with app.http_client.get(url, headers={ROUTED_HEADER: "1"}, timeout=aiohttp.ClientTimeout(total=10)) as resp:
-                    return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                return self.json({"error": f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"}, status=502)
-
-        return view
-
-    return decorate
 
 
 def _page(title: str, body: str) -> str:
@@ -165,23 +141,45 @@ def _page(title: str, body: str) -> str:
     ).format(t=html.escape(title), b=body)
 
 
-def register(app: Any) -> None:
-    table = app.task_table
-    settings = app.settings
-    security = kafka_security.client_kwargs(settings)
+def register(app: Any, runtime: Worker) -> None:
+    """Add the views to ``app``'s web server; they read ``runtime`` (its tables, ledger, executor, circuits)."""
+    settings = runtime.settings
+    if runtime.ledger.policies and not settings.api_token and not settings.api_open:
+        log.warning(
+            "Approvals are configured but AGENTS_STREAM_API_TOKEN is not set: POST /approvals/<task_id> refuses every "
+            "request (signed links, the CLI and agent.approvals events still work). Set a token to decide over HTTP."
+        )
+    if settings.api_open:
+        log.warning(
+            "AGENTS_STREAM_API_OPEN is set: mutating web endpoints accept requests without a token. Local demos only."
+        )
+    # In this order: a fixed path (/dlq/requeue) before the pattern that would match it too (/dlq/{ref}).
+    _approval_views(app, runtime)
+    _dead_letter_views(app, settings)
+    _cancel_and_link_views(app, settings)
+    _health_views(app, runtime)
+    _record_views(app, runtime)
+
+    from agents_stream.ops.console import register_console
+
+    register_console(app)
+
+
+def _approval_views(app: Any, runtime: Worker) -> None:
+    settings = runtime.settings
 
     @app.page("/approvals")
     class Approvals(View):
         async def get(self, request: Request) -> Response:
             """The tasks awaiting approval on every worker (each worker knows those of its partitions)."""
-            awaiting = list(app.runtime.ledger.awaiting())
+            awaiting = list(runtime.ledger.awaiting())
             missing: list[str] = []
             if not request.headers.get(ROUTED_HEADER):
                 bodies, missing = await gather(app, "/approvals")
                 for body in bodies:
                     awaiting.extend(body.get("awaiting", []))
             awaiting.sort(key=lambda a: a.get("requested_at") or 0.0)
-            return self.json({"worker": app.runtime.worker_id, "awaiting": awaiting, "unreachable": missing})
+            return self.json({"worker": runtime.worker_id, "awaiting": awaiting, "unreachable": missing})
 
     @app.page("/approvals/{task_id}")
     class Decide(View):
@@ -191,21 +189,29 @@ def register(app: Any) -> None:
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             try:
-                decision = ApprovalDecision(
-                    task_id=task_id, decision=body.get("decision"), by=body.get("by"), via="http", comment=body.get("comment"),
-                )
+                decision = ApprovalDecision.model_validate({
+                    "task_id": task_id, "decision": body.get("decision"), "by": body.get("by"), "via": "http",
+                    "comment": body.get("comment"),
+                })
             except Exception as exc:  # bad fields: the caller's mistake, said plainly
-                return self.json({"error": f"expected JSON {{\"decision\": \"approve\"|\"reject\", \"by\": \"<who>\"}}: {exc}"}, status=400)
+                expected = '{"decision": "approve"|"reject", "by": "<who>"}'
+                return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
             try:
                 await publish_decision(app, decision)
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            return self.json({"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}, status=202)
+            accepted = {"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}
+            return self.json(accepted, status=202)
+
+
+def _dead_letter_views(app: Any, settings: Settings) -> None:
+    security = kafka_security.client_kwargs(settings)
 
     @app.page("/dlq")
     class DeadLetters(View):
         async def get(self, request: Request) -> Response:
-            """Dead letters, newest first, filtered like ``agents-stream dlq list`` (agent, layer, reason, since, until)."""
+            """Dead letters, newest first, filtered like ``agents-stream dlq list``
+            (agent, layer, reason, since, until)."""
             q = request.query
             try:
                 limit = max(1, min(int(q.get("limit", "100")), 1000))
@@ -216,14 +222,16 @@ def register(app: Any) -> None:
             except ValueError as exc:
                 return self.json({"error": f"bad filter: {exc}"}, status=400)
             except Exception as exc:  # the broker did not answer in time: say so, the console retries
-                return self.json({"error": f"reading the dead-letter topics failed: {type(exc).__name__}: {exc}"}, status=503)
+                error = f"reading the dead-letter topics failed: {type(exc).__name__}: {exc}"
+                return self.json({"error": error}, status=503)
             chosen.sort(key=lambda d: d.headers.get("failed_at", ""), reverse=True)
             return self.json({"dead_letters": [dlq.summary(d) for d in chosen[:limit]], "count": len(chosen)})
 
     @app.page("/dlq/requeue")
     class Requeue(View):
         async def post(self, request: Request) -> Response:
-            """Send one dead letter back to its task topic (body: ``{"ref": ...}`` or ``{"topic", "partition", "offset"}``)."""
+            """Send one dead letter back to its task topic
+            (body: ``{"ref": ...}`` or ``{"topic", "partition", "offset"}``)."""
             try:
                 body = await mutation_body(settings, request)
                 ref = body.get("ref") or f"{body.get('topic')}:{body.get('partition')}:{body.get('offset')}"
@@ -233,12 +241,17 @@ def register(app: Any) -> None:
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
             try:
-                found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
+                letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
+                found = [d for d in letters if d.ref == ref]
                 if not found:
                     return self.json({"error": f"no dead letter {ref}"}, status=404)
                 (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
             except (asyncio.TimeoutError, TimeoutError, KafkaError) as exc:
-                return self.json({"error": f"the broker did not answer ({type(exc).__name__}); the requeue may or may not have been sent: look the task up before retrying"}, status=503)
+                error = (
+                    f"the broker did not answer ({type(exc).__name__}); the requeue may or may not have been sent: "
+                    "look the task up before retrying"
+                )
+                return self.json({"error": error}, status=503)
             log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
             return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
 
@@ -249,23 +262,30 @@ def register(app: Any) -> None:
                 topic, _, _ = dlq.parse_ref(ref)
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
-            found = [d for d in await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security) if d.ref == ref]
+            letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
+            found = [d for d in letters if d.ref == ref]
             if not found:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
             return self.json(found[0].as_dict())
 
+
+def _cancel_and_link_views(app: Any, settings: Settings) -> None:
     @app.page("/jobs/{job_id}/cancel")
     class CancelJob(View):
         async def post(self, request: Request, job_id: str) -> Response:
             try:
                 body = await mutation_body(settings, request)
                 cancel = JobRequest.model_validate(
-                    {"job_id": job_id, "action": "cancel", "by": body.get("by") or "http", "reason": body.get("reason") or ""},
+                    {
+                        "job_id": job_id, "action": "cancel", "by": body.get("by") or "http",
+                        "reason": body.get("reason") or "",
+                    },
                 )
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             except Exception as exc:
-                return self.json({"error": f"expected JSON {{\"by\": \"<who>\", \"reason\": \"<why>\"}}: {exc}"}, status=400)
+                expected = '{"by": "<who>", "reason": "<why>"}'
+                return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
             try:
                 await send_event(app, topics.JOBS, job_id, cancel.model_dump_json(exclude_none=True).encode())
             except Refused as exc:
@@ -285,7 +305,8 @@ def register(app: Any) -> None:
             except LinkError as exc:
                 return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
             hidden = "".join(
-                f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>" for k in ("level", "by", "exp", "sig")
+                f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>"
+                for k in ("level", "by", "exp", "sig")
             )
             verb = "Approve" if decision == "approve" else "Reject"
             return self.html(_page(f"{verb} task {task_id}?", (
@@ -304,12 +325,15 @@ def register(app: Any) -> None:
                 await publish_decision(app, made)
             except Refused as exc:
                 return self.html(_page("Not recorded", f"<p>{html.escape(str(exc))}</p>"), status=exc.status)
-            return self.html(_page("Decision recorded", f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"), status=202)
+            recorded = f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"
+            return self.html(_page("Decision recorded", recorded), status=202)
 
+
+def _health_views(app: Any, runtime: Worker) -> None:
     @app.page("/healthz")
     class Healthz(View):
         async def get(self, request: Request) -> Response:
-            return self.json({"status": "ok", "worker": app.runtime.worker_id})
+            return self.json({"status": "ok", "worker": runtime.worker_id})
 
     @app.page("/readyz")
     class Readyz(View):
@@ -317,23 +341,23 @@ def register(app: Any) -> None:
             # The port opens only after table recovery; 503 once shutdown began.
             if app.should_stop:
                 return self.json({"status": "stopping"}, status=503)
-            if not app.runtime.started:
+            if not runtime.ready:
                 return self.json({"status": "starting"}, status=503)
-            ex = app.runtime.executor
+            ex = runtime.executor
             return self.json({
                 "status": "ready",
-                "worker": app.runtime.worker_id,
+                "worker": runtime.worker_id,
                 "in_flight": ex.running,
                 "queued": len(ex.runs) - ex.running,
                 "held": ex.held,
-                "providers_down": sorted(p for p in app.runtime.circuits.circuits if not app.runtime.circuits.available(p)[0]),
+                "providers_down": runtime.circuits.providers_down(),
             })
 
     @app.page("/metrics")
     class Metrics(View):
         async def get(self, request: Request) -> Response:
             # Only this worker's own numbers, from memory: Prometheus scrapes every worker and sums.
-            rt = app.runtime
+            rt = runtime
             body, content_type = metrics.render(
                 rt.circuits.describe(), rt.executor.held, agents=rt.agents, leases_now=len(rt.ledger.open_tasks),
                 approvals=rt.ledger.approvals_pending(rt.agents), lag=rt.consumer_lag(),
@@ -344,21 +368,26 @@ def register(app: Any) -> None:
     class CircuitsView(View):
         async def get(self, request: Request) -> Response:
             # The same on every worker: all fold one log (agents_stream.resilience.circuits).
-            return self.json({"worker": app.runtime.worker_id, "providers": app.runtime.circuits.describe()})
+            return self.json({"worker": runtime.worker_id, "providers": runtime.circuits.describe()})
 
-    if getattr(app.runtime.ledger, "orchestrator", None) is not None:
-        jobs_table = app.jobs_table
+
+def _record_views(app: Any, runtime: Worker) -> None:
+    """A task's and a job's record, answered by the worker owning the key."""
+    table = runtime.tables.tasks
+    settings = runtime.settings
+    orchestrator = runtime.ledger.orchestrator
+    if orchestrator is not None:
 
         @app.page("/jobs/{job_id}")
-        @routed(app, jobs_table, "job_id")
+        @routed(app, runtime.tables.jobs, "job_id", settings.partitions)
         async def job(self: View, request: Request, job_id: str) -> Response:
-            body = app.runtime.ledger.orchestrator.describe(job_id)
+            body = orchestrator.describe(job_id)
             if body is None:
                 return self.json({"error": f"unknown job_id {job_id!r}"}, status=404)
             return self.json(body)
 
     @app.page("/tasks/{task_id}")
-    @routed(app, table, "task_id")
+    @routed(app, table, "task_id", settings.partitions)
     async def task(self: View, request: Request, task_id: str) -> Response:
         data = table.get(task_id)
         if not data:
@@ -376,7 +405,3 @@ def register(app: Any) -> None:
             "approval": json.loads(record.approval) if record.approval else None,
         }
         return self.json(body)
-
-    from agents_stream.ops.console import register_console
-
-    register_console(app)

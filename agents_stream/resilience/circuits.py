@@ -131,11 +131,6 @@ class Circuits:
         """The provider names that admit no call now (open, or told to wait by a Retry-After), sorted."""
         return sorted(p for p in self._circuits if not self.available(p)[0])
 
-    @property
-    def circuits(self) -> tuple[str, ...]:
-        """Deprecated: the provider names, for ops/web.py until it calls ``providers_down()``."""
-        return tuple(self._circuits)
-
     def endpoints(self) -> list[str]:
         """The circuit ids (endpoint, model, account) this worker calls, as its presence reports them."""
         return sorted(self._by_id)

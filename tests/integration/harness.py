@@ -34,8 +34,9 @@ def unique(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:10]}"
 
 
-def write_config(path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0,
-                 extra: str = "") -> Path:
+def write_config(
+    path: Path, agents: list[str], fake_url: str | None, *, timeout_s: float = 10.0, extra: str = "",
+) -> Path:
     lines = [extra] if extra else []
     if fake_url:
         lines += [
@@ -59,12 +60,24 @@ class Worker:
     web_port: int
     proc: subprocess.Popen | None = None
     _log: Any = None
+    #: options of ``faust`` itself, before the subcommand (``--datadir X``)
+    faust_options: list[str] = field(default_factory=list)
+    cwd: Path = ROOT
+    #: Python run in the worker process before Faust's command line (a test's own topic names)
+    preamble: str | None = None
+
+    def command(self) -> list[str]:
+        cli = ["-A", "agents_stream.app", *self.faust_options, "worker", "-l", "info"]
+        if self.preamble is None:
+            return [sys.executable, "-m", "faust", *cli]
+        # runpy as ``-m`` does: Faust's argv[0] is its own __main__, as the app expects.
+        run = f"{self.preamble}\nimport runpy\nrunpy.run_module('faust', run_name='__main__', alter_sys=True)"
+        return [sys.executable, "-c", run, *cli]
 
     def start(self) -> Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", "agents_stream.app", "worker", "-l", "info"],
-            cwd=ROOT, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            self.command(), cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         return self
 
@@ -75,8 +88,8 @@ class Worker:
                 if self.proc and self.proc.poll() is not None:
                     raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.tail()}")
                 try:
-                    async with session.get(f"http://127.0.0.1:{self.web_port}/readyz",
-                                           timeout=aiohttp.ClientTimeout(total=2)) as r:
+                    url, timeout = f"http://127.0.0.1:{self.web_port}/readyz", aiohttp.ClientTimeout(total=2)
+                    async with session.get(url, timeout=timeout) as r:
                         if r.status == 200:
                             return
                 except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -86,14 +99,14 @@ class Worker:
 
     async def readyz(self) -> dict[str, Any]:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{self.web_port}/readyz",
-                                   timeout=aiohttp.ClientTimeout(total=5)) as r:
+            url, timeout = f"http://127.0.0.1:{self.web_port}/readyz", aiohttp.ClientTimeout(total=5)
+            async with session.get(url, timeout=timeout) as r:
                 return await r.json()
 
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as session:
-            async with session.get(f"http://127.0.0.1:{self.web_port}{path}",
-                                   timeout=aiohttp.ClientTimeout(total=5)) as r:
+            url, timeout = f"http://127.0.0.1:{self.web_port}{path}", aiohttp.ClientTimeout(total=5)
+            async with session.get(url, timeout=timeout) as r:
                 return await r.json() if r.content_type == "application/json" else await r.text()
 
     def kill(self) -> None:
@@ -213,8 +226,10 @@ async def produce(
 
 
 def task(agent: str, task_id: str | None = None, **extra: Any) -> dict[str, Any]:
-    return {"task_id": task_id or str(uuid.uuid4()), "agent_name": agent, "instruction": f"analyse {extra.pop('n', 0)}",
-            "context_data": {}, **extra}
+    return {
+        "task_id": task_id or str(uuid.uuid4()), "agent_name": agent, "instruction": f"analyse {extra.pop('n', 0)}",
+        "context_data": {}, **extra,
+    }
 
 
 def encode(t: dict[str, Any]) -> tuple[bytes, bytes]:
@@ -231,8 +246,9 @@ async def read_topic(
     """All records of ``topic`` from the beginning that ``keep`` accepts, once ``until`` holds."""
     # A consumer subscribed before its topic exists would not see it for minutes (metadata age).
     await eventually(lambda: topic_exists(topic), timeout=min(timeout, 30), what=f"topic {topic}")
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest",
-                                enable_auto_commit=False, group_id=None)
+    consumer = AIOKafkaConsumer(
+        topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None,
+    )
     await asyncio.wait_for(consumer.start(), 30)
     seen: list[Any] = []
     deadline = time.monotonic() + timeout
@@ -309,8 +325,9 @@ async def end_offsets(topic: str) -> dict[int, int]:
         await consumer.stop()
 
 
-async def eventually(check: Callable[[], Any], *, timeout: float, interval: float = 0.5,
-                     what: str = "condition") -> Any:
+async def eventually(
+    check: Callable[[], Any], *, timeout: float, interval: float = 0.5, what: str = "condition",
+) -> Any:
     deadline = time.monotonic() + timeout
     last: Any = None
     while time.monotonic() < deadline:

@@ -1,0 +1,191 @@
+"""The worker's topics: those it reads and those it declares, made before its consumer joins the group."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import faust
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
+
+from agents_stream.config import AppConfig
+from agents_stream.contract import topics
+from agents_stream.kafka import security as kafka_security
+from agents_stream.settings import Settings, bootstrap_servers
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """A topic with its own partition count and configs (not co-partitioned with the input topics)."""
+
+    name: str
+    partitions: int
+    configs: dict[str, str] = field(default_factory=dict)
+
+
+#: The circuits log: one partition (every worker folds the whole log in one order, agents_stream.resilience.
+#: circuits), stamped by the broker (LogAppendTime: the fold uses one clock for all workers), kept a day.
+CIRCUITS_RETENTION = timedelta(days=1)
+CIRCUITS_CONFIG = {"message.timestamp.type": "LogAppendTime"}
+CIRCUITS_SPEC = TopicSpec(
+    topics.CIRCUITS, 1, {**CIRCUITS_CONFIG, "retention.ms": str(int(CIRCUITS_RETENTION.total_seconds() * 1000))},
+)
+
+
+def input_topics(settings: Settings, agents: list[str]) -> list[str]:
+    """The topics the ledger agent reads: its agents' tasks, its own outcomes and answers, the shared ones."""
+    inputs = [
+        *(topics.task_topic(a) for a in agents),
+        topics.outcomes_topic(settings.app_id), topics.answers_topic(settings.app_id), topics.APPROVALS,
+    ]
+    if settings.jobs_enabled():  # the orchestrator shares the ledger's loop (agents_stream.orchestrator)
+        inputs += [topics.JOBS, topics.JOB_EVENTS]
+    return inputs
+
+
+def output_topics(app: faust.App, settings: Settings, config: AppConfig, agents: list[str]) -> list[Any]:
+    """Output topics nobody in this app consumes: declared at start (auto-creation is off)."""
+    n = settings.partitions
+    dead_letters = [
+        *(topics.dlq_topic(a) for a in agents), topics.dlq_of(topics.APPROVALS), topics.dlq_of(topics.JOBS),
+    ]
+    return [
+        app.topic(topics.RESULTS, partitions=n, internal=True),
+        app.topic(topics.CONTROL, partitions=n, internal=True),
+        *(
+            app.topic(name, partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))
+            for name in dead_letters
+        ),
+        # Ledgers of every app id send their job tasks' results here; the orchestrator sends tasks to any agent.
+        app.topic(topics.JOB_EVENTS, partitions=n, internal=True),
+        app.topic(topics.JOB_RESULTS, partitions=n, internal=True),
+        # Any worker's web view accepts a job cancel, even with the orchestrator elsewhere.
+        *([] if settings.jobs_enabled() else [app.topic(topics.JOBS, partitions=n, internal=True)]),
+        *(
+            app.topic(topics.task_topic(a), partitions=n, internal=True)
+            for a in config.agents if settings.jobs_enabled() and a not in agents
+        ),
+        # Also made before the consumer starts (CIRCUITS_SPEC in ensure_topics): declared here with the same configs.
+        app.topic(
+            topics.CIRCUITS, partitions=CIRCUITS_SPEC.partitions, internal=True, retention=CIRCUITS_RETENTION,
+            config=dict(CIRCUITS_CONFIG),
+        ),
+    ]
+
+
+async def ensure_topics(
+    settings: Settings,
+    names: list[str],
+    replication: int,
+    timeout: float = 60.0,
+    compacted: list[str] | None = None,
+    others: list[TopicSpec] | None = None,
+    group: str | None = None,
+) -> None:
+    """Create the input topics, the tables' changelogs (``compacted``) and ``others`` that are missing, and wait
+    until the broker describes every one of them (and, with ``group``, names that group's coordinator).
+
+    Faust creates them as its agents and tables start, moments before the
+    consumer joins its group; on a fresh broker the group leader's metadata
+    could predate them, and the assignment then left a topic out ("Ignoring
+    missing topic") until a metadata refresh minutes later: an input topic was
+    not read, or a changelog (the approval timers') was not assigned, so its
+    table stayed empty. Done before the consumer starts, nothing is left out.
+    ``others`` are topics read by clients of their own (the circuits log):
+    created here, they are in the metadata before those clients ask for them.
+
+    Every input topic must also have AGENTS_STREAM_PARTITIONS partitions (the
+    tables are co-partitioned with them). One created earlier with another
+    count would crash the worker at its first event; stop now and say why.
+    """
+    admin = await _connected_admin(settings)
+    compacted = compacted or []
+    others = others or []
+    try:
+        existing = set(await asyncio.wait_for(admin.list_topics(), timeout=30.0))
+        missing = [NewTopic(name, settings.partitions, replication) for name in names if name not in existing]
+        missing += [
+            NewTopic(name, settings.partitions, replication, topic_configs={"cleanup.policy": "compact"})
+            for name in compacted if name not in existing
+        ]
+        missing += [
+            NewTopic(t.name, t.partitions, replication, topic_configs=t.configs)
+            for t in others if t.name not in existing
+        ]
+        if missing:
+            try:
+                await asyncio.wait_for(admin.create_topics(missing), timeout=30.0)
+            except TopicAlreadyExistsError:
+                pass  # another worker starting at the same time made them
+            log.info("Created topics %s", ", ".join(sorted(t.name for t in missing)))
+        counts = await _described(admin, names + compacted + [t.name for t in others], timeout)
+        if group is not None:
+            await _coordinator(admin, group, timeout)
+    finally:
+        await admin.close()
+    wrong = {t: n for t, n in counts.items() if n != settings.partitions and t in names}
+    if wrong:
+        message = (
+            f"Input topics exist with a partition count other than AGENTS_STREAM_PARTITIONS={settings.partitions}: "
+            f"{wrong}. Tables are co-partitioned with their input topics, so every worker sharing these topics "
+            "must use the count they were created with: set AGENTS_STREAM_PARTITIONS to match, or (on a "
+            "development broker) delete the topics"
+        )
+        log.critical(message)
+        raise SystemExit(message)
+
+
+async def _connected_admin(settings: Settings) -> AIOKafkaAdminClient:
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap_servers(settings.broker), **kafka_security.client_kwargs(settings),
+    )
+    try:
+        await asyncio.wait_for(admin.start(), timeout=30.0)
+    except (KafkaConnectionError, asyncio.TimeoutError):
+        # The worker's first connection: a refused login, a failed TLS handshake or no broker ends the
+        # worker here, with the reason (aiokafka's own error only says "Unable to bootstrap").
+        await admin.close()
+        reason = await kafka_security.diagnose(settings, bootstrap_servers(settings.broker))
+        message = f"Cannot connect to the Kafka broker at {settings.broker}: {reason}"
+        log.critical(message)
+        raise SystemExit(message) from None
+    log.info("Connected to Kafka at %s (%s)", settings.broker, kafka_security.parse(settings).describe())
+    return admin
+
+
+async def _described(admin: AIOKafkaAdminClient, names: list[str], timeout: float) -> dict[str, int]:
+    """Partition counts of ``names`` once the broker describes them all; SystemExit after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        described: list[dict[str, Any]] = await asyncio.wait_for(admin.describe_topics(names), timeout=30.0)
+        counts = {t["topic"]: len(t.get("partitions") or ()) for t in described}
+        if all(counts.get(n) for n in names):
+            return counts
+        if time.monotonic() > deadline:
+            late = [n for n in names if not counts.get(n)]
+            raise SystemExit(f"Topics not visible on the broker after {timeout:.0f}s: {late}")
+        await asyncio.sleep(0.2)
+
+
+async def _coordinator(admin: AIOKafkaAdminClient, group: str, timeout: float) -> None:
+    """Wait until the broker names ``group``'s coordinator. On a fresh broker the first ask creates the offsets
+    topic and is refused for a moment, which the consumer would log at ERROR; asked here, it is expected."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await asyncio.wait_for(admin.find_coordinator(group), timeout=30.0)
+            return
+        except (KafkaError, asyncio.TimeoutError) as exc:
+            if not getattr(exc, "retriable", True):  # e.g. no ACL to describe the group: the consumer will say
+                return
+            if time.monotonic() > deadline:  # the consumer keeps asking by itself
+                log.info("No coordinator for group %s after %.0fs (%r); the consumer keeps asking", group, timeout, exc)
+                return
+        await asyncio.sleep(0.2)

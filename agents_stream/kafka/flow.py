@@ -1,0 +1,238 @@
+"""Flow control of the input partitions: pauses by agent, stall re-reads, reading starts and consumer lag."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any, Callable
+
+import faust
+from faust.types import TP
+
+from agents_stream.contract import topics
+from agents_stream.kafka.stall import StallDetector
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ops import metrics
+
+log = logging.getLogger(__name__)
+
+#: (event, details): a control event about this worker (agents_stream.ledger's alerts)
+Alert = Callable[[str, dict[str, Any]], None]
+
+
+class Flow:
+    """Which input partitions this worker fetches, and reading them again when records never arrived.
+
+    The consumer is the app's WatermarkConsumer (agents_stream.kafka.consumer), read through
+    ``app.consumer`` at each call: Faust makes it when the app starts.
+    """
+
+    def __init__(
+        self,
+        app: faust.App,
+        watermark: Watermark,
+        managed_topics: frozenset[str],
+        agents: list[str],
+        *,
+        blocked: Callable[[str], bool],
+        ready: Callable[[], bool],
+        alert: Alert,
+        stall_after_s: float,
+    ) -> None:
+        self.app = app
+        self.watermark = watermark
+        self.managed_topics = managed_topics
+        self.agents = agents
+        self.blocked = blocked  # an agent whose provider is down or whose queue is full
+        self.ready = ready  # the worker started (between rebalances, only then are stalls looked for)
+        self.alert = alert
+        self.stall_after_s = stall_after_s
+        self.paused: set[TP] = set()
+        self.stalls = StallDetector(stall_after_s)
+        self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
+        self._reread_tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def consumer(self) -> Any:
+        return self.app.consumer
+
+    def _assignment(self) -> set[TP] | None:
+        try:
+            return set(self.consumer.assignment())
+        except Exception:  # not started yet
+            return None
+
+    def update(self) -> None:
+        """Pause intake of agents whose provider is down or whose queue is full; resume the others."""
+        assigned = self._assignment()
+        if assigned is None:
+            return
+        want: set[TP] = set()
+        for agent in self.agents:
+            if self.blocked(agent):
+                name = topics.task_topic(agent)
+                want.update(tp for tp in assigned if tp.topic == name)
+        pause, resume = want - self.paused, (self.paused & assigned) - want
+        if pause:
+            self.consumer.pause_partitions(pause)
+            log.info("Intake paused on %d partitions (provider down or queue full)", len(pause))
+        if resume:
+            self.consumer.resume_partitions(resume)
+            log.info("Intake resumed on %d partitions", len(resume))
+        self.paused = want
+
+    def consumer_lag(self) -> dict[str, int]:
+        """Records not yet done per input topic on this worker's partitions, from memory only (for /metrics):
+        the consumer's last fetched end offset minus the commit watermark (Faust's last commit before the
+        ledger handled anything). A paused partition's end offset is the one from before the pause."""
+        consumer = self.consumer
+        ends: dict[TP, int | None] = {}
+        positions: dict[TP, int | None] = {}
+        for tp in self._assignment() or set():
+            if tp.topic not in self.managed_topics:
+                continue
+            try:
+                ends[tp] = consumer.highwater(tp)
+            except Exception:  # revoked since assignment() was read
+                continue
+            at = self.watermark.commit_offset(tp)
+            positions[tp] = at if at is not None else consumer.committed_offset(tp)
+        return metrics.consumer_lag(ends, positions, self.managed_topics)
+
+    def _rebalancing(self) -> bool:
+        return bool(self.app.in_recovery or getattr(self.app, "rebalancing", False))
+
+    def watched(self) -> set[TP]:
+        """Between rebalances: the assigned input partitions that should be fetched (not paused by us, not held
+        back by a full stream buffer). Empty during a rebalance or table recovery, which pause on purpose."""
+        if self._rebalancing() or not self.ready():
+            return set()
+        assigned = self._assignment()
+        if assigned is None:
+            return set()
+        buffered = self.consumer.buffered_partitions()
+        return {
+            tp for tp in assigned if tp.topic in self.managed_topics and tp not in self.paused and tp not in buffered
+        }
+
+    async def reading_starts(self, tps: set[TP]) -> dict[TP, int | None]:
+        """Where reading starts on ``tps``: the group's commit, or the earliest offset without one
+        (auto_offset_reset)."""
+        consumer = self.consumer
+        starts = await asyncio.wait_for(consumer.committed_offsets(tps), timeout=10.0)
+        unset = {tp for tp, at in starts.items() if at is None}
+        if unset:
+            starts.update(await asyncio.wait_for(consumer.earliest_offsets(*unset), timeout=10.0))
+        return starts
+
+    def check(self) -> None:
+        """Every assigned input partition we did not pause must be fetched: resume one Faust left paused.
+
+        After a rebalance in which a worker regained partitions it had owned before, some of them stayed out
+        of Faust's active set (docs/decisions.md). Faust pauses every partition during a rebalance and
+        recovery on purpose, so this looks only between them.
+        """
+        watched = self.watched()
+        stuck = watched - self.consumer.active_partitions() if watched else set()
+        if stuck:
+            log.warning(
+                "Partitions %s were assigned but not being fetched (left paused across a rebalance); resuming them",
+                sorted(f"{tp.topic}:{tp.partition}" for tp in stuck),
+            )
+            self.consumer.resume_partitions(stuck)
+            self.alert("alert.partitions_resumed", {"partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in stuck)})
+
+    def reread(self, tp: TP, offset: int) -> bool:
+        """Records of ``tp`` from ``offset`` never reached the ledger: seek back there (once per offset every few
+        seconds: the records already fetched past the gap arrive meanwhile and report the same gap).
+        True when a seek was started (the ledger logs it and alerts)."""
+        now = time.monotonic()
+        last = self._rereads.get(tp)
+        if last is not None and last[0] == offset and now - last[1] < 5.0:
+            return False
+        self._rereads[tp] = (offset, now)
+        task = asyncio.ensure_future(self._seek(tp, offset))
+        self._reread_tasks.add(task)
+        task.add_done_callback(self._reread_tasks.discard)
+        return True
+
+    async def _seek(self, tp: TP, offset: int) -> None:
+        consumer = self.consumer
+        if self._rebalancing() or tp not in consumer.assignment():
+            return  # the rebalance seeks to the commits, which never pass the gap
+        try:
+            earliest = (await asyncio.wait_for(consumer.earliest_offsets(tp), timeout=10.0)).get(tp)
+            if earliest is not None and offset < earliest:
+                log.warning(
+                    "Offsets %d..%d of %s:%d were deleted by retention before they were read; going on from %d",
+                    offset, earliest - 1, tp.topic, tp.partition, earliest,
+                )
+                self.watermark.skip_to(tp, earliest)
+                return
+            await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)
+        except Exception as exc:  # the progress check seeks again if this one did not happen
+            log.warning(
+                "Could not seek %s:%d back to %d (%r); the progress check retries", tp.topic, tp.partition, offset, exc,
+            )
+
+    async def stop(self) -> None:
+        """Cancel the seeks still running (each is bounded; nothing waits for them on the way out)."""
+        tasks = list(self._reread_tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=5.0)
+
+    async def seed_starts(self, assigned: set[TP]) -> None:
+        """Tell the watermark where reading starts on each newly assigned input partition (the group's commit),
+        so records Faust drops right after the rebalance are a gap, not a new start."""
+        fresh = {tp for tp in assigned if tp.topic in self.managed_topics and self.watermark.next_offset(tp) is None}
+        if not fresh:
+            return
+        try:
+            starts = await self.reading_starts(fresh)
+        except Exception as exc:  # without a start the first record read sets it, as before
+            log.warning("Could not read the committed offsets of %d assigned partitions (%r); a record dropped right "
+                        "after this rebalance is caught by the progress check only", len(fresh), exc)
+            return
+        for tp, at in starts.items():
+            if at is not None:
+                self.watermark.start(tp, at)
+
+    async def check_progress(self) -> None:
+        """Read again, from the first unhandled offset, an assigned partition whose records stopped arriving.
+
+        Faust's fetcher can pass a record without delivering it: the partition is assigned and active, its
+        lag stays, and nothing moves until a restart (docs/decisions.md). Nothing is lost: nothing was
+        committed past it.
+        """
+        watched = self.watched()
+        if not watched:
+            return
+        ends = await asyncio.wait_for(self.consumer.highwaters(*watched), timeout=10.0)
+        positions = {tp: self.watermark.next_offset(tp) for tp in watched}
+        unknown = {tp for tp, at in positions.items() if at is None and (ends.get(tp) or 0) > 0}
+        if unknown:  # the start was not seeded at the assignment (its lookup failed)
+            positions.update(await self.reading_starts(unknown))
+        now = time.monotonic()
+        for tp in sorted(watched):
+            end, at = ends.get(tp), positions.get(tp)
+            if end is None or at is None or not self.stalls.observe(tp, at, end, now):
+                continue
+            log.warning(
+                "Partition %s:%d has %d unread records but its read position %d has not moved for %.0fs; "
+                "reading it again from %d (nothing was committed past it). If this repeats, report it with this log.",
+                tp.topic, tp.partition, end - at, at, self.stall_after_s, at,
+            )
+            self.reread(tp, at)
+            self.alert("alert.partition_reread", {"partition": f"{tp.topic}:{tp.partition}", "offset": at, "end": end})
+
+    def revoked(self, revoked: set[TP]) -> None:
+        self.stalls.forget(revoked)
+        self.paused -= revoked
+
+    def assigned(self) -> None:
+        # Faust resumes every partition after a rebalance (FAUST-NOTES.md): re-apply our pauses.
+        self.paused = set()
+        self.update()
