@@ -8,7 +8,6 @@ agents from the TOML config (agents_stream.config).
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import os
 import socket
@@ -23,6 +22,17 @@ from mode import Service
 
 from agents_stream.config import AppConfig, load_config
 from agents_stream.contract import topics
+from agents_stream.contract.events import (
+    ApprovalTimeout,
+    CacheLookup,
+    Heartbeat,
+    JobDeadline,
+    LeaseExpired,
+    OutcomeEvent,
+    TaskFailed,
+    TaskSucceeded,
+    encode,
+)
 from agents_stream.execution.executor import Executor
 from agents_stream.execution.plan import AgentPlan
 from agents_stream.kafka import security as kafka_security
@@ -250,14 +260,14 @@ class Runtime(Service):
 
     # -- what the parts call -----------------------------------------------------------------------------------
 
-    async def send_outcome(self, task_id: str, outcome: dict[str, Any]) -> None:
+    async def send_outcome(self, task_id: str, outcome: OutcomeEvent) -> None:
         """Executor → ledger. Outcomes are retried until the broker confirms them; heartbeats are not."""
-        body = json.dumps({"schema_version": 1, "worker": self.worker_id, **outcome}).encode()
+        body = encode(outcome)  # the executor named this worker in it
 
         def send() -> Any:
             return self.outcomes.send_soon(key=task_id.encode(), value=body)
 
-        if outcome.get("kind") == "heartbeat":
+        if isinstance(outcome, Heartbeat):
             send()  # the lease has slack for a lost one; the next round sends again
             return
         await until_confirmed(
@@ -265,7 +275,7 @@ class Runtime(Service):
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
         )
-        if self.stopping and outcome.get("kind") in ("succeeded", "failed"):
+        if self.stopping and isinstance(outcome, (TaskSucceeded, TaskFailed)):
             self.finishing.add(task_id)
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
@@ -280,7 +290,7 @@ class Runtime(Service):
 
     def cache_lookup(self, task_id: str, fp: str, dispatch: int) -> None:
         """Ask the cache's partition of ``fp`` for the last good answer; the reply comes as an outcome event."""
-        body = json.dumps({"schema_version": 1, "kind": "lookup", "task_id": task_id, "dispatch": dispatch}).encode()
+        body = encode(CacheLookup(task_id=task_id, dispatch=dispatch))
         self.answers.send_soon(key=fp.encode(), value=body)
 
     def spend_report(self) -> dict[str, Any]:
@@ -312,18 +322,14 @@ class Runtime(Service):
     def scan_leases(self) -> None:
         now = time.time()
         for task_id, level in self.ledger.scan_parked(now):
-            body = json.dumps(
-                {"schema_version": 1, "kind": "approval_timeout", "level": level, "worker": self.worker_id}
-            ).encode()
+            body = encode(ApprovalTimeout(level=level, worker=self.worker_id))
             self.outcomes.send_soon(key=task_id.encode(), value=body)
         for task_id, dispatch in self.ledger.scan(now):
-            body = json.dumps(
-                {"schema_version": 1, "kind": "expired", "dispatch": dispatch, "worker": self.worker_id}
-            ).encode()
+            body = encode(LeaseExpired(dispatch=dispatch, worker=self.worker_id))
             self.outcomes.send_soon(key=task_id.encode(), value=body)
         if self.ledger.orchestrator is not None:
             for job_id in self.ledger.orchestrator.scan(now):
-                body = json.dumps({"schema_version": 1, "kind": "deadline", "worker": self.worker_id}).encode()
+                body = encode(JobDeadline(worker=self.worker_id))
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 

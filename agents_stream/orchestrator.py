@@ -13,13 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
-from agents_stream.contract.models import (
-    SCHEMA_VERSION,
-    ApprovalDecision,
-    TaskPayload,
-    internal_event,
-    parse_json_model,
+from agents_stream.contract.events import (
+    JOB_EVENTS,
+    EventDecodeError,
+    FannedInResult,
+    JobDeadline,
+    JobEvent,
+    JobTaskResult,
+    decode,
+    encode,
 )
+from agents_stream.contract.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import reason_of, send_dead_letter
@@ -123,10 +127,10 @@ class Orchestrator:
         self._apply(tp, offset, request.job_id, record, new, effects)
 
     def _on_event(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
-        parsed = internal_event(tp, offset, key, value, "job")
+        parsed = _job_event(tp, offset, key, value)
         if parsed is None:
             return
-        job_id, event, kind = parsed
+        job_id, event = parsed
         record = self._get(job_id)
         now = time.time()
         if record is not None and record.terminal and record.result is not None:
@@ -134,22 +138,21 @@ class Orchestrator:
             # before a crash, so it goes out again; nothing else changes.
             self._apply(tp, offset, job_id, record, record, [machine.EmitJobResult(record.result)])
             return
-        if kind == "result":
-            r = event.get("result") or {}
-            try:
-                new, effects = machine.on_result(
-                    record, task_id=r["task_id"], status=r["status"], output=r.get("output"),
-                    confidence=r.get("confidence"),
-                    source=r.get("source"), error=r.get("error"), agents=self.agents, now=now,
-                )
-            except (KeyError, ValueError, TypeError, AttributeError) as exc:
-                log.warning("Skipping job %s result event that is not a TaskResult: %r", job_id, exc)
+        match event:
+            case EventDecodeError():
+                _skip(tp, offset, job_id, event)
                 return
-        elif kind == "deadline":
-            new, effects = machine.expire(record, now=now)
-        else:
-            log.warning("Skipping job event of unknown kind %r for %s (a newer worker's?)", kind, job_id)
-            return
+            case JobTaskResult(result=r):
+                try:
+                    new, effects = machine.on_result(
+                        record, task_id=r.task_id, status=r.status, output=r.output, confidence=r.confidence,
+                        source=r.source, error=r.error, agents=self.agents, now=now,
+                    )
+                except (KeyError, ValueError, TypeError, AttributeError) as exc:  # the machine may refuse it
+                    log.warning("Skipping job %s result event that is not a TaskResult: %r", job_id, exc)
+                    return
+            case JobDeadline():
+                new, effects = machine.expire(record, now=now)
         self._apply(tp, offset, job_id, record, new, effects)
 
     def _apply(
@@ -219,10 +222,10 @@ class Orchestrator:
                 "Raise AGENTS_STREAM_PAYLOAD_MAX_BYTES or make the upstream steps answer shorter",
                 job_id, effect.task_id, len(body), limit,
             )
-            failed = json.dumps({
-                "task_id": effect.task_id, "status": "failed",
-                "error": f"payload_too_large: {len(body)} bytes with the upstream outputs > {limit}",
-            })
+            failed = FannedInResult(
+                task_id=effect.task_id, status="failed",
+                error=f"payload_too_large: {len(body)} bytes with the upstream outputs > {limit}",
+            )
             return self.outbox.record(topics.JOB_EVENTS, job_id.encode("utf-8"), fan_in_event(failed))
         return self.outbox.record(topics.task_topic(effect.agent), effect.task_id.encode("utf-8"), body)
 
@@ -257,12 +260,38 @@ class Orchestrator:
         return body
 
 
+def _job_event(
+    tp: TP, offset: int, key: bytes | None, value: bytes | None,
+) -> tuple[str, JobEvent | EventDecodeError] | None:
+    """(job_id, event) of a job event; its decode error instead when it has a kind but is not one we apply
+    (an ended job re-emits its result even then, as it always has); None (logged) when it is no event at all."""
+    try:
+        job_id = key.decode("utf-8")  # type: ignore[union-attr]
+    except (AttributeError, UnicodeDecodeError) as exc:
+        log.warning("Skipping job event without a usable key at %s[%d]@%d: %r", tp.topic, tp.partition, offset, exc)
+        return None
+    try:
+        return job_id, decode(value, JOB_EVENTS)
+    except EventDecodeError as exc:
+        if exc.kind is None:
+            log.warning("Skipping malformed job event at %s[%d]@%d: %s", tp.topic, tp.partition, offset, exc.reason)
+            return None
+        return job_id, exc
+
+
+def _skip(tp: TP, offset: int, job_id: str, exc: EventDecodeError) -> None:
+    if exc.unknown_kind:
+        log.warning("Skipping job event of unknown kind %r for %s (a newer worker's?)", exc.kind, job_id)
+    else:
+        log.warning("Skipping malformed job event for %s at %s[%d]@%d: %s", job_id, tp.topic, tp.partition, offset,
+                    exc.reason)
+
+
 def job_timer_key(job_id: str) -> str:
     return f"job/{job_id}"
 
 
-def fan_in_event(result_json: str) -> bytes:
+def fan_in_event(result: FannedInResult) -> bytes:
     """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id),
     so every result of a job reaches the partition (and worker) that owns the job's record."""
-    event = {"schema_version": SCHEMA_VERSION, "kind": "result", "result": json.loads(result_json)}
-    return json.dumps(event).encode("utf-8")
+    return encode(JobTaskResult(result=result))

@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-import logging
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from agents_stream.contract.errors import PoisonMessage
-
-log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 
@@ -97,20 +94,6 @@ class ApprovalDecision(BaseModel):
     #: how it arrived: "http", "link", "cli" or "event"
     via: str = "event"
     comment: str | None = Field(default=None, max_length=2000)
-
-
-def internal_event(
-    tp: Any, offset: int, key: bytes | None, value: bytes | None, what: str
-) -> tuple[str, dict[str, Any], str] | None:
-    """(key, event, kind) of an event only our workers write, or None (logged) for a broken one:
-    it carries no work to lose, so it is skipped rather than dead-lettered."""
-    try:
-        subject = key.decode("utf-8")  # type: ignore[union-attr]
-        event = json.loads(value)  # type: ignore[arg-type]
-        return subject, event, event["kind"]
-    except (AttributeError, TypeError, ValueError, KeyError) as exc:
-        log.warning("Skipping malformed %s event at %s[%d]@%d: %r", what, tp.topic, tp.partition, offset, exc)
-        return None
 
 
 def parse_json_model(raw: bytes | None, model: type[BaseModel], max_bytes: int) -> Any:

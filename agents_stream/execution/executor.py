@@ -20,9 +20,10 @@ from typing import Any, Awaitable, Callable
 from mode import Service
 
 from agents_stream.config import AppConfig
+from agents_stream.contract.events import CachedAnswer, Heartbeat, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.call import Caller, SendControl
-from agents_stream.execution.ladder import CacheLookup, Ladder
+from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.plan import AgentPlan
 from agents_stream.execution.run import Run
 from agents_stream.execution.steps import SendOutcome, StepRunner
@@ -31,7 +32,7 @@ from agents_stream.providers.base import Provider
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
 
-__all__ = ["CacheLookup", "Executor", "SendControl", "SendOutcome"]
+__all__ = ["Executor", "LookupFn", "SendControl", "SendOutcome"]
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +55,7 @@ class Executor(Service):
         send_control: SendControl,
         on_flow_change: Callable[[], None],
         worker_id: str,
-        cache_lookup: CacheLookup | None = None,
+        cache_lookup: LookupFn | None = None,
         rng: random.Random | None = None,
         grace_s: float | None = None,
     ) -> None:
@@ -93,7 +94,7 @@ class Executor(Service):
         Never blocks the ledger."""
         if task.task_id in self.runs or not self._accepting:
             return
-        self.runs[task.task_id] = Run(task, dispatch, steps_done=list(steps_done or []))
+        self.runs[task.task_id] = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []))
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake
@@ -111,7 +112,7 @@ class Executor(Service):
             return False  # it can still answer, from the cache or with the partial result
         return not any(self.circuits.available(t.provider.name)[0] for t in plan.tiers)
 
-    def cache_answer(self, task_id: str, answer: dict[str, Any] | None) -> None:
+    def cache_answer(self, task_id: str, answer: CachedAnswer | None) -> None:
         """The ledger relays the cache's reply to a lookup this worker made."""
         self.ladder.cache_answer(task_id, answer)
 
@@ -194,10 +195,13 @@ class Executor(Service):
                 parked = True
                 self._spawn(self._park(run))
             else:
-                metrics.answers.labels(
-                    run.task.agent_name, outcome.get("status", outcome["kind"]),
-                    str(outcome.get("source", "none")).split(":")[0], outcome.get("confidence", "failed"),
-                ).inc()
+                status: str
+                confidence: str
+                if isinstance(outcome, TaskSucceeded):
+                    status, confidence = outcome.status, outcome.confidence
+                else:  # a failure's labels: its kind as the status, "failed" as the confidence
+                    status, confidence = outcome.kind, "failed"
+                metrics.answers.labels(run.task.agent_name, status, outcome.source.split(":")[0], confidence).inc()
                 await self._send_outcome(task_id, outcome)
         except asyncio.CancelledError:
             raise
@@ -218,7 +222,7 @@ class Executor(Service):
         if self._accepting and self.runs.get(run.task.task_id) is run:
             self._queue.put_nowait(run.task.task_id)
 
-    async def _run(self, run: Run) -> dict[str, Any] | None:
+    async def _run(self, run: Run) -> TaskSucceeded | TaskFailed | None:
         """The task's outcome, or None when it must hold (``run.wait`` says for how long at most)."""
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:
@@ -233,7 +237,7 @@ class Executor(Service):
         while True:
             await asyncio.sleep(interval)
             for task_id, run in list(self.runs.items()):
-                beat = {"kind": "heartbeat", "dispatch": run.dispatch, "owner": self.worker_id}
+                beat = Heartbeat(worker=self.worker_id, dispatch=run.dispatch, owner=self.worker_id)
                 try:
                     await self._send_outcome(task_id, beat)
                 except Exception as exc:  # next round tries again; the lease has slack for that

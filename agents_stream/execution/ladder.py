@@ -17,9 +17,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from agents_stream.contract.errors import CircuitOpen
+from agents_stream.contract.events import CachedAnswer, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution import run as outcome
@@ -32,11 +33,12 @@ from agents_stream.providers.base import Completion, Prompt
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
 
-__all__ = ["CACHE_WAIT_S", "CacheLookup", "Ladder"]
+__all__ = ["CACHE_WAIT_S", "Ladder", "LookupFn"]
 
 log = logging.getLogger(__name__)
 
-CacheLookup = Callable[[str, str, int], None]
+#: asks the cache for the last good answer of (task_id, fingerprint, dispatch); the reply comes as an outcome
+LookupFn = Callable[[str, str, int], None]
 
 #: how long a task waits for the cache's answer before treating it as a miss
 CACHE_WAIT_S = 5.0
@@ -53,7 +55,7 @@ class Ladder:
         caller: Caller,
         send_control: SendControl,
         on_flow_change: Callable[[], None],
-        cache_lookup: CacheLookup | None = None,
+        cache_lookup: LookupFn | None = None,
     ) -> None:
         self.settings = settings
         self.plans = plans
@@ -62,7 +64,7 @@ class Ladder:
         self._send_control = send_control
         self._on_flow_change = on_flow_change
         self._cache_lookup = cache_lookup
-        self._cache_waiters: dict[str, asyncio.Future[dict[str, Any] | None]] = {}
+        self._cache_waiters: dict[str, asyncio.Future[CachedAnswer | None]] = {}
         self.held = 0  # runs held now
 
     # -- the budget ---------------------------------------------------------------
@@ -85,7 +87,7 @@ class Ladder:
 
     # -- one answer ---------------------------------------------------------------
 
-    async def answer(self, run: Run, task: TaskPayload) -> dict[str, Any] | None:
+    async def answer(self, run: Run, task: TaskPayload) -> TaskSucceeded | TaskFailed | None:
         """One answer through the ladder for ``task`` (the run's task, or one step of it); None: held
         (``run.wait`` says for how long at most)."""
         plan = self.plans[task.agent_name]
@@ -113,7 +115,7 @@ class Ladder:
         run.wait = probe if retry_at is None else min(max(retry_at - now, 0.05), probe)
         return None
 
-    async def _bottom(self, run: Run, plan: AgentPlan) -> dict[str, Any] | None:
+    async def _bottom(self, run: Run, plan: AgentPlan) -> TaskSucceeded | None:
         """Below every rung: the router tier's answer, the cache, the partial result, or None (hold)."""
         if run.escalated is not None and at_least(run.escalated.confidence, plan.config.lowest):
             return outcome.succeeded(run, run.escalated)  # the router's tier did answer; nothing better is available
@@ -164,7 +166,7 @@ class Ladder:
 
     async def climb(
         self, run: Run, task: TaskPayload, tiers: list[Tier], spec: OutputSpec | None, plan: AgentPlan,
-    ) -> tuple[dict[str, Any] | None, float | None]:
+    ) -> tuple[TaskSucceeded | TaskFailed | None, float | None]:
         """Try each rung in order: an answer or a rejection ends the climb; unavailability moves down."""
         earliest: float | None = None
         for i, tier in enumerate(tiers):
@@ -193,19 +195,19 @@ class Ladder:
 
     # -- the cache ------------------------------------------------------------------
 
-    def cache_answer(self, task_id: str, answer: dict[str, Any] | None) -> None:
+    def cache_answer(self, task_id: str, answer: CachedAnswer | None) -> None:
         """The cache's reply to a lookup this worker made (relayed by the ledger)."""
         waiter = self._cache_waiters.get(task_id)
         if waiter is not None and not waiter.done():
             waiter.set_result(answer)
 
-    async def from_cache(self, run: Run, plan: AgentPlan) -> dict[str, Any] | None:
+    async def from_cache(self, run: Run, plan: AgentPlan) -> TaskSucceeded | None:
         """The last good answer of the same fingerprint, if the cache has one young enough."""
         if self._cache_lookup is None:
             return None
         task = run.task
         fp = fingerprint(task.agent_name, task.instruction, task.context_data, task.output_schema)
-        waiter: asyncio.Future[dict[str, Any] | None] = asyncio.get_running_loop().create_future()
+        waiter: asyncio.Future[CachedAnswer | None] = asyncio.get_running_loop().create_future()
         self._cache_waiters[task.task_id] = waiter
         try:
             self._cache_lookup(task.task_id, fp, run.dispatch)
@@ -215,15 +217,15 @@ class Ladder:
             answer = None
         finally:
             self._cache_waiters.pop(task.task_id, None)
-        if not answer:
+        if answer is None:
             return None
-        age = time.time() - float(answer.get("at", 0))
+        age = time.time() - answer.at
         if age > plan.config.cache_max_age_s:
             log.info("Task %s: cached answer is %.0fs old (> %.0fs): not used", task.task_id, age,
                      plan.config.cache_max_age_s)
             return None
-        cached = Answer(answer.get("output"), "low", f"cache:{answer.get('task_id', '')}")
-        return outcome.succeeded(run, cached, cached_at=answer.get("at"))
+        cached = Answer(answer.output, "low", f"cache:{answer.task_id}")
+        return outcome.succeeded(run, cached, cached_at=answer.at)
 
     # -- holding --------------------------------------------------------------------
 

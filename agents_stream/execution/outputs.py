@@ -7,14 +7,14 @@ import importlib
 import json
 import re
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 import jsonschema
 from jsonschema.exceptions import best_match
 from pydantic import BaseModel, ValidationError
 
 from agents_stream.config import AgentConfig
-from agents_stream.contract.models import TaskPayload
+from agents_stream.contract.models import Confidence, TaskPayload
 
 __all__ = [
     "FormatError",
@@ -226,13 +226,13 @@ def corrective(prompt_instruction: str, error: str, spec: OutputSpec) -> str:
 _CONFIDENCES = frozenset({"high", "medium", "low"})
 
 
-def self_reported_confidence(output: Any) -> str | None:
+def self_reported_confidence(output: Any) -> Confidence | None:
     """``"high"``, ``"medium"`` or ``"low"`` when a JSON object answer says so in ``confidence``."""
     if not isinstance(output, dict):
         return None
     value = output.get("confidence")
     if isinstance(value, str) and value.strip().lower() in _CONFIDENCES:
-        return value.strip().lower()
+        return cast(Confidence, value.strip().lower())
     return None
 
 

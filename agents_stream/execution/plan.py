@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
+from agents_stream.contract.models import Confidence
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.saga_runner import SagaDefinition, load_saga
 from agents_stream.providers.base import Provider
@@ -19,7 +20,7 @@ class Tier:
 
     role: str  # primary | alternate | light
     provider: Provider
-    confidence: str
+    confidence: Confidence
     simplified: bool = False
     #: chosen by the router as "adequate": a format failure or a low-confidence answer moves on
     escalates: bool = False

@@ -114,7 +114,8 @@ def heuristic(task: TaskPayload, *, threshold: float, hard_words: list[str]) -> 
 
     score = round(min(1.0, score), 4)
     hard = score >= threshold
-    return Estimate(hard=hard, score=score, why=f"score {score:.2f} {'>=' if hard else '<'} {threshold:g}: " + ", ".join(reasons))
+    why = f"score {score:.2f} {'>=' if hard else '<'} {threshold:g}: " + ", ".join(reasons)
+    return Estimate(hard=hard, score=score, why=why)
 
 
 CLASSIFIER_INSTRUCTION = (

@@ -7,7 +7,8 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents_stream.contract.models import TaskPayload
+from agents_stream.contract.events import TaskFailed, TaskSucceeded
+from agents_stream.contract.models import Confidence, TaskPayload, Usage
 
 __all__ = ["Answer", "Rejected", "Run", "Unavailable", "common", "partial", "rejected", "succeeded"]
 
@@ -20,6 +21,7 @@ class Run:
 
     task: TaskPayload
     dispatch: int
+    worker: str  # this worker's id: every outcome it sends names it
     started: float | None = None
     held: bool = False
     calls: int = 0
@@ -34,7 +36,7 @@ class Run:
     #: a multi-step task: the outputs of the steps done (from the checkpoint, then this run)
     steps_done: list[Any] = field(default_factory=list)
     #: the lowest confidence and the last source over the steps done in this run
-    steps_confidence: str = "high"
+    steps_confidence: Confidence = "high"
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -42,7 +44,7 @@ class Run:
 @dataclass
 class Answer:
     output: Any
-    confidence: str
+    confidence: Confidence
     source: str
 
 
@@ -62,56 +64,37 @@ class Rejected:
 
 
 def common(run: Run) -> dict[str, Any]:
-    """The fields every terminal outcome of ``run`` carries."""
+    """The fields every terminal outcome of ``run`` carries (keyword arguments of TaskSucceeded and TaskFailed)."""
     return {
+        "worker": run.worker,
         "dispatch": run.dispatch,
         "calls": run.calls,
-        "usage": {"input_tokens": run.input_tokens, "output_tokens": run.output_tokens, "cost": run.cost},
+        "usage": Usage(input_tokens=run.input_tokens, output_tokens=run.output_tokens, cost=run.cost),
         "route": run.route.strip() or None,
     }
 
 
-def succeeded(run: Run, answer: Answer, cached_at: float | None = None) -> dict[str, Any]:
-    out = {
-        **common(run),
-        "kind": "succeeded",
-        "status": "succeeded",
-        "output": answer.output,
-        "confidence": answer.confidence,
-        "source": answer.source,
-        "partial": False,
-    }
-    if cached_at is not None:
-        out["cached_at"] = cached_at
-    return out
+def succeeded(run: Run, answer: Answer, cached_at: float | None = None) -> TaskSucceeded:
+    return TaskSucceeded(
+        **common(run), status="succeeded", output=answer.output, confidence=answer.confidence, source=answer.source,
+        partial=False, cached_at=cached_at,
+    )
 
 
-def rejected(run: Run, rejection: Rejected) -> dict[str, Any]:
+def rejected(run: Run, rejection: Rejected) -> TaskFailed:
     log.warning(
         "Task %s failed at %s: %s (dead-lettered, error_layer=downstream)",
         run.task.task_id, rejection.source, rejection.error,
     )
-    return {
-        **common(run),
-        "kind": "failed",
-        "error": rejection.error,
-        "reason": rejection.reason,
-        "source": rejection.source,
-    }
+    return TaskFailed(**common(run), error=rejection.error, reason=rejection.reason, source=rejection.source)
 
 
-def partial(run: Run) -> dict[str, Any]:
+def partial(run: Run) -> TaskSucceeded:
     log.warning(
         "Task %s: every tier unavailable; answering with the explicit partial result (lowest = failed)",
         run.task.task_id,
     )
-    return {
-        **common(run),
-        "kind": "succeeded",
-        "status": "partial",
-        "output": None,
-        "confidence": "failed",
-        "source": "none",
-        "partial": True,
-        "error": "every provider of the agent was unavailable",
-    }
+    return TaskSucceeded(
+        **common(run), status="partial", output=None, confidence="failed", source="none", partial=True,
+        error="every provider of the agent was unavailable",
+    )

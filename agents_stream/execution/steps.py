@@ -9,6 +9,7 @@ import random
 from typing import Any, Awaitable, Callable
 
 from agents_stream.config import CONFIDENCE_ORDER
+from agents_stream.contract.events import OutcomeEvent, StepDone, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.call import SendControl
@@ -23,7 +24,8 @@ __all__ = ["SendOutcome", "StepRunner", "saga_event", "step_task"]
 
 log = logging.getLogger(__name__)
 
-SendOutcome = Callable[[str, dict[str, Any]], Awaitable[None]]
+#: sends one outcome event of a task (keyed by its task_id) to the ledger
+SendOutcome = Callable[[str, OutcomeEvent], Awaitable[None]]
 
 
 class StepRunner:
@@ -43,31 +45,31 @@ class StepRunner:
         self._send_control = send_control
         self._rng = rng
 
-    async def run_steps(self, run: Run) -> dict[str, Any] | None:
+    async def run_steps(self, run: Run) -> TaskSucceeded | TaskFailed | None:
         """A multi-step task: each step's output is checkpointed before the next starts, so a re-run
         (after a crash, a redelivery or a hold) does only the steps not yet done. None: held."""
         task = run.task
         steps = task.steps or []
-        last: dict[str, Any] | None = None
+        last: TaskSucceeded | TaskFailed | None = None
         for index in range(len(run.steps_done), len(steps)):
             run.escalated = None  # each step climbs its own ladder
             last = await self.ladder.answer(run, step_task(task, index, run.steps_done))
             if last is None:
                 return None  # held; the steps done so far are kept
-            if last["kind"] != "succeeded" or last.get("status") != "succeeded":
+            if not isinstance(last, TaskSucceeded) or last.status != "succeeded":
                 return last  # a failed or partial step ends the task
-            run.steps_done.append(last["output"])
-            if CONFIDENCE_ORDER.index(last["confidence"]) > CONFIDENCE_ORDER.index(run.steps_confidence):
-                run.steps_confidence = last["confidence"]
+            run.steps_done.append(last.output)
+            if CONFIDENCE_ORDER.index(last.confidence) > CONFIDENCE_ORDER.index(run.steps_confidence):
+                run.steps_confidence = last.confidence
             # Durable before the next step starts: a crash from here on does not repeat this one.
-            step = {"kind": "step", "dispatch": run.dispatch, "index": index, "output": last["output"]}
+            step = StepDone(worker=run.worker, dispatch=run.dispatch, index=index, output=last.output)
             await self._send_outcome(task.task_id, step)
-        final = {**outcome.common(run), "kind": "succeeded", "status": "succeeded", "partial": False}
-        final.update(output=list(run.steps_done), confidence=run.steps_confidence,
-                     source=(last or {}).get("source", "checkpoint"))
-        return final
+        return TaskSucceeded(
+            **outcome.common(run), status="succeeded", partial=False, output=list(run.steps_done),
+            confidence=run.steps_confidence, source=last.source if last is not None else "checkpoint",
+        )
 
-    async def run_saga(self, run: Run, definition: SagaDefinition) -> dict[str, Any]:
+    async def run_saga(self, run: Run, definition: SagaDefinition) -> TaskSucceeded | TaskFailed:
         """Run the task as a saga. Each report is checkpointed before the next call, so a re-run
         replays the reports and continues; services get the same idempotency key on every attempt."""
         task, shape = run.task, definition.shape
@@ -88,7 +90,7 @@ class StepRunner:
                 break
             work = next(e for e in effects if isinstance(e, (saga_machine.RunAction, saga_machine.RunCompensation)))
             report = await self._saga_step(run, definition, work, outputs)
-            step = {"kind": "step", "dispatch": run.dispatch, "index": len(run.steps_done), "output": report}
+            step = StepDone(worker=run.worker, dispatch=run.dispatch, index=len(run.steps_done), output=report)
             await self._send_outcome(task.task_id, step)
             run.steps_done.append(report)
             announce = True
@@ -96,8 +98,10 @@ class StepRunner:
                 outputs[work.step] = report["output"]
             state, effects = saga_machine.step(shape, state, saga_event(report))
         if state.status == saga_machine.COMPLETED:
-            return {**outcome.common(run), "kind": "succeeded", "status": "succeeded", "partial": False,
-                    "output": outputs, "confidence": "high", "source": f"saga:{shape.name}"}
+            return TaskSucceeded(
+                **outcome.common(run), status="succeeded", partial=False, output=outputs, confidence="high",
+                source=f"saga:{shape.name}",
+            )
         return outcome.rejected(run, Rejected(
             f"saga_compensated: {state.error}",
             f"saga {shape.name} failed before its pivot ({state.error}); undone: {list(state.undone)}",
@@ -134,12 +138,13 @@ class StepRunner:
 def saga_event(report: dict[str, Any]) -> saga_machine.Event:
     """A checkpointed saga report as the machine's event."""
     event, step, error = report["event"], report["step"], report.get("error", "")
-    return {
+    events: dict[str, Callable[[], saga_machine.Event]] = {
         "action_succeeded": lambda: saga_machine.ActionSucceeded(step),
         "action_failed": lambda: saga_machine.ActionFailed(step, error),
         "compensation_succeeded": lambda: saga_machine.CompensationSucceeded(step),
         "compensation_failed": lambda: saga_machine.CompensationFailed(step, error),
-    }[event]()
+    }
+    return events[event]()
 
 
 def step_task(task: TaskPayload, index: int, done: list[Any]) -> TaskPayload:

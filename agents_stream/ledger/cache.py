@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
 
 from faust.types import TP
 
-from agents_stream.contract.models import internal_event
+from agents_stream.contract.events import (
+    ANSWERS,
+    CachedAnswer,
+    CacheLookup,
+    CacheReply,
+    CacheStore,
+    EventDecodeError,
+    TaskFailed,
+    TaskSucceeded,
+    decode_answer,
+    encode,
+    encode_answer,
+    read_event,
+)
 from agents_stream.execution.outputs import fingerprint
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.tables.definitions import LedgerTable
@@ -32,13 +44,13 @@ class AnswerCache:
         #: agents whose good answers feed the cache
         self.agents = agents
 
-    def store(self, record: TaskRecord, event: dict[str, Any], now: float) -> Send | None:
+    def store(self, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float) -> Send | None:
         """A finished task's good answer, sent to its fingerprint's partition; None when it is not one."""
         if not (
             record.agent in self.agents
-            and event["kind"] == "succeeded"
-            and event.get("status", "succeeded") == "succeeded"
-            and event.get("confidence") in ("high", "medium")
+            and isinstance(event, TaskSucceeded)
+            and event.status == "succeeded"
+            and event.confidence in ("high", "medium")
         ):
             return None
         payload = json.loads(record.payload)
@@ -46,27 +58,32 @@ class AnswerCache:
             record.agent, payload.get("instruction", ""), payload.get("context_data") or {},
             payload.get("output_schema"),
         )
-        body = json.dumps({
-            "schema_version": 1, "kind": "store", "task_id": payload.get("task_id"), "output": event.get("output"),
-            "source": event.get("source", ""), "confidence": event.get("confidence"), "at": now,
-        }).encode()
+        body = encode(CacheStore(
+            task_id=payload["task_id"], output=event.output, source=event.source, confidence=event.confidence, at=now,
+        ))
         return self.outbox.record(self.answers_topic, fp.encode(), body)
 
     def on_event(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
         """The cache's partition of a fingerprint: store good answers, answer lookups (best effort)."""
-        parsed = internal_event(tp, offset, key, value, "cache")
+        parsed = read_event(tp, offset, key, value, ANSWERS)  # logs and skips malformed and unknown kinds
         if parsed is None:
             return
-        fp, event, kind = parsed
-        if kind == "store":
-            self.table[fp] = json.dumps({k: event.get(k) for k in ("task_id", "output", "source", "confidence", "at")})
-            self.outbox.deliver(tp, offset, [self.outbox.changelog(self.table, tp.partition, fp)])
-        elif kind == "lookup" and isinstance(event.get("task_id"), str):
-            data = self.table.get(fp)
-            reply = json.dumps({
-                "schema_version": 1, "kind": "cache_reply", "dispatch": event.get("dispatch"), "worker": self.worker_id,
-                "answer": json.loads(data) if data else None,
-            }).encode()
-            self.outbox.send(self.outcomes_topic, event["task_id"].encode(), reply)
-        else:
-            log.warning("Skipping cache event of unknown kind %r at %s[%d]@%d", kind, tp.topic, tp.partition, offset)
+        fp, event = parsed
+        match event:
+            case CacheStore():
+                self.table[fp] = encode_answer(event.answer())  # the table's five keys
+                self.outbox.deliver(tp, offset, [self.outbox.changelog(self.table, tp.partition, fp)])
+            case CacheLookup(task_id=task_id, dispatch=dispatch):
+                reply = CacheReply(dispatch=dispatch, worker=self.worker_id, answer=self._entry(fp))
+                self.outbox.send(self.outcomes_topic, task_id.encode(), encode(reply))
+
+    def _entry(self, fp: str) -> CachedAnswer | None:
+        """The table's last good answer of ``fp``; None for none, and for an entry no store of ours wrote."""
+        data = self.table.get(fp)
+        if not data:
+            return None
+        try:
+            return decode_answer(data)
+        except EventDecodeError as exc:  # answering a miss beats raising inside the ledger
+            log.warning("Cache entry %s is unusable (%s); answering a miss", fp, exc.reason)
+            return None

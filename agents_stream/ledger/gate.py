@@ -96,9 +96,9 @@ class ApprovalGate:
         )
         return decision.task_id, (record, new, effects)
 
-    def on_timeout(self, task_id: str, record: TaskRecord | None, level: Any) -> Transition | None:
+    def on_timeout(self, task_id: str, record: TaskRecord | None, level: int) -> Transition | None:
         """A level's time ran out (an ``approval_timeout`` event): escalate, or reject after the last level."""
-        if record is None or not isinstance(level, int):
+        if record is None:
             return None
         policy = self.policies.get(record.agent)
         new, effects = approvals.escalate(

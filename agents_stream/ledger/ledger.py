@@ -13,7 +13,22 @@ from faust.types import TP
 from agents_stream.config import ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
-from agents_stream.contract.models import TaskPayload, TaskResult, Usage, internal_event, parse_task, utcnow_iso
+from agents_stream.contract.events import (
+    OUTCOMES,
+    ApprovalTimeout,
+    CacheReply,
+    DeadLettered,
+    DeadLetterRequest,
+    FannedInResult,
+    Heartbeat,
+    LeaseExpired,
+    OutcomeEvent,
+    StepDone,
+    TaskFailed,
+    TaskSucceeded,
+    read_event,
+)
+from agents_stream.contract.models import Confidence, Status, TaskPayload, TaskResult, parse_task, utcnow_iso
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
@@ -177,89 +192,91 @@ class Ledger:
     # -- outcome events ----------------------------------------------------------------
 
     def _on_outcome(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
-        parsed = internal_event(tp, offset, key, value, "outcome")
+        parsed = read_event(tp, offset, key, value, OUTCOMES)  # logs and skips malformed and unknown kinds
         if parsed is None:
             return
-        task_id, event, kind = parsed
-        if kind == "dead_letter":  # this worker asked to dead-letter a poison message
-            self.poison.on_request(tp, offset, task_id)
-            return
-        if kind == "dead_lettered":  # a poison message's dead letter is confirmed: remember it
-            self.poison.on_marked(tp, offset, task_id)
-            return
-        if kind == "cache_reply":
-            self.executor.cache_answer(task_id, event.get("answer"))
-            return
+        task_id, event = parsed
+        match event:
+            case DeadLetterRequest():  # this worker asked to dead-letter a poison message
+                self.poison.on_request(tp, offset, task_id)
+                return
+            case DeadLettered():  # a poison message's dead letter is confirmed: remember it
+                self.poison.on_marked(tp, offset, task_id)
+                return
+            case CacheReply(answer=answer):
+                self.executor.cache_answer(task_id, answer)
+                return
         record = record_of(self.table, task_id)
-        if kind == "approval_timeout":
-            timed_out = self.gate.on_timeout(task_id, record, event.get("level"))
+        if isinstance(event, ApprovalTimeout):
+            timed_out = self.gate.on_timeout(task_id, record, event.level)
             if timed_out is not None:
                 self._apply(tp, offset, task_id, *timed_out)
             return
-        changed = self._lease_change(tp, task_id, record, event, kind)
+        changed = self._lease_change(tp, task_id, record, event)
         if changed is not None:
             new, effects, extra = changed
             self._apply(tp, offset, task_id, record, new, effects, extra=extra)
 
     def _lease_change(
-        self, tp: TP, task_id: str, record: TaskRecord | None, event: dict[str, Any], kind: str,
+        self, tp: TP, task_id: str, record: TaskRecord | None, event: OutcomeEvent,
     ) -> tuple[TaskRecord | None, list[leases.Effect], list[Send]] | None:
         """The lease transition of an outcome event (and the sends of a finished task's spend and cache)."""
-        dispatch = event.get("dispatch")
         now = time.time()
         ttl = self.settings.lease_ttl_s
         extra: list[Send] = []
-        if kind == "heartbeat":
-            new, effects = leases.heartbeat(record, dispatch=dispatch, owner=event.get("owner", ""), now=now, ttl=ttl)
-            # Renewals are frequent: write only when the lease gained a third of its length.
-            if new is record or new.lease_until - record.lease_until < ttl / 3:  # type: ignore[union-attr]
+        match event:
+            case Heartbeat(dispatch=dispatch, owner=owner):
+                new, effects = leases.heartbeat(record, dispatch=dispatch, owner=owner, now=now, ttl=ttl)
+                # Renewals are frequent: write only when the lease gained a third of its length.
+                if new is record or new is None or record is None or new.lease_until - record.lease_until < ttl / 3:
+                    return None
+            case TaskSucceeded() | TaskFailed():
+                if record is None or record.terminal:
+                    return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
+                reason = event.reason if isinstance(event, TaskFailed) else None
+                result = self._result_json(task_id, record, event)
+                new, effects = leases.finish(record, status=event.kind, result=result, reason=reason, now=now)
+                extra = self._account(tp, record, event, now)
+            case StepDone(index=index, output=output):
+                new, effects = leases.checkpoint(record, index=index, output=output)
+            case LeaseExpired(dispatch=dispatch):
+                new, effects = leases.expire(
+                    record, dispatch=dispatch, now=now, me=self.worker_id, ttl=ttl,
+                    max_attempts=self.settings.max_attempts, running_here=self.executor.has(task_id),
+                )
+            case _:  # the kinds _on_outcome handles itself
                 return None
-        elif kind in ("succeeded", "failed"):
-            if record is None or record.terminal:
-                return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
-            result = self._result_json(task_id, record, event)
-            new, effects = leases.finish(record, status=kind, result=result, reason=event.get("reason"), now=now)
-            extra = self._account(tp, record, event, now)
-        elif kind == "step":
-            index = event.get("index")
-            if not isinstance(index, int):
-                log.warning("Skipping step event without an index for %s", task_id)
-                return None
-            new, effects = leases.checkpoint(record, index=index, output=event.get("output"))
-        elif kind == "expired":
-            new, effects = leases.expire(
-                record, dispatch=dispatch, now=now, me=self.worker_id, ttl=ttl,
-                max_attempts=self.settings.max_attempts, running_here=self.executor.has(task_id),
-            )
-        else:
-            log.warning("Skipping outcome event of unknown kind %r for %s (a newer worker's?)", kind, task_id)
-            return None
         return new, effects, extra
 
-    def _result_json(self, task_id: str, record: TaskRecord, event: dict[str, Any]) -> str:
+    def _result_json(self, task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed) -> str:
         payload = json.loads(record.payload)
-        failed = event["kind"] == "failed"
+        status: Status
+        confidence: Confidence
+        if isinstance(event, TaskFailed):  # a failure carries no answer: its result says "failed" throughout
+            status, output, confidence, partial_ = "failed", None, "failed", False
+        else:
+            status, output, confidence, partial_ = event.status, event.output, event.confidence, event.partial
         result = TaskResult(
             task_id=task_id,
             agent_name=record.agent,
-            status="failed" if failed else event.get("status", "succeeded"),
-            output=event.get("output"),
-            confidence="failed" if failed else event.get("confidence", "high"),
-            source=event.get("source", ""),
-            partial=bool(event.get("partial", False)),
+            status=status,
+            output=output,
+            confidence=confidence,
+            source=event.source,
+            partial=partial_,
             attempts=record.dispatch,
-            usage=Usage(**event.get("usage", {})),
+            usage=event.usage.model_copy(),
             job_id=payload.get("job_id"),
-            error=event.get("error"),
+            error=event.error,
             completed_at=utcnow_iso(),
         )
         return result.model_dump_json()
 
-    def _account(self, tp: TP, record: TaskRecord, event: dict[str, Any], now: float) -> list[Send]:
+    def _account(self, tp: TP, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float) -> list[Send]:
         """A finished task adds its cost to its partition's spend of the day, and a good answer feeds the cache;
         the sends returned are held with the outcome's offset."""
         sends: list[Send] = []
-        cost = (event.get("usage") or {}).get("cost")
+        cost = event.usage.cost
         if cost:
             sends.append(add_spend(self.table, self.outbox, tp, record.agent, cost, now))
         stored = self.cache.store(record, event, now)
@@ -329,7 +346,8 @@ class Ledger:
             sends.append(self.outbox.record(topics.RESULTS, task_id.encode(), effect.result.encode("utf-8")))
             job_id = job_of(record)
             if job_id is not None:  # fan-in: the job's owner hears of every result of its tasks
-                sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), fan_in_event(effect.result)))
+                fanned = FannedInResult.model_validate_json(effect.result)  # the whole result rides along
+                sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), fan_in_event(fanned)))
         elif isinstance(effect, leases.DeadLetter):
             self._dead_letter(task_id, record, effect, sends, after)
         elif isinstance(effect, leases.Control):
@@ -361,7 +379,7 @@ class Ledger:
         after.append(lambda: metrics.dead_letters.labels(agent, layer).inc())
         job_id = job_of(record)
         if job_id is not None and record.result is None:  # no result will come: the job counts it failed
-            failed = json.dumps({"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"})
+            failed = FannedInResult(task_id=task_id, status="failed", error=f"dead-lettered: {effect.reason}")
             sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), fan_in_event(failed)))
 
     # -- the scanner, approvals and rebalances ------------------------------------------------

@@ -13,6 +13,7 @@ from faust.types import TP
 
 from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.events import DeadLettered, DeadLetterRequest, encode
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import HISTORY_HEADER, requeue_headers
 from agents_stream.ops import metrics
@@ -21,8 +22,8 @@ from agents_stream.tables.definitions import LedgerTable
 log = logging.getLogger(__name__)
 
 DONE = "done"  # a marker's state once the dead letter is confirmed (see Poison.marker)
-MARK_EVENT = json.dumps({"schema_version": 1, "kind": "dead_lettered"}).encode()
-DEAD_LETTER_REQUEST = json.dumps({"schema_version": 1, "kind": "dead_letter"}).encode()
+MARK_EVENT = encode(DeadLettered())
+DEAD_LETTER_REQUEST = encode(DeadLetterRequest())
 
 
 def poison_key(topic: str, offset: int) -> str:

@@ -210,8 +210,7 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
     @app.page("/dlq")
     class DeadLetters(View):
         async def get(self, request: Request) -> Response:
-            """Dead letters, newest first, filtered like ``agents-stream dlq list``
-            (agent, layer, reason, since, until)."""
+            """Dead letters, newest first, filtered like ``agents-stream dlq list`` (agent, layer, reason, since)."""
             q = request.query
             try:
                 limit = max(1, min(int(q.get("limit", "100")), 1000))
@@ -230,8 +229,7 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
     @app.page("/dlq/requeue")
     class Requeue(View):
         async def post(self, request: Request) -> Response:
-            """Send one dead letter back to its task topic
-            (body: ``{"ref": ...}`` or ``{"topic", "partition", "offset"}``)."""
+            """Send one dead letter back to its task topic (body: ``{"ref"}`` or topic, partition, offset)."""
             try:
                 body = await mutation_body(settings, request)
                 ref = body.get("ref") or f"{body.get('topic')}:{body.get('partition')}:{body.get('offset')}"
@@ -241,8 +239,7 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
             try:
-                letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
-                found = [d for d in letters if d.ref == ref]
+                found = await _dead_letter(settings, topic, str(ref), security)
                 if not found:
                     return self.json({"error": f"no dead letter {ref}"}, status=404)
                 (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
@@ -262,11 +259,16 @@ def _dead_letter_views(app: Any, settings: Settings) -> None:
                 topic, _, _ = dlq.parse_ref(ref)
             except ValueError as exc:
                 return self.json({"error": str(exc)}, status=400)
-            letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
-            found = [d for d in letters if d.ref == ref]
+            found = await _dead_letter(settings, topic, ref, security)
             if not found:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
             return self.json(found[0].as_dict())
+
+
+async def _dead_letter(settings: Settings, topic: str, ref: str, security: dict[str, Any]) -> list[Any]:
+    """The dead letter ``ref`` on ``topic`` (a list of one), or an empty list."""
+    letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
+    return [d for d in letters if d.ref == ref]
 
 
 def _cancel_and_link_views(app: Any, settings: Settings) -> None:

@@ -1,48 +1,49 @@
-"""The records of ``agent.circuits``: the JSON body a worker sends, and the breaker event each kind folds into."""
+"""The records of ``agent.circuits`` as the circuits read them: the typed event, and the breaker event it folds into.
+
+Their format (fields, kinds, key order) is ``agents_stream.contract.events``' circuits models; nothing here adds to it.
+"""
 
 from __future__ import annotations
 
-import json
-import uuid
-from typing import Any
-
+from agents_stream.contract.events import (
+    CIRCUITS,
+    CircuitFailure,
+    CircuitProbe,
+    CircuitProbeCancel,
+    CircuitsEvent,
+    CircuitSuccess,
+    CircuitTransition,
+    EventDecodeError,
+    decode,
+)
 from agents_stream.resilience import breaker
 
-__all__ = ["breaker_event", "decode", "encode"]
-
-#: the log's record format version
-VERSION = 1
+__all__ = ["breaker_event", "read"]
 
 
-def encode(kind: str, provider: str | None, worker: str, at: float, **fields: Any) -> tuple[str, bytes, bytes]:
-    """(event id, key, value) of one event; keyed by the circuit id, or by the worker for ``hello``."""
-    event_id = uuid.uuid4().hex
-    body = {"v": VERSION, "id": event_id, "kind": kind, "provider": provider, "worker": worker, "at": at, **fields}
-    return event_id, (provider or worker).encode(), json.dumps(body).encode()
+def read(value: bytes | None) -> CircuitsEvent | None:
+    """The event of one record; None for a kind this version does not know (a newer worker's: skipped silently).
+    EventDecodeError for a record that is not an event of the log (the fold logs and skips it)."""
+    try:
+        return decode(value, CIRCUITS)
+    except EventDecodeError as exc:
+        if exc.unknown_kind:
+            return None
+        raise
 
 
-def decode(value: bytes | None) -> dict[str, Any]:
-    """The body of one record; ValueError (or TypeError) for one that is not a JSON object."""
-    ev = json.loads(value)  # type: ignore[arg-type]  # None raises TypeError: a record to skip
-    if not isinstance(ev, dict):
-        raise ValueError("not a JSON object")
-    return ev
-
-
-def breaker_event(kind: str, ev: dict[str, Any], at: float) -> breaker.Event | None:
-    """The breaker's event for a log event of ``kind`` at ``at``; None for a kind the breaker does not know."""
-    if kind == "transition":
-        return breaker.Adopt(at=at, state=ev["to"], opened_at=ev.get("opened_at"), closed_at=ev.get("closed_at"))
-    if kind == "failure":
-        return breaker.Failure(at=at, probe_id=_opt_str(ev.get("probe_id")))
-    if kind == "success":
-        return breaker.Success(at=at, probe_id=_opt_str(ev.get("probe_id")))
-    if kind == "probe":
-        return breaker.ProbeRequest(at=at, probe_id=str(ev["probe_id"]))
-    if kind == "probe_cancel":
-        return breaker.ProbeCancel(at=at, probe_id=str(ev["probe_id"]))
-    return None  # a newer worker's event kind
-
-
-def _opt_str(value: Any) -> str | None:
-    return None if value is None else str(value)
+def breaker_event(ev: CircuitsEvent, at: float) -> breaker.Event | None:
+    """The breaker's event for a log event at ``at``; None for the kinds the breaker does not fold (presence,
+    Retry-After)."""
+    match ev:
+        case CircuitTransition():
+            return breaker.Adopt(at=at, state=ev.to, opened_at=ev.opened_at, closed_at=ev.closed_at)
+        case CircuitFailure():
+            return breaker.Failure(at=at, probe_id=ev.probe_id)
+        case CircuitSuccess():
+            return breaker.Success(at=at, probe_id=ev.probe_id)
+        case CircuitProbe():
+            return breaker.ProbeRequest(at=at, probe_id=ev.probe_id)
+        case CircuitProbeCancel():
+            return breaker.ProbeCancel(at=at, probe_id=ev.probe_id)
+    return None

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Protocol
 
 from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
+from agents_stream.contract import events
 from agents_stream.contract.errors import CircuitOpen
 from agents_stream.resilience import breaker, circuit_events
 from agents_stream.resilience.breaker import Breaker, Transition
@@ -141,7 +142,8 @@ class Circuits:
 
     def hello(self) -> None:
         """Announce this worker's presence, endpoints and spend (shared limits are split among live workers)."""
-        self._publish("hello", None, providers=self.endpoints(), app=self.app_id, spend=self._spend_report())
+        spend = self._spend_report()
+        self._publish(events.CircuitHello, None, providers=self.endpoints(), app=self.app_id, spend=spend)
 
     # -- the fold ------------------------------------------------------------------------
 
@@ -159,54 +161,55 @@ class Circuits:
 
     def _fold(self, record: LogRecord) -> bool:
         """Apply one record; True when what callers wait on changed (state, Retry-After, probe places)."""
-        ev = circuit_events.decode(record.value)
-        kind, worker = str(ev["kind"]), str(ev["worker"])
+        ev = circuit_events.read(record.value)  # raises for a broken record: fold() logs and skips it
+        if ev is None:
+            return False  # a newer worker's event kind
         # The broker's append time when the topic keeps it (LogAppendTime): one clock for
         # every worker, so a worker with a skewed clock cannot move the window or the timeout.
-        at = record.timestamp / 1000.0 if record.timestamp_type == 1 else float(ev["at"])
-        if kind == "hello":
-            self._presence[worker] = (at, frozenset(str(p) for p in ev.get("providers") or ()))
-            self._fold_spend(at, str(ev.get("app", "")), ev.get("spend") or {})
+        at = record.timestamp / 1000.0 if record.timestamp_type == 1 else ev.at
+        if isinstance(ev, events.CircuitHello):  # absent (None) fields: no endpoints, app "", no spend
+            self._presence[ev.worker] = (at, frozenset(ev.providers or ()))
+            self._fold_spend(at, ev.app or "", ev.spend or {})
             return False
-        c = self._by_id.get(str(ev.get("provider", "")))
+        c = self._by_id.get(ev.provider or "")
         if c is None:
             return False  # an endpoint this worker does not call
-        mine = worker == self.worker_id
+        mine = ev.worker == self.worker_id
         # The gate waits for its own failure to come back.
-        woke_gate = mine and c.unfolded.pop(str(ev.get("id", "")), None) is not None
-        if kind == "rate_limited":
-            until = at + float(ev["retry_after"]) if "retry_after" in ev else float(ev["until"])
+        woke_gate = mine and c.unfolded.pop(ev.id, None) is not None
+        if isinstance(ev, events.CircuitRateLimited):
+            until = at + ev.retry_after if ev.retry_after is not None else ev.until
             if not mine:
                 c.retry_after_propagation_s = max(0.0, self._clock() - at)
             if until > c.blocked_until:
                 c.blocked_until = until
                 return True
             return woke_gate
-        if kind == "transition":
+        if isinstance(ev, events.CircuitTransition):
             # For a worker that joined after the cause: take over the state the log recorded.
-            if int(ev["cause"]) >= self._start_offset or ev["to"] == c.breaker.state:
+            if ev.cause >= self._start_offset or ev.to == c.breaker.state:
                 return False
-        event = circuit_events.breaker_event(kind, ev, at)
+        event = circuit_events.breaker_event(ev, at)
         if event is None:
             return False
-        return self._step(c, event, kind, ev, mine, record.offset) or woke_gate
+        return self._step(c, event, ev, mine, record.offset) or woke_gate
 
-    def _step(self, c: _Circuit, event: breaker.Event, kind: str, ev: dict[str, Any], mine: bool, offset: int) -> bool:
+    def _step(self, c: _Circuit, event: breaker.Event, ev: events.CircuitsEvent, mine: bool, offset: int) -> bool:
         """Step the breaker; True when what callers wait on changed."""
         before = c.breaker
         c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
-        if kind == "probe":
-            waiter = c.probe_waiters.pop(str(ev["probe_id"]), None)
+        if isinstance(ev, events.CircuitProbe):
+            waiter = c.probe_waiters.pop(ev.probe_id, None)
             if waiter is not None and not waiter.done():
-                waiter.set_result(breaker.admitted(c.breaker, str(ev["probe_id"])))
+                waiter.set_result(breaker.admitted(c.breaker, ev.probe_id))
         for t in transitions:
-            self._transition(c, t, mine and kind != "transition", offset)
+            self._transition(c, t, mine and not isinstance(ev, events.CircuitTransition), offset)
         after = c.breaker
         moved = (before.state, before.opened_at, before.successes, before.probes) != (
             after.state, after.opened_at, after.successes, after.probes
         )
         # A probe request only adds a place (or is refused): nobody waiting can go on because of it.
-        return (moved and kind != "probe") or bool(transitions)
+        return (moved and not isinstance(ev, events.CircuitProbe)) or bool(transitions)
 
     def _transition(self, c: _Circuit, t: Transition, mine: bool, offset: int) -> None:
         name = c.config.name or c.id
@@ -219,13 +222,14 @@ class Circuits:
         if mine:
             # The worker whose event caused it reports it once, and records it for joiners.
             b = c.breaker
-            self._publish("transition", c.id, to=b.state, opened_at=b.opened_at, closed_at=b.closed_at, cause=offset)
+            self._publish(events.CircuitTransition, c.id, to=b.state, opened_at=b.opened_at, closed_at=b.closed_at,
+                          cause=offset)
         try:
             self._on_transition(name, t, mine)
         except Exception as exc:  # a reporting bug must not stop the fold
             log.exception("Circuits: transition callback failed: %r", exc)
 
-    def _fold_spend(self, at: float, app: str, spend: dict[str, Any]) -> None:
+    def _fold_spend(self, at: float, app: str, spend: dict[str, dict[str, dict[str, float]]]) -> None:
         for agent, days in spend.items():
             for day, parts in days.items():
                 for partition, usd in parts.items():
@@ -248,9 +252,11 @@ class Circuits:
     async def _wait_slot(self, timeout: float) -> None:
         await _wait(self._slot_freed, timeout)
 
-    def _publish(self, kind: str, provider: str | None, **fields: Any) -> str:
-        event_id, key, value = circuit_events.encode(kind, provider, self.worker_id, self._clock(), **fields)
-        fut = self._send(key, value)
+    def _publish(self, event_type: Callable[..., events.InternalEvent], provider: str | None, **fields: Any) -> str:
+        """Append one event of the log (keyed by its circuit, or by this worker for presence); its id."""
+        event_id = uuid.uuid4().hex
+        event = event_type(id=event_id, provider=provider, worker=self.worker_id, at=self._clock(), **fields)
+        fut = self._send((provider or self.worker_id).encode(), events.encode(event))
         if hasattr(fut, "add_done_callback"):
             fut.add_done_callback(_log_send_failure)
         return event_id
@@ -342,11 +348,11 @@ class Circuits:
         c.probe_waiters[probe_id] = waiter
         admitted = False
         try:
-            self._publish("probe", c.id, probe_id=probe_id)
+            self._publish(events.CircuitProbe, c.id, probe_id=probe_id)
             admitted = await asyncio.wait_for(waiter, _PROBE_VERDICT_S)
         except asyncio.TimeoutError:
             # The verdict may still come, admitting a probe nobody sends: give the place back.
-            self._publish("probe_cancel", c.id, probe_id=probe_id)
+            self._publish(events.CircuitProbeCancel, c.id, probe_id=probe_id)
         finally:
             c.probe_waiters.pop(probe_id, None)
             if not admitted:
@@ -371,20 +377,20 @@ class Circuits:
         if permit.probe_id is not None:
             c.probing = False
         if result == "failure":
-            event_id = self._publish("failure", c.id, probe_id=permit.probe_id)
+            event_id = self._publish(events.CircuitFailure, c.id, probe_id=permit.probe_id)
             c.unfolded[event_id] = self._clock()
         elif result == "rate_limited":
             until = self._clock() + (retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S)
             c.blocked_until = max(c.blocked_until, until)  # this worker obeys at once; the others once folded
-            event_id = self._publish("rate_limited", c.id, until=until, retry_after=until - self._clock())
+            event_id = self._publish(events.CircuitRateLimited, c.id, until=until, retry_after=until - self._clock())
             c.unfolded[event_id] = self._clock()
             if permit.probe_id is not None:  # the provider answered: it is up, only busy
-                self._publish("success", c.id, probe_id=permit.probe_id)
+                self._publish(events.CircuitSuccess, c.id, probe_id=permit.probe_id)
         elif result == "success" and permit.probe_id is not None:
             # Successes matter to the breaker only in half-open; closed-state ones stay local.
-            self._publish("success", c.id, probe_id=permit.probe_id)
+            self._publish(events.CircuitSuccess, c.id, probe_id=permit.probe_id)
         elif permit.probe_id is not None:  # "neutral", a cancelled call: nothing is known about the provider
-            self._publish("probe_cancel", c.id, probe_id=permit.probe_id)
+            self._publish(events.CircuitProbeCancel, c.id, probe_id=permit.probe_id)
         if result == "rate_limited":
             self._signal()  # this worker's own view changed at once
 

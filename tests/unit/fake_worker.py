@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections.abc import AsyncIterator
@@ -11,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents_stream.config import AppConfig
+from agents_stream.contract.events import OutcomeEvent, encode
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.executor import Executor
@@ -41,7 +43,8 @@ class Worker:
     executor: Executor
     circuits: Circuits
     log: MemoryCircuitsLog
-    outcomes: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    #: the outcome events it sent, as (task_id, event)
+    outcomes: list[tuple[str, OutcomeEvent]] = field(default_factory=list)
     controls: list[Control] = field(default_factory=list)
     lookups: list[tuple[str, str, int]] = field(default_factory=list)
     flow_changes: int = 0
@@ -53,7 +56,9 @@ class Worker:
         return task
 
     def events(self, task_id: str, kind: str | None = None) -> list[dict[str, Any]]:
-        return [o for t, o in self.outcomes if t == task_id and (kind is None or o["kind"] == kind)]
+        """The task's outcome events (of ``kind``) as the ledger reads them off the topic: their JSON."""
+        wire = [json.loads(encode(o)) for t, o in self.outcomes if t == task_id]
+        return [o for o in wire if kind is None or o["kind"] == kind]
 
     def control_events(self, prefix: str = "task.") -> list[tuple[str, str]]:
         return [(c.event, c.subject) for c in self.controls if c.event.startswith(prefix)]
@@ -120,7 +125,7 @@ async def worker(
     log.attach(circuits)
     holder: list[Worker] = []
 
-    async def send_outcome(task_id: str, outcome: dict[str, Any]) -> None:
+    async def send_outcome(task_id: str, outcome: OutcomeEvent) -> None:
         holder[0].outcomes.append((task_id, outcome))
 
     def send_control(event: str, subject: str, agent_name: str | None, details: dict[str, Any]) -> None:

@@ -71,7 +71,8 @@ async def test_running_tasks_renew_their_lease_with_heartbeats() -> None:
             w.dispatch("t1", dispatch=2)
             await w.outcome("t1")
     beats = w.events("t1", "heartbeat")
-    assert len(beats) >= 3 and all(b == {"kind": "heartbeat", "dispatch": 2, "owner": "w1"} for b in beats)
+    beat = {"schema_version": 1, "kind": "heartbeat", "worker": "w1", "dispatch": 2, "owner": "w1"}
+    assert len(beats) >= 3 and all(b == beat for b in beats)
 
 
 async def test_a_task_dispatched_twice_runs_once() -> None:

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from agents_stream.contract.events import CachedAnswer
 from agents_stream.execution.outputs import SIMPLIFY_PREFIX, fingerprint
 from agents_stream.testing.fakellm import FakeLLM, ok, status
 
@@ -71,7 +72,8 @@ async def test_below_every_provider_the_cached_answer_of_the_same_fingerprint_an
             task = w.dispatch("t1", dispatch=3)
             await w.until(lambda: w.lookups, what="a cache lookup")
             at = time.time() - 5
-            w.executor.cache_answer("t1", {"output": "yesterday's", "at": at, "task_id": "t0"})
+            w.executor.cache_answer("t1", CachedAnswer(
+                task_id="t0", output="yesterday's", source="primary:p:p-model", confidence="high", at=at))
             out = await w.outcome("t1")
     assert w.lookups == [("t1", fingerprint(AGENT, task.instruction, {}, None), 3)]
     assert (out["status"], out["confidence"], out["source"], out["output"]) == (
@@ -87,7 +89,8 @@ async def test_a_cached_answer_older_than_the_limit_is_not_used_and_the_task_hol
                           settings=settings) as w:
             w.dispatch("t1")
             await w.until(lambda: w.lookups, what="a cache lookup")
-            w.executor.cache_answer("t1", {"output": "stale", "at": time.time() - 120, "task_id": "t0"})
+            w.executor.cache_answer("t1", CachedAnswer(
+                task_id="t0", output="stale", source="primary:p:p-model", confidence="high", at=time.time() - 120))
             await w.until(lambda: w.control_events(), what="task.held")
             assert w.events("t1") == [] and w.executor.held == 1
     assert w.control_events() == [("task.held", "t1")]

@@ -1,0 +1,176 @@
+"""The ledger applies typed outcome and cache events: the TaskResult it stores and emits keeps today's bytes.
+
+A task's stored result is re-emitted byte for byte on every redelivery, so its JSON is pinned here for each kind
+of terminal outcome the executor sends (an answer, a cached answer, the partial result, a failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from agents_stream.tables import leases
+from agents_stream.tables.definitions import Tables
+from faust.types import TP
+
+from agents_stream.contract import topics
+from agents_stream.contract.events import (
+    JOB_EVENTS,
+    CacheLookup,
+    CacheReply,
+    CacheStore,
+    JobTaskResult,
+    OutcomeEvent,
+    decode,
+    encode,
+)
+from agents_stream.contract.events import OUTCOMES as OUTCOMES_FAMILY
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import run as outcome
+from agents_stream.execution.run import Answer, Rejected, Run
+from agents_stream.kafka.outbox import Outbox
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger import ledger as ledger_module
+from agents_stream.ledger.cache import AnswerCache
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ops.notify import Notifier
+from agents_stream.settings import Settings
+
+OUTCOMES = topics.outcomes_topic(Settings().app_id)
+ANSWERS = topics.answers_topic(Settings().app_id)
+AT = "2026-12-01T10:00:00.000Z"
+TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.", job_id="j1")
+
+
+class Table(dict):  # type: ignore[type-arg]
+    """A table as the ledger writes it: each write leaves a changelog future, confirmed at once."""
+
+    last_changelog: asyncio.Future[Any] | None = None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        super().__setitem__(key, value)
+        self.last_changelog = asyncio.get_running_loop().create_future()
+        self.last_changelog.set_result("ok")
+
+
+def _outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
+    """An outbox whose sends are kept as (topic, value) and confirmed at once."""
+    sent: list[tuple[str, bytes | None]] = []
+
+    def channel(topic: str) -> SimpleNamespace:
+        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
+            sent.append((topic, value))
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result("ok")
+            return fut
+
+        return SimpleNamespace(send_soon=send_soon)
+
+    async def no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
+        raise AssertionError("a first dead letter looks nothing up")
+
+    return Outbox(channel, Watermark(), "w1", find_dead_letter=no_lookup), sent
+
+
+def _event(tp: TP, offset: int, key: bytes, value: bytes) -> SimpleNamespace:
+    message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[])
+    return SimpleNamespace(message=message, key=key, value=value)
+
+
+async def _spin() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def _run() -> Run:
+    return Run(TASK, 1, "w2", calls=2, input_tokens=10, output_tokens=5, cost=0.25, route="easy: short ")
+
+
+def _succeeded() -> OutcomeEvent:
+    return outcome.succeeded(_run(), Answer({"n": 1}, "medium", "alternate:alt:alt-model"))
+
+
+def _cached() -> OutcomeEvent:
+    return outcome.succeeded(_run(), Answer("yesterday's", "low", "cache:t0"), cached_at=12.5)
+
+
+def _partial() -> OutcomeEvent:
+    return outcome.partial(_run())
+
+
+def _failed() -> OutcomeEvent:
+    return outcome.rejected(_run(), Rejected("invalid_output: no n", "the answer never matched", "primary:p"))
+
+
+USAGE = '"usage":{"input_tokens":10,"output_tokens":5,"cost":0.25}'
+RESULTS = [
+    (_succeeded, '{"schema_version":1,"task_id":"t1","agent_name":"a","status":"succeeded","output":{"n":1},'
+                 '"confidence":"medium","source":"alternate:alt:alt-model","partial":false,"attempts":1,'
+                 f'{USAGE},"job_id":"j1","error":null,"completed_at":"{AT}"}}'),
+    (_cached, '{"schema_version":1,"task_id":"t1","agent_name":"a","status":"succeeded","output":"yesterday\'s",'
+              '"confidence":"low","source":"cache:t0","partial":false,"attempts":1,'
+              f'{USAGE},"job_id":"j1","error":null,"completed_at":"{AT}"}}'),
+    (_partial, '{"schema_version":1,"task_id":"t1","agent_name":"a","status":"partial","output":null,'
+               '"confidence":"failed","source":"none","partial":true,"attempts":1,'
+               f'{USAGE},"job_id":"j1","error":"every provider of the agent was unavailable","completed_at":"{AT}"}}'),
+    (_failed, '{"schema_version":1,"task_id":"t1","agent_name":"a","status":"failed","output":null,'
+              '"confidence":"failed","source":"primary:p","partial":false,"attempts":1,'
+              f'{USAGE},"job_id":"j1","error":"the answer never matched","completed_at":"{AT}"}}'),
+]
+
+
+@pytest.mark.parametrize("make, expected", RESULTS, ids=["succeeded", "cached", "partial", "failed"])
+async def test_a_terminal_outcome_stores_and_emits_the_result_of_today(
+    make: Any, expected: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The outcome crosses the topic as its JSON; the ledger's TaskResult for it is today's, byte for byte, and
+    the job's fan-in carries the same result."""
+    monkeypatch.setattr(ledger_module, "utcnow_iso", lambda: AT)
+    outbox, sent = _outbox()
+    tasks = Table()
+    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    ledger = Ledger(
+        Settings(), executor=None, worker_id="w1", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
+        outbox=outbox, notifier=Notifier(),
+    )
+    record = leases.TaskRecord(
+        state=leases.RUNNING, agent="a", dispatch=1, owner="w2", lease_until=1e12, payload=TASK.model_dump_json(),
+        topic="agent.tasks.a", partition=0, offset=4, received_at=0.0,
+    )
+    tasks["t1"] = record.to_json()
+    value = encode(make())
+    tp = TP(OUTCOMES, 0)
+    ledger.handle(_event(tp, 9, b"t1", value))
+    await _spin()
+    assert tasks["t1"]["result"] == expected
+    assert [v for t, v in sent if t == topics.RESULTS] == [expected.encode()]
+    fanned = [decode(v, JOB_EVENTS) for t, v in sent if t == topics.JOB_EVENTS]
+    assert len(fanned) == 1 and isinstance(fanned[0], JobTaskResult)
+    assert fanned[0].result.model_dump(mode="json") == json.loads(expected)
+
+
+async def test_the_cache_stores_a_good_answer_and_replies_to_a_lookup_with_it() -> None:
+    """A store keeps the five fields of the answer; a lookup gets them back as a cache reply to its task, and an
+    entry no store wrote is answered as a miss (not an error inside the ledger)."""
+    outbox, sent = _outbox()
+    answers = Table()
+    cache = AnswerCache(answers, outbox, answers_topic=ANSWERS, outcomes_topic=OUTCOMES, worker_id="w1", agents={"a"})
+    tp = TP(ANSWERS, 3)
+    store = CacheStore(task_id="t0", output={"n": 1}, source="primary:p:p-model", confidence="high", at=2.5)
+    cache.on_event(tp, 0, b"fp", encode(store))
+    assert answers["fp"] == '{"task_id": "t0", "output": {"n": 1}, "source": "primary:p:p-model", ' \
+        '"confidence": "high", "at": 2.5}'
+    cache.on_event(tp, 1, b"fp", encode(CacheLookup(task_id="t1", dispatch=2)))
+    answers["bad"] = '{"task_id": "t0"}'
+    cache.on_event(tp, 2, b"bad", encode(CacheLookup(task_id="t2", dispatch=1)))
+    cache.on_event(tp, 3, b"none", encode(CacheLookup(task_id="t3", dispatch=1)))
+    await _spin()
+    replies = [decode(v, OUTCOMES_FAMILY) for t, v in sent if t == OUTCOMES]
+    assert replies == [
+        CacheReply(dispatch=2, worker="w1", answer=store.answer()),
+        CacheReply(dispatch=1, worker="w1", answer=None),
+        CacheReply(dispatch=1, worker="w1", answer=None),
+    ]
