@@ -157,7 +157,7 @@ class AgentConfig(BaseModel):
     #: past the budget: "cheaper" sends tasks to the light tier only, "hold" holds them until the day turns
     over_budget: Literal["cheaper", "hold"] = "cheaper"
     #: run every task of this agent as a saga:
-    #: "package.module:NAME" of an agents_stream.execution.saga_runner.SagaDefinition
+    #: "package.module:NAME" of an agents_stream.execution.saga_definitions.SagaDefinition
     saga: str | None = None
     #: human approval before a task runs (tables/approvals.py)
     approval: ApprovalPolicy | None = None

@@ -26,7 +26,7 @@ from agents_stream.contract.events import (
 from agents_stream.contract.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
-from agents_stream.ledger.poison import reason_of, send_dead_letter
+from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.settings import Settings
 from agents_stream.tables import jobs as machine
 from agents_stream.tables.definitions import Tables
@@ -104,10 +104,8 @@ class Orchestrator:
         try:
             request: JobRequest = parse_json_model(value, JobRequest, self.settings.payload_max_bytes)
         except PoisonMessage as poison:
-            log.warning("Dead-lettering job request %s[%d]@%d: %s", tp.topic, tp.partition, offset, poison)
-            send_dead_letter(
-                self.outbox, tp, offset, key, value, agent="", reason=reason_of(poison), layer="schema", attempts=1,
-                topic=topics.dlq_of(topics.JOBS),
+            dead_letter_unreadable(
+                self.outbox, tp, offset, key, value, poison, what="job request", topic=topics.dlq_of(topics.JOBS),
             )
             return
         if moved(self.outbox, self.settings.partitions, tp, offset, request.job_id, value, None):

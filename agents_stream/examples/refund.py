@@ -13,7 +13,7 @@ from typing import Any
 
 import aiohttp
 
-from agents_stream.execution.saga_runner import SagaDefinition, SagaStep, StepContext
+from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
 
 
 async def _call(operation: str, ctx: StepContext, body: dict[str, Any]) -> Any:

@@ -8,7 +8,7 @@ from typing import Callable
 from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
 from agents_stream.contract.models import Confidence
 from agents_stream.execution.outputs import OutputSpec
-from agents_stream.execution.saga_runner import SagaDefinition, load_saga
+from agents_stream.execution.saga_definitions import SagaDefinition, load_saga
 from agents_stream.providers.base import Provider
 
 __all__ = ["AgentPlan", "Tier", "at_least"]

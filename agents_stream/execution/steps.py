@@ -15,7 +15,7 @@ from agents_stream.execution import run as outcome
 from agents_stream.execution.call import SendControl
 from agents_stream.execution.ladder import Ladder
 from agents_stream.execution.run import Rejected, Run
-from agents_stream.execution.saga_runner import SagaDefinition, StepContext
+from agents_stream.execution.saga_definitions import SagaDefinition, StepContext
 from agents_stream.resilience.backoff import backoff
 from agents_stream.settings import Settings
 from agents_stream.tables import sagas as saga_machine

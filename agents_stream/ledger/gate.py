@@ -15,7 +15,7 @@ from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.models import ApprovalDecision, TaskPayload, TaskResult, parse_json_model, utcnow_iso
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import moved
-from agents_stream.ledger.poison import reason_of, send_dead_letter
+from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.ledger.records import record_of
 from agents_stream.ops.notify import Notifier, link, slack_message
 from agents_stream.settings import Settings
@@ -68,9 +68,8 @@ class ApprovalGate:
         try:
             decision: ApprovalDecision = parse_json_model(value, ApprovalDecision, self.settings.payload_max_bytes)
         except PoisonMessage as poison:
-            log.warning("Dead-lettering approval decision %s[%d]@%d: %s", tp.topic, tp.partition, offset, poison)
-            send_dead_letter(
-                self.outbox, tp, offset, key, value, agent="", reason=reason_of(poison), layer="schema", attempts=1,
+            dead_letter_unreadable(
+                self.outbox, tp, offset, key, value, poison, what="approval decision",
                 topic=topics.dlq_of(topics.APPROVALS),
             )
             return None

@@ -43,6 +43,17 @@ def reason_of(poison: PoisonMessage) -> str:
     return poison.reason + (f": {poison.detail}" if poison.detail else "")
 
 
+def dead_letter_unreadable(
+    outbox: Outbox, tp: TP, offset: int, key: bytes | None, value: bytes | None, poison: PoisonMessage, *,
+    what: str, topic: str,
+) -> None:
+    """A record of ``what`` (an approval decision, a job request) that cannot be read: one dead letter on ``topic``."""
+    log.warning("Dead-lettering %s %s[%d]@%d: %s", what, tp.topic, tp.partition, offset, poison)
+    send_dead_letter(
+        outbox, tp, offset, key, value, agent="", reason=reason_of(poison), layer="schema", attempts=1, topic=topic,
+    )
+
+
 def send_dead_letter(
     outbox: Outbox, tp: TP, offset: int, key: bytes | None, value: bytes | None, *, agent: str, reason: str,
     layer: str, attempts: int, headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None,

@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from agents_stream.contract.models import TaskPayload
-from agents_stream.execution.saga_runner import SagaDefinition, SagaStep, StepContext
+from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
 from agents_stream.testing.fakellm import FakeLLM, ok
 
 from .fake_worker import AGENT, worker
