@@ -92,14 +92,8 @@ async def ensure_topics(
     """Create the input topics, the tables' changelogs (``compacted``) and ``others`` that are missing, and wait
     until the broker describes every one of them (and, with ``group``, names that group's coordinator).
 
-    Faust creates them as its agents and tables start, moments before the
-    consumer joins its group; on a fresh broker the group leader's metadata
-    could predate them, and the assignment then left a topic out ("Ignoring
-    missing topic") until a metadata refresh minutes later: an input topic was
-    not read, or a changelog (the approval timers') was not assigned, so its
-    table stayed empty. Done before the consumer starts, nothing is left out.
-    ``others`` are topics read by clients of their own (the circuits log):
-    created here, they are in the metadata before those clients ask for them.
+    Before the consumer joins its group, so no assignment leaves a topic out (docs/decisions.md, "Topics made
+    before the group is joined").
 
     Every input topic must also have AGENTS_STREAM_PARTITIONS partitions (the
     tables are co-partitioned with them). One created earlier with another

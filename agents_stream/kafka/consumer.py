@@ -84,16 +84,8 @@ class WatermarkConsumer(AIOKafkaConsumer):
         return records
 
     def pause_partitions(self, tps: Any) -> None:
-        """Stop fetching ``tps`` without dropping the batch being delivered.
-
-        Faust's ``getmany`` checks every record of a fetched batch against the
-        live set of active partitions; removing a partition from that set in
-        place while a batch is delivered silently drops the rest of the batch,
-        whose offsets aiokafka has already passed, so nothing fetches them
-        again (found by the all-providers-down test; FAUST-NOTES.md says
-        buffered events still arrive, which holds only between batches). A new
-        set leaves the batch in delivery with the set it started with.
-        """
+        """Stop fetching ``tps`` without dropping the batch being delivered: a new active set, not the one the
+        running batch checks its records against (docs/decisions.md, "Pausing without dropping a batch")."""
         tpset = ensure_TPset(tps)
         self._active_partitions = set(self._get_active_partitions()) - tpset
         self._paused_partitions.update(tpset)
