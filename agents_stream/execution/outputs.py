@@ -159,6 +159,11 @@ class OutputSpec:
         self.model = model
         self._validator = _compiled(_schema_key(schema)) if schema is not None else None
 
+    @property
+    def validator(self) -> Any:
+        """The compiled JSON-schema validator (shared by every spec of the same schema), or None for a model."""
+        return self._validator
+
     @classmethod
     def from_schema(cls, schema: dict[str, Any]) -> OutputSpec:
         return cls(schema=schema)

@@ -280,4 +280,4 @@ def test_fingerprint_differs_by_agent_instruction_and_context() -> None:
 def test_validators_are_compiled_once_per_schema() -> None:
     """Every task of an agent reuses one compiled validator, whatever the schema's key order."""
     reordered = {"required": ["summary", "score"], "properties": SCHEMA["properties"], "type": "object"}
-    assert OutputSpec.from_schema(SCHEMA)._validator is OutputSpec.from_schema(reordered)._validator
+    assert OutputSpec.from_schema(SCHEMA).validator is OutputSpec.from_schema(reordered).validator
