@@ -44,7 +44,13 @@ allow() {
     if [[ -n "$PRINT" ]]; then
         echo "scripts/kafka-tool acls --bootstrap-server $BOOTSTRAP ${args[*]}"
     else
-        timeout 120 "$SCRIPT_DIR/kafka-tool" acls "${CONNECT[@]}" "${args[@]}" >/dev/null
+        local out
+        if ! out="$(timeout 120 "$SCRIPT_DIR/kafka-tool" acls "${CONNECT[@]}" "${args[@]}" 2>&1)"; then
+            echo "$out" >&2
+            echo "acls.sh: could not add the ACLs of User:$principal on $BOOTSTRAP (AclCommand's output above)." \
+                "Is the broker up with an authorizer (scripts/broker.sh: KAFKA_ACLS=1)?" >&2
+            exit 1
+        fi
     fi
 }
 
