@@ -7,11 +7,7 @@ blocked event loop cannot hide it); the providers are fake LLM servers over HTTP
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -19,52 +15,9 @@ import pytest
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.schemas import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from agents_stream.testing.fakellm import FakeLLM, ok
+from agents_stream.testing.silent import SilentServer
 
 from .fake_worker import worker
-
-
-class SilentServer:
-    """Accepts TCP connections, counts them, never answers; closes each after ``hold_s`` (so a client stuck on
-    it, as jsonschema's urllib fetch is, ends and the test fails instead of hanging)."""
-
-    def __init__(self, hold_s: float = 5.0) -> None:
-        self.hold_s = hold_s
-        self.connections = 0
-        self._sock = socket.socket()
-        self._sock.bind(("127.0.0.1", 0))
-        self._sock.listen(8)
-        self._sock.settimeout(0.1)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="silent-server", daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self._sock.getsockname()[1]}/schema.json"
-
-    def _serve(self) -> None:
-        held: list[tuple[socket.socket, float]] = []
-        while not self._stop.is_set():
-            try:
-                conn, _ = self._sock.accept()
-                self.connections += 1
-                held.append((conn, time.monotonic() + self.hold_s))
-            except TimeoutError:
-                pass
-            for conn, until in [h for h in held if h[1] < time.monotonic()]:
-                conn.close()
-                held.remove((conn, until))
-        for conn, _ in held:
-            conn.close()
-
-    @contextmanager
-    def running(self) -> Iterator[SilentServer]:
-        self._thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            self._thread.join(timeout=5)
-            self._sock.close()
 
 
 def _remote_schemas(url: str) -> list[dict[str, Any]]:
@@ -212,3 +165,15 @@ async def test_a_backtracking_pattern_neither_stalls_the_loop_nor_other_tasks(pa
     assert plain["kind"] == "succeeded" and plain["output"] == answer
     assert evil["kind"] == "failed" and evil["reason"].startswith(reason), evil["reason"]
     assert max(gaps) < 0.3, f"the event loop stalled for {max(gaps):.1f}s"
+
+
+def test_a_schema_that_multiplies_its_own_work_stops_at_the_budget() -> None:
+    """Thirty levels of allOf over two $refs to the level below is 2**30 checks of one integer: stopped in time."""
+    defs: dict[str, Any] = {"d0": {"type": "integer"}}
+    for i in range(1, 30):
+        defs[f"d{i}"] = {"allOf": [{"$ref": f"#/$defs/d{i - 1}"}, {"$ref": f"#/$defs/d{i - 1}"}]}
+    spec = OutputSpec.from_schema({"$defs": defs, "$ref": "#/$defs/d29"})
+    start = time.monotonic()
+    with pytest.raises(CheckAborted, match="checking the answer ran out of time"):
+        spec.check("1", budget_s=0.3)
+    assert time.monotonic() - start < 2.0
