@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -205,6 +206,13 @@ class Settings:
                 values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else kind(raw)
         values.update(overrides)
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        # float("inf") and float("nan") parse; a lease, a backoff or a grace of either disables what it bounds
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, float) and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.metadata['env']}={value!r} is not a finite number")
 
     def jobs_enabled(self) -> bool:
         if self.jobs == "auto":

@@ -131,7 +131,8 @@ def _schema_key(schema: dict[str, Any]) -> str:
     if not isinstance(schema, dict):
         raise ValueError(f"invalid output_schema: expected a JSON object, got {type(schema).__name__}")
     try:
-        return json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        # allow_nan=False: NaN and Infinity are not JSON (a TOML schema can hold them)
+        return json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid output_schema: not JSON-serialisable: {exc}") from None
     except RecursionError:
