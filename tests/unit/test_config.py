@@ -11,9 +11,9 @@ from pydantic import BaseModel, ValidationError
 
 from agents_stream.config import (
     AgentConfig,
+    AppConfig,
     ApprovalLevel,
     ApprovalPolicy,
-    AppConfig,
     BreakerConfig,
     Price,
     ProviderConfig,
@@ -308,7 +308,8 @@ LEVEL = {"name": "lead", "timeout_s": 5}
 #: a valid instance of every config model with a float field, to put one bad float into
 MINIMAL: dict[type[BaseModel], dict[str, Any]] = {
     BreakerConfig: {}, Price: {}, ProviderConfig: {"kind": "local"}, ApprovalLevel: LEVEL,
-    ApprovalPolicy: {"levels": [LEVEL], "amount_field": "amount", "amount_above": 100}, AgentConfig: {"providers": ["p"]},
+    ApprovalPolicy: {"levels": [LEVEL], "amount_field": "amount", "amount_above": 100},
+    AgentConfig: {"providers": ["p"]},
 }
 FLOAT_FIELDS = [
     (model, name) for model in MINIMAL for name, info in model.model_fields.items()
