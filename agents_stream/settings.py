@@ -127,8 +127,8 @@ class Settings:
     )
     output_check_budget_s: float = _setting(
         "AGENTS_STREAM_OUTPUT_CHECK_BUDGET_S", 1.0,
-        "Longest check of one answer against its output schema (off the event loop); past it the task fails as "
-        "output_check_aborted (a pattern that backtracks without end).",
+        "CPU seconds one check of an answer against its output schema may use (off the event loop); past them the "
+        "task fails as output_check_aborted (a pattern that backtracks without end).",
     )
     dlq_retention_days: int = _setting("AGENTS_STREAM_DLQ_RETENTION_DAYS", 30, "Retention of the dead-letter topics.")
     shutdown_grace_s: float = _setting(

@@ -31,7 +31,7 @@ __all__ = [
     "with_format",
 ]
 
-#: how long one check of an answer may take at most (seconds); past it: CheckAborted
+#: CPU seconds one check of an answer may use at most; past them: CheckAborted
 CHECK_BUDGET_S = 1.0
 #: how much of a rejection reason goes back to the model, and into FormatError messages
 _ERROR_CHARS = 300
@@ -202,7 +202,7 @@ class OutputSpec:
 
     def check(self, text: str, *, budget_s: float = CHECK_BUDGET_S) -> Any:
         """The parsed answer (a JSON value) when it is valid; else FormatError saying why, or CheckAborted when
-        the schema could not be applied within ``budget_s`` seconds (a slow pattern, a $ref cycle)."""
+        the schema could not be applied within ``budget_s`` CPU seconds (a slow pattern, a $ref cycle)."""
         body = _strip_fence(text).strip()
         value = _parse_json(body)
         if self.model is not None:

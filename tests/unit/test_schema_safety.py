@@ -81,10 +81,10 @@ def test_patterns_keep_their_meaning_on_the_bounded_engine() -> None:
 def test_a_catastrophic_pattern_stops_at_the_budget_with_a_clear_reason() -> None:
     """^(a|aa)+$ against forty a's and a "!" backtracks without end: the check stops at its budget, saying so."""
     spec = OutputSpec.from_schema({"type": "string", "pattern": "^(a|aa)+$"})
-    start = time.monotonic()
+    start = time.thread_time()  # the budget is CPU time: a loaded machine stretches the clock, not the work
     with pytest.raises(CheckAborted, match=r"pattern '\^\(a\|aa\)\+\$' ran out of time on a string of 41 characters"):
         spec.check('"' + "a" * 40 + '!"', budget_s=0.2)
-    assert time.monotonic() - start < 2.0
+    assert time.thread_time() - start < 0.7
 
 
 async def test_the_check_runs_off_the_loop() -> None:
@@ -102,10 +102,11 @@ async def test_the_check_runs_off_the_loop() -> None:
 
     tick = asyncio.create_task(ticker())
     with pytest.raises(CheckAborted):
-        await asyncio.wait_for(spec.check_async('"' + "a" * 40 + '!"', budget_s=0.5), timeout=5)
+        await asyncio.wait_for(spec.check_async('"' + "a" * 40 + '!"', budget_s=2.0), timeout=60)
     done.set()
     await tick
-    assert len(gaps) > 10 and max(gaps) < 0.25, f"the loop stalled: longest gap {max(gaps):.2f}s"
+    # on the loop the check would hold it for the whole budget; the bound leaves room for a loaded machine
+    assert len(gaps) > 10 and max(gaps) < 1.0, f"the loop stalled: longest gap {max(gaps):.2f}s"
 
 
 async def test_a_task_whose_schema_points_at_a_server_fails_and_the_server_is_never_reached() -> None:
@@ -134,7 +135,7 @@ async def test_an_agent_schema_that_points_at_a_server_stops_the_worker_at_start
 @pytest.mark.parametrize(("pattern", "text", "reason"), [
     # on Python's re this takes seconds (exponential); the regex engine answers at once: no match
     ("^(a+)+$", "a" * 27 + "!", "invalid_output: $.n: "),
-    # this one is slow on both engines: the budget (AGENTS_STREAM_OUTPUT_CHECK_BUDGET_S, 1 s) stops it
+    # this one is slow on both engines: the budget (AGENTS_STREAM_OUTPUT_CHECK_BUDGET_S, 1 CPU second) stops it
     ("^(a|aa)+$", "a" * 36 + "!", "output_check_aborted: pattern '^(a|aa)+$' ran out of time"),
 ])
 async def test_a_backtracking_pattern_neither_stalls_the_loop_nor_other_tasks(pattern: str, text: str,
@@ -158,13 +159,13 @@ async def test_a_backtracking_pattern_neither_stalls_the_loop_nor_other_tasks(pa
             tick = asyncio.create_task(ticker())
             w.dispatch("evil", output_schema=schema)
             w.dispatch("plain")
-            plain = await w.outcome("plain", timeout=15)
-            evil = await w.outcome("evil", timeout=15)
+            plain = await w.outcome("plain", timeout=60)
+            evil = await w.outcome("evil", timeout=60)
             stop.set()
             await tick
     assert plain["kind"] == "succeeded" and plain["output"] == answer
     assert evil["kind"] == "failed" and evil["reason"].startswith(reason), evil["reason"]
-    assert max(gaps) < 0.3, f"the event loop stalled for {max(gaps):.1f}s"
+    assert max(gaps) < 0.8, f"the event loop stalled for {max(gaps):.1f}s"  # on the loop: seconds
 
 
 def test_a_schema_that_multiplies_its_own_work_stops_at_the_budget() -> None:
@@ -173,7 +174,7 @@ def test_a_schema_that_multiplies_its_own_work_stops_at_the_budget() -> None:
     for i in range(1, 30):
         defs[f"d{i}"] = {"allOf": [{"$ref": f"#/$defs/d{i - 1}"}, {"$ref": f"#/$defs/d{i - 1}"}]}
     spec = OutputSpec.from_schema({"$defs": defs, "$ref": "#/$defs/d29"})
-    start = time.monotonic()
+    start = time.thread_time()
     with pytest.raises(CheckAborted, match="checking the answer ran out of time"):
         spec.check("1", budget_s=0.3)
-    assert time.monotonic() - start < 2.0
+    assert time.thread_time() - start < 0.8
