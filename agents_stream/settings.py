@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -124,6 +125,11 @@ class Settings:
         "AGENTS_STREAM_PAYLOAD_MAX_BYTES", 262144,
         "Larger task payloads are dead-lettered as payload_too_large.",
     )
+    output_check_budget_s: float = _setting(
+        "AGENTS_STREAM_OUTPUT_CHECK_BUDGET_S", 1.0,
+        "CPU seconds one check of an answer against its output schema may use (off the event loop); past them the "
+        "task fails as output_check_aborted (a pattern that backtracks without end).",
+    )
     dlq_retention_days: int = _setting("AGENTS_STREAM_DLQ_RETENTION_DAYS", 30, "Retention of the dead-letter topics.")
     shutdown_grace_s: float = _setting(
         "AGENTS_STREAM_SHUTDOWN_GRACE_S", 10.0,
@@ -200,6 +206,13 @@ class Settings:
                 values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else kind(raw)
         values.update(overrides)
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        # float("inf") and float("nan") parse; a lease, a backoff or a grace of either disables what it bounds
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, float) and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.metadata['env']}={value!r} is not a finite number")
 
     def jobs_enabled(self) -> bool:
         if self.jobs == "auto":
