@@ -113,10 +113,12 @@ def host_allowed(host: str | None, allowed: frozenset[tuple[str, int]]) -> bool:
     if not host:
         return False
     try:
-        name, port = _split_host(host, 80)
+        name, port = _split_host(host, ANY_PORT)
     except ValueError:
         return False
-    return (name, port) in allowed or (name, ANY_PORT) in allowed
+    # No port: the scheme's default, 80 or 443 (behind a TLS proxy the worker cannot tell which).
+    ports = (80, 443) if port == ANY_PORT else (port,)
+    return (name, ANY_PORT) in allowed or any((name, p) in allowed for p in ports)
 
 
 def _bearer(authorization: str, token: str) -> bool:
