@@ -164,6 +164,8 @@ def guard(settings: Settings) -> Any:
         if pattern in OPEN_ROUTES:
             return await handler(request)
         host = request.headers.get("Host")
+        if not host and not host_allowed("", allowed):
+            return _refusal(400, "a Host header naming this worker is required (HTTP/1.1)")
         if not host_allowed(host, allowed):
             return _refusal(421, (
                 f"this worker does not answer to Host {host!r}: ask it at its own address (WEB_HOST:WEB_PORT or "

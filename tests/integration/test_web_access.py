@@ -57,7 +57,7 @@ async def test_task_data_needs_the_read_or_the_write_token(cluster_factory):
 async def test_a_host_header_naming_another_site_is_refused(cluster_factory):
     """DNS rebinding: a request naming another host is 421 on every data view and the console, even with the
     token; localhost aliases of a loopback bind and AGENTS_STREAM_WEB_ALLOWED_HOSTS names are answered; the probes
-    answer any Host."""
+    answer any Host; a request without Host is a 400."""
     c = cluster_factory([unique("access")], None, AGENTS_STREAM_API_TOKEN=WRITE,
                         AGENTS_STREAM_WEB_ALLOWED_HOSTS="proxy.internal")
     w = await c.started()
@@ -70,6 +70,11 @@ async def test_a_host_header_naming_another_site_is_refused(cluster_factory):
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"[::1]:{port}", "proxy.internal", "proxy.internal:443"):
         status, body, _ = await fetch(w, "/tasks/x", token=WRITE, host=host)
         assert status == 404 and body == {"error": "unknown task_id 'x'"}, (host, status, body)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(f"GET /tasks/x HTTP/1.0\r\nAuthorization: Bearer {WRITE}\r\n\r\n".encode())
+    answer = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    assert answer.startswith(b"HTTP/1.0 400") and b"a Host header naming this worker is required" in answer, answer
 
 
 async def test_open_mode_is_refused_on_a_non_loopback_bind(cluster_factory):
