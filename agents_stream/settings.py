@@ -176,16 +176,32 @@ class Settings:
     )
     api_token: str = _setting(
         "AGENTS_STREAM_API_TOKEN", "",
-        "Bearer token mutating web endpoints require (approve, reject).",
+        "Bearer token mutating web endpoints require (approve, reject, requeue, cancel); it grants reads too.",
+    )
+    read_token: str = _setting(
+        "AGENTS_STREAM_READ_TOKEN", "",
+        "Bearer token that grants reads of task data (/tasks, /jobs, /approvals, /dlq, /circuits) but no mutation; "
+        "empty: only AGENTS_STREAM_API_TOKEN reads.",
     )
     api_open: bool = _setting(
         "AGENTS_STREAM_API_OPEN", False,
-        "Allow mutating web endpoints without a token (logged at start). Only for local demos.",
+        "Allow every web endpoint without a token (logged at start). Only for local demos: refused at start unless "
+        "the web views listen on a loopback address.",
+    )
+    web_allowed_hosts: str = _setting(
+        "AGENTS_STREAM_WEB_ALLOWED_HOSTS", "",
+        "Comma-separated extra Host header values the web views answer (name or name:port; a name alone: any port; "
+        "* turns the check off), besides WEB_HOST:WEB_PORT, the public URL's host and, on loopback, localhost.",
+    )
+    web_dlq_reads: int = _setting(
+        "AGENTS_STREAM_WEB_DLQ_READS", 2,
+        "Dead-letter reads (GET /dlq, GET /dlq/<ref>, requeue look-ups) one worker runs at once; more answer 503 "
+        "with Retry-After.",
     )
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
 
     #: never printed, logged or sent
-    SECRETS = frozenset({"approval_secret", "api_token", "kafka_sasl_password"})
+    SECRETS = frozenset({"approval_secret", "api_token", "read_token", "kafka_sasl_password"})
 
     def __repr__(self) -> str:
         # A logged or printed Settings must not carry a secret.
