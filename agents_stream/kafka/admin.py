@@ -196,7 +196,7 @@ def _warn_under_replicated(described: dict[str, list[dict[str, Any]]], replicati
     if fewer:
         log.warning(
             "Topics %s have fewer than %d replicas (made earlier, or by hand): a broker lost takes their partitions "
-            "with it. Add replicas with kafka-reassign-partitions (docs/cluster.md).",
+            "with it. Add replicas with scripts/kafka-tool reassign-partitions (docs/cluster.md).",
             ", ".join(fewer), replication.factor,
         )
 
