@@ -87,10 +87,13 @@ class AgentsStreamApp(faust.App):
     async def on_start(self) -> None:
         # Before the consumer joins its group (children start after on_start): see ensure_topics.
         changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
-        await ensure_topics(
-            self.agents_settings, self.input_topics, self.conf.topic_replication_factor, compacted=changelogs,
-            others=[CIRCUITS_SPEC], group=self.conf.id,
+        replication = await ensure_topics(
+            self.agents_settings, self.input_topics, compacted=changelogs, others=[CIRCUITS_SPEC], group=self.conf.id,
         )
+        # The topics Faust declares itself (the runtime's output topics, its assignor's) get the same replication.
+        self.conf.topic_replication_factor = replication.factor
+        for topic in self.runtime.output_topics if self.runtime is not None else ():
+            topic.config = {**replication.topic_configs(), **(topic.config or {})}
         await super().on_start()
 
     async def on_stop(self) -> None:
@@ -356,6 +359,7 @@ def _new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Age
         input_topics=inputs,
         broker=settings.broker, broker_credentials=credentials,
         store="rocksdb://", datadir=settings.worker_data_dir(datadir_option(sys.argv)),
+        # topic_replication_factor: set in on_start, once the brokers are known (admin.replication_for)
         topic_partitions=settings.partitions, topic_replication_factor=1, key_serializer="raw", value_serializer="raw",
         web_port=settings.web_port, web_host=settings.web_host, web_bind=settings.web_bind or settings.web_host,
         web_enabled=True, web_tables_enabled=False,

@@ -95,6 +95,15 @@ class Settings:
         "AGENTS_STREAM_PARTITIONS", 8,
         "Partitions of every topic the app creates: the ceiling of scale-out.",
     )
+    replication_factor: int = _setting(
+        "AGENTS_STREAM_REPLICATION_FACTOR", 0,
+        "Replicas of every topic the app creates; 0: min(3, brokers in the cluster at start) (docs/cluster.md).",
+    )
+    min_insync_replicas: int = _setting(
+        "AGENTS_STREAM_MIN_INSYNC_REPLICAS", 0,
+        "min.insync.replicas of every topic the app creates (acks=all writes need that many replicas); "
+        "0: 2 with three or more replicas, else 1.",
+    )
     max_in_flight: int = _setting("AGENTS_STREAM_MAX_IN_FLIGHT", 64, "Provider calls one worker runs at once.")
     max_queued: int = _setting(
         "AGENTS_STREAM_MAX_QUEUED", 256,

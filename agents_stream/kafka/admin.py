@@ -39,6 +39,38 @@ CIRCUITS_SPEC = TopicSpec(
 )
 
 
+@dataclass(frozen=True)
+class Replication:
+    """How every topic the app creates is replicated: ``factor`` copies, and a write with acks=all counts once
+    ``min_insync`` of them have it (docs/cluster.md)."""
+
+    factor: int
+    min_insync: int
+
+    def topic_configs(self) -> dict[str, str]:
+        return {"min.insync.replicas": str(self.min_insync)}
+
+
+def replication_for(settings: Settings, brokers: int) -> Replication:
+    """AGENTS_STREAM_REPLICATION_FACTOR and AGENTS_STREAM_MIN_INSYNC_REPLICAS, their 0 (auto) resolved against
+    ``brokers``, the brokers the cluster's metadata lists: min(3, brokers) replicas, and 2 in sync with three or
+    more (one broker may fail and writes go on, and an acknowledged write is on two brokers), else 1."""
+    factor = settings.replication_factor or max(1, min(3, brokers))
+    min_insync = settings.min_insync_replicas or (2 if factor >= 3 else 1)
+    if factor < 1 or min_insync < 1 or min_insync > factor:
+        raise SystemExit(
+            f"AGENTS_STREAM_REPLICATION_FACTOR={factor} and AGENTS_STREAM_MIN_INSYNC_REPLICAS={min_insync}: "
+            "both must be at least 1 and min.insync.replicas at most the replication factor (0 chooses both)"
+        )
+    if factor > 1 and min_insync == factor:
+        log.warning(
+            "min.insync.replicas=%d equals the replication factor: one broker down stops every write "
+            "(NotEnoughReplicas). Set AGENTS_STREAM_MIN_INSYNC_REPLICAS=%d to survive one broker.",
+            min_insync, factor - 1,
+        )
+    return Replication(factor, min_insync)
+
+
 def input_topics(settings: Settings, agents: list[str]) -> list[str]:
     """The topics the ledger agent reads: its agents' tasks, its own outcomes and answers, the shared ones."""
     inputs = [
@@ -83,14 +115,14 @@ def output_topics(app: faust.App, settings: Settings, config: AppConfig, agents:
 async def ensure_topics(
     settings: Settings,
     names: list[str],
-    replication: int,
     timeout: float = 60.0,
     compacted: list[str] | None = None,
     others: list[TopicSpec] | None = None,
     group: str | None = None,
-) -> None:
+) -> Replication:
     """Create the input topics, the tables' changelogs (``compacted``) and ``others`` that are missing, and wait
-    until the broker describes every one of them (and, with ``group``, names that group's coordinator).
+    until the broker describes every one of them (and, with ``group``, names that group's coordinator). Returns
+    the replication they were made with (``replication_for`` the brokers up now), for the topics Faust declares.
 
     Before the consumer joins its group, so no assignment leaves a topic out (docs/decisions.md, "Topics made
     before the group is joined").
@@ -103,27 +135,20 @@ async def ensure_topics(
     compacted = compacted or []
     others = others or []
     try:
+        brokers = len((await asyncio.wait_for(admin.describe_cluster(), timeout=30.0)).get("brokers") or ())
+        replication = replication_for(settings, brokers)
         existing = set(await asyncio.wait_for(admin.list_topics(), timeout=30.0))
-        missing = [NewTopic(name, settings.partitions, replication) for name in names if name not in existing]
-        missing += [
-            NewTopic(name, settings.partitions, replication, topic_configs={"cleanup.policy": "compact"})
-            for name in compacted if name not in existing
-        ]
-        missing += [
-            NewTopic(t.name, t.partitions, replication, topic_configs=t.configs)
-            for t in others if t.name not in existing
-        ]
-        if missing:
-            try:
-                await asyncio.wait_for(admin.create_topics(missing), timeout=30.0)
-            except TopicAlreadyExistsError:
-                pass  # another worker starting at the same time made them
-            log.info("Created topics %s", ", ".join(sorted(t.name for t in missing)))
-        counts = await _described(admin, names + compacted + [t.name for t in others], timeout)
+        specs = [TopicSpec(name, settings.partitions) for name in names]
+        specs += [TopicSpec(name, settings.partitions, {"cleanup.policy": "compact"}) for name in compacted]
+        specs += others
+        await _create_missing(admin, [t for t in specs if t.name not in existing], replication, brokers)
+        described = await _described(admin, [t.name for t in specs], timeout)
         if group is not None:
             await _coordinator(admin, group, timeout)
     finally:
         await admin.close()
+    _warn_under_replicated(described, replication)
+    counts = {t: len(parts) for t, parts in described.items()}
     wrong = {t: n for t, n in counts.items() if n != settings.partitions and t in names}
     if wrong:
         message = (
@@ -134,6 +159,46 @@ async def ensure_topics(
         )
         log.critical(message)
         raise SystemExit(message)
+    return replication
+
+
+async def _create_missing(
+    admin: AIOKafkaAdminClient, missing: list[TopicSpec], replication: Replication, brokers: int,
+) -> None:
+    if not missing:
+        return
+    if replication.factor > brokers:
+        message = (
+            f"Cannot create topics {sorted(t.name for t in missing)} with {replication.factor} replicas: the cluster "
+            f"lists {brokers} broker(s) up. Start the missing brokers, or lower AGENTS_STREAM_REPLICATION_FACTOR"
+        )
+        log.critical(message)
+        raise SystemExit(message)
+    new = [
+        NewTopic(t.name, t.partitions, replication.factor, topic_configs={**replication.topic_configs(), **t.configs})
+        for t in missing
+    ]
+    try:
+        await asyncio.wait_for(admin.create_topics(new), timeout=30.0)
+    except TopicAlreadyExistsError:
+        pass  # another worker starting at the same time made them
+    log.info(
+        "Created topics %s (%d replicas, min.insync.replicas=%d)",
+        ", ".join(sorted(t.name for t in missing)), replication.factor, replication.min_insync,
+    )
+
+
+def _warn_under_replicated(described: dict[str, list[dict[str, Any]]], replication: Replication) -> None:
+    """Topics made earlier with fewer replicas keep them (the app never reassigns partitions): say so once."""
+    fewer = sorted(
+        t for t, parts in described.items() if min(len(p.get("replicas") or ()) for p in parts) < replication.factor
+    )
+    if fewer:
+        log.warning(
+            "Topics %s have fewer than %d replicas (made earlier, or by hand): a broker lost takes their partitions "
+            "with it. Add replicas with scripts/kafka-tool reassign-partitions (docs/cluster.md).",
+            ", ".join(fewer), replication.factor,
+        )
 
 
 async def _connected_admin(settings: Settings) -> AIOKafkaAdminClient:
@@ -154,16 +219,18 @@ async def _connected_admin(settings: Settings) -> AIOKafkaAdminClient:
     return admin
 
 
-async def _described(admin: AIOKafkaAdminClient, names: list[str], timeout: float) -> dict[str, int]:
-    """Partition counts of ``names`` once the broker describes them all; SystemExit after ``timeout``."""
+async def _described(
+    admin: AIOKafkaAdminClient, names: list[str], timeout: float,
+) -> dict[str, list[dict[str, Any]]]:
+    """The partitions of ``names`` once the broker describes them all; SystemExit after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         described: list[dict[str, Any]] = await asyncio.wait_for(admin.describe_topics(names), timeout=30.0)
-        counts = {t["topic"]: len(t.get("partitions") or ()) for t in described}
-        if all(counts.get(n) for n in names):
-            return counts
+        parts = {t["topic"]: list(t.get("partitions") or ()) for t in described}
+        if all(parts.get(n) for n in names):
+            return parts
         if time.monotonic() > deadline:
-            late = [n for n in names if not counts.get(n)]
+            late = [n for n in names if not parts.get(n)]
             raise SystemExit(f"Topics not visible on the broker after {timeout:.0f}s: {late}")
         await asyncio.sleep(0.2)
 

@@ -20,6 +20,7 @@ from aiokafka.structs import OffsetAndMetadata
 from faust.transport.consumer import ensure_TPset
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
 from faust.transport.drivers.aiokafka import Consumer as AIOKafkaConsumer
+from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
@@ -180,10 +181,20 @@ def _drop_records(records: Any, drops: dict[str, int]) -> Any:
     return kept
 
 
+class IdempotentProducer(AIOKafkaProducer):
+    """Faust's aiokafka producer with idempotence on (Faust sets it only inside transactions): a batch retried
+    after a leader failover is written once, not twice (docs/cluster.md). Needs acks=all, which the app sets."""
+
+    def _settings_extra(self) -> Mapping[str, Any]:
+        return {**super()._settings_extra(), "enable_idempotence": True}
+
+
 class WatermarkTransport(AIOKafkaTransport):
-    """Faust's aiokafka transport whose consumers commit ``commits.watermark`` on the managed topics."""
+    """Faust's aiokafka transport whose consumers commit ``commits.watermark`` on the managed topics, and whose
+    producers are idempotent."""
 
     Consumer = WatermarkConsumer
+    Producer = IdempotentProducer
 
     def __init__(self, url: Any, app: Any, commits: Commits, loop: Any = None) -> None:
         super().__init__(url, app, loop=loop)

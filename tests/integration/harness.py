@@ -250,12 +250,13 @@ async def read_topic(
     until: Callable[[list[Any]], bool],
     timeout: float,
     keep: Callable[[Any], bool] = lambda m: True,
+    bootstrap: str = BOOTSTRAP,
 ) -> list[Any]:
     """All records of ``topic`` from the beginning that ``keep`` accepts, once ``until`` holds."""
     # A consumer subscribed before its topic exists would not see it for minutes (metadata age).
-    await eventually(lambda: topic_exists(topic), timeout=min(timeout, 30), what=f"topic {topic}")
+    await eventually(lambda: topic_exists(topic, bootstrap), timeout=min(timeout, 30), what=f"topic {topic}")
     consumer = AIOKafkaConsumer(
-        topic, bootstrap_servers=BOOTSTRAP, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None,
+        topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", enable_auto_commit=False, group_id=None,
     )
     await asyncio.wait_for(consumer.start(), 30)
     seen: list[Any] = []
@@ -276,13 +277,14 @@ async def read_topic(
         await consumer.stop()
 
 
-async def results_for(ids: set[str], timeout: float) -> dict[str, list[Any]]:
+async def results_for(ids: set[str], timeout: float, bootstrap: str = BOOTSTRAP) -> dict[str, list[Any]]:
     """agent.results records keyed by task_id, for these ids; waits until each has one."""
     msgs = await read_topic(
         "agent.results",
         until=lambda seen: {m.key.decode() for m in seen} >= ids,
         timeout=timeout,
         keep=lambda m: m.key is not None and m.key.decode() in ids,
+        bootstrap=bootstrap,
     )
     out: dict[str, list[Any]] = {}
     for m in msgs:
@@ -307,8 +309,8 @@ async def uncommitted(group: str, topic: str) -> int:
     return sum(end - max(done.get(p, 0), 0) for p, end in ends.items())
 
 
-async def topic_exists(topic: str) -> bool:
-    admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
+async def topic_exists(topic: str, bootstrap: str = BOOTSTRAP) -> bool:
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await asyncio.wait_for(admin.start(), 30)
     try:
         return topic in await asyncio.wait_for(admin.list_topics(), 30)
