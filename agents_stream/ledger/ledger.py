@@ -296,7 +296,7 @@ class Ledger:
         sends: list[Send] = []
         cost = event.usage.cost
         if cost:
-            sends.append(add_spend(self.table, self.outbox, tp, record.agent, cost, now))
+            sends += add_spend(self.table, self.outbox, tp, record.agent, cost, now)
         stored = self.cache.store(record, event, now)
         if stored is not None:
             sends.append(stored)
