@@ -44,6 +44,7 @@ from agents_stream.kafka.delivery import until_confirmed
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.recovery import RecoveryWatch
+from agents_stream.kafka.start import settle_task_topics
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import web
@@ -94,6 +95,7 @@ class AgentsStreamApp(faust.App):
         self.conf.topic_replication_factor = replication.factor
         for topic in self.runtime.output_topics if self.runtime is not None else ():
             topic.config = {**replication.topic_configs(), **(topic.config or {})}
+        await settle_task_topics(self.agents_settings, self.conf.id, self.input_topics)  # another app id's history?
         await super().on_start()
 
     async def on_stop(self) -> None:

@@ -68,6 +68,13 @@ class Settings:
         "AGENTS_STREAM_APP_ID", "agents-stream",
         "App id = consumer group id and table/changelog prefix.",
     )
+    start_from: str = _setting(
+        "AGENTS_STREAM_START_FROM", "",
+        "Where this app id starts a task topic it has never read but another app id has: earliest (every "
+        "task still in the topic, again), latest (only tasks published from now on) or group:<app id> (where "
+        "that app id has got to). Empty: the worker refuses to start and says so. Asked once per topic: the "
+        "choice is committed. A topic no app id has read is read from the start.",
+    )
     config_path: str = _setting(
         "AGENTS_STREAM_CONFIG", "",
         "TOML file of providers and agents; empty = the packaged default.",

@@ -12,7 +12,9 @@ Four topic families, each a union discriminated by ``kind``::
 
 ``encode(event)`` writes the keys and values the previous version wrote (so
 both versions share the topics); ``decode(raw, family)`` raises ``EventDecodeError`` on
-anything else, so a reader logs and skips it (``read_event`` does both).
+anything else, so a reader logs and skips it (``read_event`` does both). Anything else includes
+NaN, Infinity and numbers too large for a float (not JSON; they poison sums) and records nested deeper than
+``MAX_DEPTH`` (deeper than the ledger can store and re-read them).
 A field every producer sends is required; a field that may be absent defaults
 to None, which means "absent" and nothing else.
 """
@@ -26,6 +28,7 @@ from typing import Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_serializer
 
+from agents_stream.contract.jsonsafe import MAX_DEPTH, nesting_depth, strict_json
 from agents_stream.contract.models import SCHEMA_VERSION, Confidence, Status, Usage
 
 __all__ = [
@@ -385,11 +388,13 @@ def encode_answer(answer: CachedAnswer) -> str:
 def decode(raw: bytes | str | None, family: Family[E]) -> E:
     """The event in ``raw``, of one of ``family``'s kinds; EventDecodeError for anything else."""
     try:
-        data = json.loads(raw)  # type: ignore[arg-type]
+        data = strict_json(raw)  # type: ignore[arg-type]
     except (TypeError, ValueError, RecursionError) as exc:  # None, not UTF-8, not JSON, nested too deeply
         raise EventDecodeError(family.name, f"not JSON ({exc})") from None
     if not isinstance(data, dict):
         raise EventDecodeError(family.name, f"expected a JSON object, got {type(data).__name__}")
+    if nesting_depth(data, MAX_DEPTH) > MAX_DEPTH:
+        raise EventDecodeError(family.name, f"nested deeper than {MAX_DEPTH} levels")
     kind = data.get("kind")
     if not isinstance(kind, str):
         raise EventDecodeError(family.name, "no kind" if kind is None else f"kind is a {type(kind).__name__}")

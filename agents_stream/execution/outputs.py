@@ -15,6 +15,7 @@ from jsonschema.exceptions import best_match
 from pydantic import BaseModel, ValidationError
 
 from agents_stream.config import AgentConfig
+from agents_stream.contract.jsonsafe import MAX_ANSWER_DEPTH, nesting_depth
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.schemas import CheckAborted, checking, refusal, safe_validator
 
@@ -59,13 +60,16 @@ def _reject_constant(name: str) -> Any:
 
 def _parse_json(text: str) -> Any:
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        value = json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise FormatError(f"not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except ValueError as exc:
         raise FormatError(f"not JSON: {exc}") from None
     except RecursionError:
         raise FormatError("not JSON: nested too deeply to decode") from None
+    if nesting_depth(value, MAX_ANSWER_DEPTH) > MAX_ANSWER_DEPTH:  # the ledger could not store it
+        raise FormatError(f"not JSON the ledger can keep: nested deeper than {MAX_ANSWER_DEPTH} levels")
+    return value
 
 
 def _json_path(parts: Any) -> str:

@@ -35,7 +35,7 @@ from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import HISTORY_HEADER, moved, requeue_headers
-from agents_stream.ledger.poison import Poison
+from agents_stream.ledger.poison import Poison, dead_letter_unreadable
 from agents_stream.ledger.records import job_of, parked, record_of, timer_key
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
@@ -123,16 +123,34 @@ class Ledger:
             return
         try:
             self._route(tp, message, event.key, event.value)
-        except Exception as exc:  # a bug must not lose the message: hold its offset, alert, carry on
-            log.exception(
-                "Ledger failed on %s[%d]@%d; the offset is held (not committed) and an alert was sent: %r",
-                tp.topic, tp.partition, message.offset, exc,
-            )
-            self.watermark.open(tp, message.offset)
-            where = f"{tp.topic}:{tp.partition}:{message.offset}"
-            self.outbox.control("alert.ledger_error", where, None, {"error": repr(exc)})
+        except Exception as exc:
+            self._failed(tp, message.offset, event.key, event.value, exc)
         finally:
             self.watermark.handled(tp, message.offset)
+
+    def _failed(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, exc: Exception) -> None:
+        """A record the ledger could not apply. A task's offset is held (a bug must not lose a task: a restart
+        reads it again); a record of an internal topic carries no work of its own, and holding it would stall
+        its partition's commit for good, so it is skipped (a decision or job request is dead-lettered)."""
+        where = f"{tp.topic}:{tp.partition}:{offset}"
+        if topics.agent_of(tp.topic) is not None:
+            log.exception(
+                "Ledger failed on %s[%d]@%d; the offset is held (not committed) and an alert was sent: %r",
+                tp.topic, tp.partition, offset, exc,
+            )
+            self.watermark.open(tp, offset)
+            self.outbox.control("alert.ledger_error", where, None, {"error": repr(exc)})
+            return
+        log.exception(
+            "Ledger failed on %s[%d]@%d, a record of an internal topic; it is skipped (its offset is not held) and an "
+            "alert was sent: %r. Report it with this log", tp.topic, tp.partition, offset, exc,
+        )
+        self.outbox.control("alert.internal_record_skipped", where, None, {"error": repr(exc)[:500]})
+        if tp.topic in (topics.APPROVALS, topics.JOBS):
+            unprocessable = PoisonMessage("unprocessable", repr(exc)[:500])
+            what = "approval decision" if tp.topic == topics.APPROVALS else "job request"
+            dead_letter_unreadable(self.outbox, tp, offset, key, value, unprocessable, what=what,
+                                   topic=topics.dlq_of(tp.topic))
 
     def _route(self, tp: TP, message: Any, key: bytes | None, value: bytes | None) -> None:
         if message.topic == self.outcomes:
@@ -278,7 +296,7 @@ class Ledger:
         sends: list[Send] = []
         cost = event.usage.cost
         if cost:
-            sends.append(add_spend(self.table, self.outbox, tp, record.agent, cost, now))
+            sends += add_spend(self.table, self.outbox, tp, record.agent, cost, now)
         stored = self.cache.store(record, event, now)
         if stored is not None:
             sends.append(stored)

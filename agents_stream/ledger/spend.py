@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from faust.types import TP
@@ -17,13 +18,29 @@ def spend_key(agent: str, day: str, partition: int) -> str:
     return f"\x00spend/{agent}/{day}/{partition}"
 
 
-def add_spend(table: LedgerTable, outbox: Outbox, tp: TP, agent: str, cost: float, now: float) -> Send:
-    """Add a finished task's cost to its partition's spend of the day; the send is held with the outcome."""
+#: the days of spend kept in the table: today and yesterday (a daily budget reads today's only)
+KEEP_DAYS = 2
+#: how far back the first cost of a day looks for older days' keys to delete (a partition idle longer keeps them)
+PRUNE_LOOKBACK_DAYS = 31
+
+
+def add_spend(table: LedgerTable, outbox: Outbox, tp: TP, agent: str, cost: float, now: float) -> list[Send]:
+    """Add a finished task's cost to its partition's spend of the day; the sends are held with the outcome.
+    The day's first cost also deletes the agent's keys of this partition older than ``KEEP_DAYS``."""
+    if not (math.isfinite(cost) and cost > 0):
+        return []  # a cost that is no amount would make the day's spend NaN or negative for good
     key = spend_key(agent, pricing.day_key(now), tp.partition)
     before = table.get(key)
     usd = (json.loads(before)["usd"] if before else 0.0) + float(cost)
     table[key] = json.dumps({"usd": round(usd, 9)})
-    return outbox.changelog(table, tp.partition, key)
+    sends = [outbox.changelog(table, tp.partition, key)]
+    if before is None:
+        for back in range(KEEP_DAYS, KEEP_DAYS + PRUNE_LOOKBACK_DAYS):
+            old = spend_key(agent, pricing.day_key(now - back * 86_400), tp.partition)
+            if old in table:
+                del table[old]
+                sends.append(outbox.changelog(table, tp.partition, old))
+    return sends
 
 
 def spend_report(table: LedgerTable, partitions: set[int], agents: list[str], now: float) -> dict[str, Any]:

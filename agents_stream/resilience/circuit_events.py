@@ -37,7 +37,10 @@ def breaker_event(ev: CircuitsEvent, at: float) -> breaker.Event | None:
     Retry-After)."""
     match ev:
         case CircuitTransition():
-            return breaker.Adopt(at=at, state=ev.to, opened_at=ev.opened_at, closed_at=ev.closed_at)
+            # Never later than the record itself: a time ahead would keep a forged open circuit shut for as long.
+            opened_at = None if ev.opened_at is None else min(ev.opened_at, at)
+            closed_at = None if ev.closed_at is None else min(ev.closed_at, at)
+            return breaker.Adopt(at=at, state=ev.to, opened_at=opened_at, closed_at=closed_at)
         case CircuitFailure():
             return breaker.Failure(at=at, probe_id=ev.probe_id)
         case CircuitSuccess():

@@ -19,9 +19,10 @@ from agents_stream.contract import events
 from agents_stream.contract.errors import CircuitOpen
 from agents_stream.resilience import breaker, circuit_events
 from agents_stream.resilience.breaker import Breaker, Transition
+from agents_stream.resilience.presence import Presence
 from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
 
-__all__ = ["Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
+__all__ = ["MAX_RETRY_AFTER_S", "Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +36,9 @@ _UNFOLDED_WAIT_S = 2.0
 _PROBE_VERDICT_S = 3.0
 #: Retry-After assumed for a 429 that did not say
 _DEFAULT_RETRY_AFTER_S = 1.0
+#: the longest a Retry-After (a provider's, or one read from the log) keeps a provider shut: after it, one call
+#: asks again, and a provider still busy says so with a new Retry-After
+MAX_RETRY_AFTER_S = 300.0
 
 
 class LogRecord(Protocol):
@@ -117,10 +121,8 @@ class Circuits:
         self._changed = asyncio.Event()  # breaker state, Retry-After or probe places changed
         self._slot_freed = asyncio.Event()  # a call of this worker ended
         self._start_offset = 0
-        #: worker id → (last hello at, endpoints it calls)
-        self._presence: dict[str, tuple[float, frozenset[str]]] = {}
-        #: (app id, agent, day, partition) → (reported at, USD): the newest report per partition wins
-        self._spend: dict[tuple[str, str, str, str], tuple[float, float]] = {}
+        #: workers' presence and spend reports, bounded (a presence counts for three intervals)
+        self._presence = Presence(3 * presence_s)
         #: records folded so far
         self.folded = 0
 
@@ -168,8 +170,7 @@ class Circuits:
         # every worker, so a worker with a skewed clock cannot move the window or the timeout.
         at = record.timestamp / 1000.0 if record.timestamp_type == 1 else ev.at
         if isinstance(ev, events.CircuitHello):  # absent (None) fields: no endpoints, app "", no spend
-            self._presence[ev.worker] = (at, frozenset(ev.providers or ()))
-            self._fold_spend(at, ev.app or "", ev.spend or {})
+            self._presence.hello(ev.worker, at, ev.providers or (), ev.app or "", ev.spend or {}, self._clock())
             return False
         c = self._by_id.get(ev.provider or "")
         if c is None:
@@ -178,7 +179,8 @@ class Circuits:
         # The gate waits for its own failure to come back.
         woke_gate = mine and c.unfolded.pop(ev.id, None) is not None
         if isinstance(ev, events.CircuitRateLimited):
-            until = at + ev.retry_after if ev.retry_after is not None else ev.until
+            # Bounded: a forged (or absurd) Retry-After cannot shut a provider for every worker for long.
+            until = min(at + ev.retry_after if ev.retry_after is not None else ev.until, at + MAX_RETRY_AFTER_S)
             if not mine:
                 c.retry_after_propagation_s = max(0.0, self._clock() - at)
             if until > c.blocked_until:
@@ -229,14 +231,6 @@ class Circuits:
         except Exception as exc:  # a reporting bug must not stop the fold
             log.exception("Circuits: transition callback failed: %r", exc)
 
-    def _fold_spend(self, at: float, app: str, spend: dict[str, dict[str, dict[str, float]]]) -> None:
-        for agent, days in spend.items():
-            for day, parts in days.items():
-                for partition, usd in parts.items():
-                    key = (app, str(agent), str(day), str(partition))
-                    if key not in self._spend or self._spend[key][0] <= at:
-                        self._spend[key] = (at, float(usd))
-
     def _signal(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
@@ -280,11 +274,7 @@ class Circuits:
 
     def live_workers(self, provider: str) -> int:
         """Workers (this one included) that said within three presence intervals that they call this endpoint."""
-        cid = self._circuits[provider].id
-        horizon = self._clock() - 3 * self.presence_s
-        return 1 + sum(
-            1 for w, (at, ids) in self._presence.items() if w != self.worker_id and at >= horizon and cid in ids
-        )
+        return self._presence.live(self._circuits[provider].id, self.worker_id, self._clock())
 
     def concurrency_limit(self, provider: str) -> float | None:
         """This worker's share of the provider's cluster-wide max_concurrency, ramped after a close."""
@@ -296,8 +286,7 @@ class Circuits:
 
     def spend(self, agent: str, day: str) -> float:
         """Cluster-wide spend of this app's agent on a UTC day, as the workers last reported it."""
-        mine = (self.app_id, agent, day)
-        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if (app, a, d) == mine)
+        return self._presence.spend(self.app_id, agent, day)
 
     async def acquire(self, provider: str) -> Permit:
         """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
@@ -380,7 +369,8 @@ class Circuits:
             event_id = self._publish(events.CircuitFailure, c.id, probe_id=permit.probe_id)
             c.unfolded[event_id] = self._clock()
         elif result == "rate_limited":
-            until = self._clock() + (retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S)
+            wait = min(retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S, MAX_RETRY_AFTER_S)
+            until = self._clock() + wait
             c.blocked_until = max(c.blocked_until, until)  # this worker obeys at once; the others once folded
             event_id = self._publish(events.CircuitRateLimited, c.id, until=until, retry_after=until - self._clock())
             c.unfolded[event_id] = self._clock()

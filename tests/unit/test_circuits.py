@@ -193,6 +193,7 @@ async def test_spend_is_summed_per_app_across_partitions() -> None:
     """Budgets count this app's spend of the day over every partition's latest report; another app's spend is not
     ours."""
     cl = Cluster(1)
+    cl.clock[0] = 1_795_953_600.0  # 2026-11-29 12:00 UTC: spend of days before yesterday is not kept
     c = cl.workers[0]
     reports = [
         raw("hello", worker="w1", app="app", spend={"a": {"2026-11-29": {"0": 1.5, "1": 2.0}}}),
