@@ -6,10 +6,13 @@ import logging
 
 from faust.types import TP
 
+from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.events import FannedInResult
 from agents_stream.contract.models import TaskPayload, task_digest
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.poison import Poison
+from agents_stream.orchestrator import fan_in_event
 from agents_stream.tables import leases
 from agents_stream.tables.leases import TaskRecord
 
@@ -38,7 +41,7 @@ def refuse_conflict(
 ) -> bool:
     """True when ``task`` is another task than the one its task_id is recorded for: its message is dead-lettered
     (``task_id_conflict``, exactly once across redeliveries) and an alert sent; it is never answered with the
-    recorded task's result."""
+    recorded task's result. A task of a job also tells the job it failed, under its own agent and digest."""
     agent = task.agent_name
     why = leases.conflict(
         record, agent=agent, digest=digest, recorded_digest=recorded_digest(record) if record is not None else None,
@@ -56,5 +59,9 @@ def refuse_conflict(
     )
     key = task.task_id.encode("utf-8")
     poison.on_message(tp, offset, agent, key, value, headers, PoisonMessage(REASON, why))
+    if task.job_id:  # the job hears its task failed (it counts it only if this is the task it dispatched)
+        failed = FannedInResult(task_id=task.task_id, status="failed", error=f"dead-lettered: {REASON}: {why}")
+        event = fan_in_event(failed, agent, digest)
+        outbox.deliver(tp, offset, [outbox.record(topics.JOB_EVENTS, task.job_id.encode("utf-8"), event)])
     return True
 

@@ -174,3 +174,19 @@ async def test_a_true_redelivery_of_the_same_task_replays_its_stored_result() ->
     assert first == second
     assert world.on(OUTCOMES) == [] and "alert.task_id_conflict" not in world.alerts()
     assert world.dispatched == ["t1"]
+
+
+async def test_a_conflicting_task_of_a_job_tells_the_job_it_failed_under_its_own_identity() -> None:
+    """A job's task refused as a conflict (another task took its id first) fails its step with the reason: the job
+    hears of it with the refused task's agent and digest, so it counts only if that is the task it dispatched."""
+    from agents_stream.contract.events import JOB_EVENTS, JobTaskResult, decode
+    from agents_stream.contract.models import TaskPayload, task_digest
+
+    world = World()
+    await world.deliver("agent.tasks.a", b"t1", _task(job_id="j1", instruction="forged"))
+    real = _task(job_id="j1")
+    await world.deliver("agent.tasks.a", b"t1", real)
+    [event] = [decode(v, JOB_EVENTS) for v in world.on(topics.JOB_EVENTS)]
+    assert isinstance(event, JobTaskResult) and event.result.status == "failed"
+    assert (event.result.error or "").startswith("dead-lettered: task_id_conflict: ")
+    assert event.agent_name == "a" and event.task_digest == task_digest(TaskPayload.model_validate_json(real))
