@@ -235,9 +235,8 @@ def on_result(
 
     Only the first result of a dispatched task counts: a duplicate, a late
     result after a cancel, or a result of a task never dispatched changes nothing.
-    A result of another agent or task (``agent``, ``digest``: the result's, when
-    it names them) than the step dispatched is refused with an alert: a producer
-    that sends its own ``<job>/<step>`` task cannot answer for the step.
+    A result of another agent or task (``agent``, ``digest``, when given) than the
+    step's is refused with an alert: a producer's own ``<job>/<step>`` task cannot answer.
     """
     if status not in (SUCCEEDED, PARTIAL, FAILED):
         raise ValueError(f"unknown task status {status!r}")
@@ -283,12 +282,11 @@ def _foreign(
         expected_agent, expected_digest = record.steps[step_id]["agent"], record.steps[step_id].get("digest")
     else:
         return None  # not one of the job's steps: on_result ignores it anyway
-    why = None
     if agent is not None and agent != expected_agent:
         why = f"from agent {agent!r}, the step's agent is {expected_agent!r}"
     elif digest is not None and expected_digest is not None and digest != expected_digest:
         why = "of another task than the one the job dispatched (its payload differs)"
-    if why is None:
+    else:
         return None
     return Control("alert.job_result_refused", {"step": step_id, "task_id": task_id, "reason": why})
 
