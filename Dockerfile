@@ -11,10 +11,11 @@ WORKDIR /src
 # Only what the package build needs (pyproject.toml: readme + the packages
 # agents_stream and tables), so local state (.venv, .data, .cache) never ends
 # up in the image. Keep in step with [tool.setuptools] packages.
-COPY pyproject.toml README.md ./
+# constraints.txt: the pinned, audited set `make install` and CI use (docs/security.md, "Dependencies").
+COPY pyproject.toml README.md constraints.txt ./
 COPY agents_stream ./agents_stream
 COPY tables ./tables
-RUN pip install . && rm -rf /src/build
+RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt . && rm -rf /src/build
 COPY --chmod=0755 deploy/worker/entrypoint.sh /usr/local/bin/agents-stream-entrypoint
 
 # Each container keeps its RocksDB tables in its own /data (an anonymous volume

@@ -7,13 +7,14 @@ STAMP := $(VENV)/.installed
 # The local broker is used unless KAFKA_BROKER points elsewhere.
 LOCAL_BROKER := $(if $(KAFKA_BROKER),,yes)
 
-.PHONY: install run worker test test-unit test-integration broker broker-stop lint typecheck fake-llm clean chaos
+.PHONY: install run worker test test-unit test-integration broker broker-stop lint typecheck audit fake-llm clean chaos
 
-$(STAMP): pyproject.toml
+# constraints.txt pins the tested set (pip, setuptools and every dependency); pyproject.toml keeps the floors.
+$(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agents-stream needs Python 3.11+")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test]'
+	$(PY) -m pip install -q -c constraints.txt --upgrade pip setuptools
+	$(PY) -m pip install -q -c constraints.txt -e '.[test]'
 	touch $@
 
 install: $(STAMP)
@@ -63,12 +64,19 @@ chaos: install
 test-unit: install
 	$(PY) -m pytest -q tests/unit
 
-# ruff and mypy (pyproject [tool.mypy]); both run, and either failing fails the target (.ci/run stops there).
+# ruff, mypy (pyproject [tool.mypy]) and the dependency audit; all run, and any failing fails the target
+# (.ci/run stops there).
 lint: install
 	@rc=0; \
 	$(VENV)/bin/ruff check agents_stream tables tests bench || rc=1; \
 	$(MAKE) --no-print-directory typecheck || rc=1; \
+	$(MAKE) --no-print-directory audit || rc=1; \
 	exit $$rc
+
+# pip-audit of the pinned set against security/advisories/ through a local OSV service (no network needed); with
+# AUDIT_OSV_URL set, against that OSV service too. Fails on an affected pin or on a dependency it could not audit.
+audit: install
+	$(PY) -m agents_stream.testing.osv audit -r constraints.txt
 
 # mypy names a module by its path: the link puts tables/ where its installed name (agents_stream.tables) says;
 # sed turns the link's paths in the report back into the repository's.

@@ -43,6 +43,7 @@ from agents_stream.kafka.deadletters import dead_letter_finder
 from agents_stream.kafka.delivery import GuardedTopic, until_confirmed
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.kafka.recovery import RecoveryWatch
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import web
@@ -72,6 +73,7 @@ class AgentsStreamApp(faust.App):
         self.input_topics = input_topics
         # Made before Faust's own init: declaring agents and topics builds the transport (and its consumer).
         self.commits = Commits(watermark, frozenset(input_topics), self.on_commit_failed)
+        self.recovery_watch = RecoveryWatch(self, settings.stall_after_s)  # one of the app's services, below
         super().__init__(id, **options)
 
     def attach(self, runtime: Runtime) -> None:
@@ -102,7 +104,8 @@ class AgentsStreamApp(faust.App):
         # Faust's Monitor sensor times every event, send and table access for its own /stats views, which
         # this app does not serve (web_tables_enabled=False; our figures are on /metrics). It costs CPU on each.
         self.sensors.remove(self.monitor)
-        return services
+        # Last, so it stops first; a child of the app, so it watches the recovery before the first start too.
+        return [*services, self.recovery_watch]
 
     def _new_transport(self) -> Any:
         return WatermarkTransport(self.conf.broker_consumer, self, self.commits)

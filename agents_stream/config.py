@@ -10,6 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+# Every model below refuses inf and NaN (allow_inf_nan=False): TOML has both literals, and a timeout_s = inf or an
+# amount_above = nan would pass every bound check (nan compares false) and disable what the number bounds.
 ProviderKind = Literal["local", "gemini", "openai", "anthropic"]
 Confidence = Literal["high", "medium", "low", "failed"]
 #: best first; an agent's ``lowest`` cuts this ladder
@@ -19,7 +21,7 @@ CONFIDENCE_ORDER: tuple[str, ...] = ("high", "medium", "low", "failed")
 class BreakerConfig(BaseModel):
     """Circuit breaker of one provider (DESIGN.md "Resilience features"); shared by all workers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     #: failures within ``window_s`` that open the breaker
     failure_threshold: int = Field(default=5, ge=1)
@@ -38,7 +40,7 @@ class BreakerConfig(BaseModel):
 class Price(BaseModel):
     """USD per million tokens of one model."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     input_per_mtok: float = Field(default=0.0, ge=0)
     output_per_mtok: float = Field(default=0.0, ge=0)
@@ -47,7 +49,7 @@ class Price(BaseModel):
 class ProviderConfig(BaseModel):
     """One model endpoint. Keys come from the environment variable it names, never the file."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = ""
     kind: ProviderKind
@@ -83,7 +85,7 @@ class ProviderConfig(BaseModel):
 class ApprovalLevel(BaseModel):
     """One rung of an approval's escalation: who decides, for how long, and where they are told."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     #: who decides at this level (a person or a group, e.g. "team-lead"); recorded with link decisions
     name: str = Field(min_length=1)
@@ -102,13 +104,13 @@ class ApprovalLevel(BaseModel):
 class ApprovalPolicy(BaseModel):
     """Which tasks of an agent wait for a human before they run (any rule that matches is enough)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     #: every task of the agent
     always: bool = False
     #: tasks whose ``risk_level`` is at least this
     risk_at_least: Literal["low", "medium", "high", "critical"] | None = None
-    #: tasks whose ``context_data[amount_field]`` is a number above ``amount_above``
+    #: tasks whose ``context_data[amount_field]`` is a number above ``amount_above``, is missing or is not a number
     amount_field: str | None = None
     amount_above: float | None = None
     #: tasks of an agent whose saga has a step flagged ``approval=True``
@@ -125,7 +127,7 @@ class ApprovalPolicy(BaseModel):
 class AgentConfig(BaseModel):
     """A sub-agent: its task topic is ``agent.tasks.<name>``."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     name: str = ""
     #: the fallback chain: the first answers with confidence high, the others medium
@@ -168,7 +170,7 @@ class AgentConfig(BaseModel):
 class AppConfig(BaseModel):
     """The whole file: ``[providers.<name>]`` and ``[agents.<name>]`` tables."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     providers: dict[str, ProviderConfig]
     agents: dict[str, AgentConfig] = Field(min_length=1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -138,6 +139,11 @@ class Settings:
         "AGENTS_STREAM_MAX_STEPS", 32,
         "Most steps a multi-step task may have; a task with more is dead-lettered as too_many_steps.",
     )
+    output_check_budget_s: float = _setting(
+        "AGENTS_STREAM_OUTPUT_CHECK_BUDGET_S", 1.0,
+        "CPU seconds one check of an answer against its output schema may use (off the event loop); past them the "
+        "task fails as output_check_aborted (a pattern that backtracks without end).",
+    )
     dlq_retention_days: int = _setting("AGENTS_STREAM_DLQ_RETENTION_DAYS", 30, "Retention of the dead-letter topics.")
     shutdown_grace_s: float = _setting(
         "AGENTS_STREAM_SHUTDOWN_GRACE_S", 10.0,
@@ -184,16 +190,32 @@ class Settings:
     )
     api_token: str = _setting(
         "AGENTS_STREAM_API_TOKEN", "",
-        "Bearer token mutating web endpoints require (approve, reject).",
+        "Bearer token mutating web endpoints require (approve, reject, requeue, cancel); it grants reads too.",
+    )
+    read_token: str = _setting(
+        "AGENTS_STREAM_READ_TOKEN", "",
+        "Bearer token that grants reads of task data (/tasks, /jobs, /approvals, /dlq, /circuits) but no mutation; "
+        "empty: only AGENTS_STREAM_API_TOKEN reads.",
     )
     api_open: bool = _setting(
         "AGENTS_STREAM_API_OPEN", False,
-        "Allow mutating web endpoints without a token (logged at start). Only for local demos.",
+        "Allow every web endpoint without a token (logged at start). Only for local demos: refused at start unless "
+        "the web views listen on a loopback address.",
+    )
+    web_allowed_hosts: str = _setting(
+        "AGENTS_STREAM_WEB_ALLOWED_HOSTS", "",
+        "Comma-separated extra Host header values the web views answer (name or name:port; a name alone: any port; "
+        "* turns the check off), besides WEB_HOST:WEB_PORT, the public URL's host and, on loopback, localhost.",
+    )
+    web_dlq_reads: int = _setting(
+        "AGENTS_STREAM_WEB_DLQ_READS", 2,
+        "Dead-letter reads (GET /dlq, GET /dlq/<ref>, requeue look-ups) one worker runs at once; more answer 503 "
+        "with Retry-After.",
     )
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
 
     #: never printed, logged or sent
-    SECRETS = frozenset({"approval_secret", "api_token", "kafka_sasl_password"})
+    SECRETS = frozenset({"approval_secret", "api_token", "read_token", "kafka_sasl_password"})
 
     def __repr__(self) -> str:
         # A logged or printed Settings must not carry a secret.
@@ -214,6 +236,13 @@ class Settings:
                 values[f.name] = _parse_bool(f.metadata["env"], raw) if isinstance(f.default, bool) else kind(raw)
         values.update(overrides)
         return cls(**values)
+
+    def __post_init__(self) -> None:
+        # float("inf") and float("nan") parse; a lease, a backoff or a grace of either disables what it bounds
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(f.default, float) and isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.metadata['env']}={value!r} is not a finite number")
 
     def jobs_enabled(self) -> bool:
         if self.jobs == "auto":

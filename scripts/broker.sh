@@ -21,6 +21,10 @@
 #   KAFKA_DATA_DIR         config, data, logs, PID file  (default <repo>/.data/kafka)
 #   KAFKA_HEAP_OPTS        JVM heap flags                (default -Xms256m -Xmx1g)
 #   KAFKA_START_TIMEOUT    seconds to wait for readiness (default 90)
+#   KAFKA_ACLS             1: enable Kafka's StandardAuthorizer (default off).
+#                          The SASL listeners' users then need ACLs (scripts/acls.sh,
+#                          docs/security.md); PLAINTEXT clients, the controller and the
+#                          inter-broker listener are User:ANONYMOUS, a super user.
 #
 # Listeners, all on 127.0.0.1: PLAINTEXT (KAFKA_PORT, no authentication),
 # SASL_PLAINTEXT (KAFKA_SASL_PORT) and SASL_SSL (KAFKA_SASL_SSL_PORT), both
@@ -47,6 +51,7 @@ KAFKA_SASL_SSL_PORT="${KAFKA_SASL_SSL_PORT:-9095}"
 DATA_DIR="${KAFKA_DATA_DIR:-$REPO_ROOT/.data/kafka}"
 HEAP_OPTS="${KAFKA_HEAP_OPTS:--Xms256m -Xmx1g}"
 START_TIMEOUT="${KAFKA_START_TIMEOUT:-90}"
+ACLS="${KAFKA_ACLS:-0}"
 
 POM="$REPO_ROOT/kafka/pom.xml"
 CACHE_DIR="$REPO_ROOT/.cache/kafka"
@@ -245,6 +250,19 @@ min.insync.replicas=1
 group.initial.rebalance.delay.ms=0
 group.min.session.timeout.ms=1000
 EOF
+    if [[ "$ACLS" == 1 ]]; then
+        # Opt-in (KAFKA_ACLS=1): a SASL user gets what its ACLs allow and nothing without one. Every
+        # unauthenticated connection is User:ANONYMOUS: the PLAINTEXT listener (tests, the admin commands of
+        # scripts/acls.sh), the controller listener and inter-broker traffic, so it stays a super user here.
+        # LOCAL ONLY: a cluster with ACLs must not offer an unauthenticated listener (docs/security.md).
+        cat >>"$CONFIG" <<'EOF'
+
+# KAFKA_ACLS=1: ACLs on, deny by default; User:ANONYMOUS (PLAINTEXT, controller, inter-broker) is a super user.
+authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer
+allow.everyone.if.no.acl.found=false
+super.users=User:ANONYMOUS
+EOF
+    fi
     # Client settings for Kafka's own tools on the SASL listeners.
     cat >"$DATA_DIR/client-sasl.properties" <<EOF
 # scripts/kafka-tool TOOL --bootstrap-server 127.0.0.1:$KAFKA_SASL_PORT --command-config $DATA_DIR/client-sasl.properties

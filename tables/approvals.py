@@ -54,10 +54,12 @@ def needs_approval(
         and RISK_ORDER.index(risk_level) >= RISK_ORDER.index(risk_at_least)
     ):
         reasons.append(f"risk_level {risk_level} >= {risk_at_least}")
-    if amount_field is not None and amount_above is not None and amount_field in context_data:
-        # An amount the rule cannot read ("5000.00", NaN, a list) is not waved through: a human looks.
-        amount = _number(context_data[amount_field])
-        if amount is None:
+    if amount_field is not None and amount_above is not None:
+        # An amount the rule cannot read (missing, "lots", NaN, a list) is not waved through: a human looks.
+        amount = _number(context_data.get(amount_field))
+        if amount_field not in context_data:
+            reasons.append(f"{amount_field} is missing")
+        elif amount is None:
             reasons.append(f"{amount_field} is not a number ({context_data[amount_field]!r:.40})")
         elif amount > amount_above:
             reasons.append(f"{amount_field} {amount:g} > {amount_above:g}")

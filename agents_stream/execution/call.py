@@ -14,6 +14,7 @@ from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLar
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.outputs import (
+    CheckAborted,
     FormatError,
     OutputSpec,
     corrective,
@@ -96,7 +97,12 @@ class Caller:
                 output: Any = completion.text
             else:
                 try:
-                    output = spec.check(completion.text)
+                    output = await spec.check_async(completion.text, budget_s=self.settings.output_check_budget_s)
+                except CheckAborted as exc:  # the schema cannot be applied: another answer would not fare better
+                    return Rejected(
+                        f"output_check_aborted: {exc}", f"the answer could not be checked against the output schema: "
+                        f"{exc}", f"{tier.role}:{provider.name}",
+                    )
                 except FormatError as exc:
                     format_retries += 1
                     if format_retries > plan.config.format_retries:

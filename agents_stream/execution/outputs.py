@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib
 import json
@@ -15,8 +16,11 @@ from pydantic import BaseModel, ValidationError
 
 from agents_stream.config import AgentConfig
 from agents_stream.contract.models import Confidence, TaskPayload
+from agents_stream.execution.schemas import CheckAborted, checking, refusal, safe_validator
 
 __all__ = [
+    "CHECK_BUDGET_S",
+    "CheckAborted",
     "FormatError",
     "OutputSpec",
     "corrective",
@@ -27,6 +31,8 @@ __all__ = [
     "with_format",
 ]
 
+#: CPU seconds one check of an answer may use at most; past them: CheckAborted
+CHECK_BUDGET_S = 1.0
 #: how much of a rejection reason goes back to the model, and into FormatError messages
 _ERROR_CHARS = 300
 #: a whole answer wrapped in a Markdown code fence, as models like to send JSON
@@ -103,6 +109,9 @@ def _model_message(exc: ValidationError) -> str:
 def _compiled(key: str) -> jsonschema.protocols.Validator:
     """The validator of one schema (keyed by its sorted JSON); every task would otherwise recompile it."""
     schema = json.loads(key)
+    why = refusal(schema, len(key.encode("utf-8")))
+    if why is not None:
+        raise ValueError(f"invalid output_schema: {why}")
     # honour a declared "$schema"; everything else is Draft 2020-12
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
@@ -110,16 +119,24 @@ def _compiled(key: str) -> jsonschema.protocols.Validator:
     except jsonschema.SchemaError as exc:
         where = _json_path(exc.absolute_path)
         raise ValueError(f"invalid output_schema at {where}: {_shorten(exc.message)}") from None
-    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+    except RecursionError:  # the depth bound above keeps this out of reach; a worker must not die of it anyway
+        raise ValueError("invalid output_schema: nested too deeply to check") from None
+    try:
+        return safe_validator(schema, cls)
+    except ValueError as exc:
+        raise ValueError(f"invalid output_schema: {exc}") from None
 
 
 def _schema_key(schema: dict[str, Any]) -> str:
     if not isinstance(schema, dict):
         raise ValueError(f"invalid output_schema: expected a JSON object, got {type(schema).__name__}")
     try:
-        return json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        # allow_nan=False: NaN and Infinity are not JSON (a TOML schema can hold them)
+        return json.dumps(schema, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"invalid output_schema: not JSON-serialisable: {exc}") from None
+    except RecursionError:
+        raise ValueError("invalid output_schema: nested too deeply") from None
 
 
 @lru_cache(maxsize=64)
@@ -183,8 +200,9 @@ class OutputSpec:
             return cls.from_model(agent.output_model)
         return None
 
-    def check(self, text: str) -> Any:
-        """The parsed answer (a JSON value) when it is valid; else FormatError saying why."""
+    def check(self, text: str, *, budget_s: float = CHECK_BUDGET_S) -> Any:
+        """The parsed answer (a JSON value) when it is valid; else FormatError saying why, or CheckAborted when
+        the schema could not be applied within ``budget_s`` CPU seconds (a slow pattern, a $ref cycle)."""
         body = _strip_fence(text).strip()
         value = _parse_json(body)
         if self.model is not None:
@@ -197,10 +215,19 @@ class OutputSpec:
         validator = self._validator
         if validator is None:  # unreachable: __init__ gives a spec without a model a schema
             raise TypeError("OutputSpec has neither a model nor a schema")
-        error = best_match(validator.iter_errors(value))
+        with checking(budget_s):
+            error = best_match(validator.iter_errors(value))
         if error is not None:
             raise FormatError(_schema_message(error))
         return value
+
+    async def check_async(self, text: str, *, budget_s: float = CHECK_BUDGET_S) -> Any:
+        """``check`` in a thread: the event loop (leases, heartbeats, other tasks) keeps running meanwhile.
+
+        jsonschema is pure Python and the regex engine releases the GIL while it matches, so the loop gets its
+        turns; the budget bounds how long the thread can run, so an abandoned check (cancelled) ends too.
+        """
+        return await asyncio.to_thread(self.check, text, budget_s=budget_s)
 
     def describe(self) -> str:
         """The schema as compact JSON text, for prompts."""

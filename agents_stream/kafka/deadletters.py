@@ -12,7 +12,10 @@ from agents_stream.contract.topics import HISTORY_HEADER
 from agents_stream.kafka import security as kafka_security
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = ["DeadLetter", "FindDeadLetter", "dead_letter_finder", "find_dead_letter", "history_of", "read_dead_letters"]
+__all__ = [
+    "DeadLetter", "FindDeadLetter", "dead_letter_finder", "find_dead_letter", "history_of", "partitions_of",
+    "read_dead_letters",
+]
 
 #: how far before an earlier owner began a dead letter its record is looked for (clocks of workers and broker)
 DEAD_LETTER_CLOCK_SLACK_S = 600.0
@@ -64,7 +67,7 @@ def history_of(dl: DeadLetter) -> list[dict[str, str]]:
     return earlier if isinstance(earlier, list) else []
 
 
-async def _partitions(broker: str, names: list[str], timeout: float, security: Mapping[str, Any] | None) -> list[Any]:
+async def partitions_of(broker: str, names: list[str], timeout: float, security: Mapping[str, Any] | None) -> list[Any]:
     """The partitions of those of ``names`` that exist on the broker."""
     from aiokafka import TopicPartition
     from aiokafka.admin import AIOKafkaAdminClient
@@ -87,7 +90,7 @@ async def _read(
     record written at or after ``since_ms`` (ms since the epoch)."""
     from aiokafka import AIOKafkaConsumer
 
-    parts = await _partitions(broker, names, timeout, security)
+    parts = await partitions_of(broker, names, timeout, security)
     if not parts:
         return []
     consumer = AIOKafkaConsumer(

@@ -23,13 +23,16 @@ def register(add_parser: AddParser) -> None:
 
 
 def get_view(settings: Settings, path: str) -> tuple[int, Any]:
-    """GET a worker's web view (any worker answers for any key: it forwards to the owner)."""
+    """GET a worker's web view (any worker answers for any key: it forwards to the owner), with the read token
+    (AGENTS_STREAM_READ_TOKEN, else AGENTS_STREAM_API_TOKEN) the workers ask for."""
     import urllib.error
     import urllib.request
 
     url = settings.link_base().rstrip("/") + path
+    token = settings.read_token or settings.api_token
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
-        with urllib.request.urlopen(url, timeout=15) as resp:  # noqa: S310 (the operator's own worker)
+        with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 (the operator's own worker)
             return resp.status, json.loads(resp.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")

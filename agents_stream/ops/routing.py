@@ -14,14 +14,24 @@ from agents_stream.contract import topics
 ROUTED_HEADER = "X-Agents-Stream-Routed"
 
 
-async def gather(app: Any, path: str) -> tuple[list[Any], list[str]]:
-    """``path`` as answered by every other worker of the group (bodies, and the workers that did not answer)."""
+def forwarded_headers(request: Any) -> dict[str, str]:
+    """What a forwarded or gathering request carries: the routing mark and the caller's own credential (the
+    other worker checks it again; no worker lends its own)."""
+    headers = {ROUTED_HEADER: "1"}
+    if request.headers.get("Authorization"):
+        headers["Authorization"] = request.headers["Authorization"]
+    return headers
+
+
+async def gather(app: Any, path: str, headers: dict[str, str]) -> tuple[list[Any], list[str]]:
+    """``path`` as answered by every other worker of the group (bodies, and the workers that did not answer);
+    ``headers``: ``forwarded_headers(request)``."""
     here = str(app.conf.canonical_url).rstrip("/")
     urls = {str(u).rstrip("/") for u in app.router.tables_metadata()} - {here}
 
     async def one(url: str) -> Any:
         timeout = aiohttp.ClientTimeout(total=5)
-        async with app.http_client.get(url + path, headers={ROUTED_HEADER: "1"}, timeout=timeout) as resp:
+        async with app.http_client.get(url + path, headers=headers, timeout=timeout) as resp:
             resp.raise_for_status()
             return await resp.json()
 
@@ -60,7 +70,7 @@ def routed(app: Any, table: Any, param: str, partitions: int) -> Any:
             url = owner.rstrip("/") + request.rel_url.raw_path_qs
             try:
                 timeout = aiohttp.ClientTimeout(total=10)
-                async with app.http_client.get(url, headers={ROUTED_HEADER: "1"}, timeout=timeout) as resp:
+                async with app.http_client.get(url, headers=forwarded_headers(request), timeout=timeout) as resp:
                     return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
             except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
                 error = f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"

@@ -1,8 +1,10 @@
 """The worker's web views: health, readiness, metrics, a task's and a job's record, breakers, approvals, dead letters.
 
 Reads are answered by whichever worker is asked (table reads are forwarded to the
-key's owner, lists are gathered from every worker). Mutations need the bearer
-token, arrive as JSON of at most ``MAX_BODY`` bytes, are refused from another
+key's owner, lists are gathered from every worker, a page at a time); reads of task
+data need the read or the write token and every view but the probes checks the Host
+header (agents_stream.ops.access). Mutations need the write token, arrive as JSON of
+at most ``MAX_BODY`` bytes (agents_stream.ops.bodies), are refused from another
 origin, and become events on a topic; the worker owning the key applies them.
 Schemas: docs/web.md.
 """
@@ -10,7 +12,6 @@ Schemas: docs/web.md.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import html
 import json
 import logging
@@ -22,10 +23,13 @@ from faust.web import Request, Response, View
 
 from agents_stream.contract import topics
 from agents_stream.contract.models import ApprovalDecision
-from agents_stream.kafka import security as kafka_security
-from agents_stream.ops import dlq, metrics
+from agents_stream.ops import access, metrics
+from agents_stream.ops.access import Refused, same_origin
+from agents_stream.ops.bodies import MAX_BODY, mutation_body
 from agents_stream.ops.notify import LinkError, verify
-from agents_stream.ops.routing import ROUTED_HEADER, gather, routed
+from agents_stream.ops.pages import APPROVALS_LIMIT, limit_of, merge_approvals, page_approvals, parse_after
+from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather, routed
+from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
 from agents_stream.tables.definitions import Tables
@@ -39,7 +43,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-MAX_BODY = 64 * 1024
+# Re-exported for the views below and their callers: the body rules live in agents_stream.ops.bodies.
+__all__ = [
+    "MAX_BODY", "Refused", "Worker", "mutation_body", "publish_decision", "register", "same_origin", "send_event",
+]
 
 
 class Worker(Protocol):
@@ -55,59 +62,6 @@ class Worker(Protocol):
     circuits: Circuits
 
     def consumer_lag(self) -> dict[str, int]: ...
-
-
-class Refused(Exception):
-    def __init__(self, status: int, error: str) -> None:
-        super().__init__(error)
-        self.status = status
-
-
-def authorized(settings: Any, request: Request) -> bool:
-    """Mutating endpoints: the bearer token, or the explicit (logged) open setting."""
-    if settings.api_open:
-        return True
-    if not settings.api_token:
-        return False
-    given = request.headers.get("Authorization", "")
-    return hmac.compare_digest(given.encode(), f"Bearer {settings.api_token}".encode())
-
-
-# The helpers below take the request as aiohttp has it (faust.web.Request declares none of these attributes).
-def same_origin(request: Any) -> bool:
-    """A browser names the page's origin on cross-site requests; a mutation from another site is refused."""
-    origin = request.headers.get("Origin")
-    if not origin or origin == "null":
-        return origin is None
-    return origin.split("://", 1)[-1].rstrip("/") == request.host
-
-
-async def mutation_body(settings: Any, request: Any) -> dict[str, Any]:
-    """The checks every mutating endpoint makes, in order; raises Refused with the status and what to do."""
-    if not same_origin(request):
-        raise Refused(
-            403,
-            "cross-origin request refused: use the console served by this worker, the CLI, or a client without an "
-            "Origin header",
-        )
-    if not authorized(settings, request):
-        raise Refused(401, "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)")
-    if request.content_length is not None and request.content_length > MAX_BODY:
-        raise Refused(413, f"request body over {MAX_BODY} bytes")
-    raw = await request.content.read(MAX_BODY + 1)
-    if len(raw) > MAX_BODY:
-        raise Refused(413, f"request body over {MAX_BODY} bytes")
-    if not raw.strip():
-        return {}
-    if request.content_type != "application/json":
-        raise Refused(415, "send the body as JSON with Content-Type: application/json")
-    try:
-        body = json.loads(raw)
-    except ValueError as exc:
-        raise Refused(400, f"the body is not JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise Refused(400, "the body must be a JSON object")
-    return body
 
 
 async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
@@ -144,6 +98,14 @@ def _page(title: str, body: str) -> str:
 def register(app: Any, runtime: Worker) -> None:
     """Add the views to ``app``'s web server; they read ``runtime`` (its tables, ledger, executor, circuits)."""
     settings = runtime.settings
+    access.check_open_bind(settings)
+    # Before any view: the Host check and the read token (agents_stream.ops.access) guard every route.
+    app.web.web_app.middlewares.append(access.guard(settings))
+    if not (settings.api_token or settings.read_token or settings.api_open):
+        log.warning(
+            "Neither AGENTS_STREAM_API_TOKEN nor AGENTS_STREAM_READ_TOKEN is set: /tasks, /jobs, /approvals, /dlq and "
+            "/circuits refuse every request (401); /healthz, /readyz and /metrics still answer. Set a token to read."
+        )
     if runtime.ledger.policies and not settings.api_token and not settings.api_open:
         log.warning(
             "Approvals are configured but AGENTS_STREAM_API_TOKEN is not set: POST /approvals/<task_id> refuses every "
@@ -151,11 +113,12 @@ def register(app: Any, runtime: Worker) -> None:
         )
     if settings.api_open:
         log.warning(
-            "AGENTS_STREAM_API_OPEN is set: mutating web endpoints accept requests without a token. Local demos only."
+            "AGENTS_STREAM_API_OPEN is set: every web endpoint answers without a token (the web views listen on a "
+            "loopback address only). Local demos only."
         )
     # In this order: a fixed path (/dlq/requeue) before the pattern that would match it too (/dlq/{ref}).
     _approval_views(app, runtime)
-    _dead_letter_views(app, settings)
+    register_dead_letter_views(app, settings)
     _cancel_and_link_views(app, settings)
     _health_views(app, runtime)
     _record_views(app, runtime)
@@ -171,15 +134,18 @@ def _approval_views(app: Any, runtime: Worker) -> None:
     @app.page("/approvals")
     class Approvals(View):
         async def get(self, request: Request) -> Response:
-            """The tasks awaiting approval on every worker (each worker knows those of its partitions)."""
-            awaiting = list(runtime.ledger.awaiting())
-            missing: list[str] = []
-            if not request.headers.get(ROUTED_HEADER):
-                bodies, missing = await gather(app, "/approvals")
-                for body in bodies:
-                    awaiting.extend(body.get("awaiting", []))
-            awaiting.sort(key=lambda a: a.get("requested_at") or 0.0)
-            return self.json({"worker": runtime.worker_id, "awaiting": awaiting, "unreachable": missing})
+            """A page of the tasks awaiting approval on every worker (each knows those of its partitions), oldest
+            first; each worker sends at most ``limit`` of its own, after the cursor."""
+            try:
+                limit, after = limit_of(request.query, *APPROVALS_LIMIT), parse_after(request.query.get("after"))
+            except ValueError as exc:
+                return self.json({"error": f"bad parameter: {exc}"}, status=400)
+            shares = [page_approvals(runtime.ledger.awaiting(), after, limit)]
+            if request.headers.get(ROUTED_HEADER):
+                return self.json({"worker": runtime.worker_id, **shares[0]})
+            bodies, missing = await gather(app, request.rel_url.raw_path_qs, forwarded_headers(request))
+            page = merge_approvals(shares + bodies, limit)
+            return self.json({"worker": runtime.worker_id, **page, "unreachable": missing})
 
     @app.page("/approvals/{task_id}")
     class Decide(View):
@@ -202,73 +168,6 @@ def _approval_views(app: Any, runtime: Worker) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             accepted = {"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}
             return self.json(accepted, status=202)
-
-
-def _dead_letter_views(app: Any, settings: Settings) -> None:
-    security = kafka_security.client_kwargs(settings)
-
-    @app.page("/dlq")
-    class DeadLetters(View):
-        async def get(self, request: Request) -> Response:
-            """Dead letters, newest first, filtered like ``agents-stream dlq list`` (agent, layer, reason, since)."""
-            q = request.query
-            try:
-                limit = max(1, min(int(q.get("limit", "100")), 1000))
-                filters = {k: q.get(k) or None for k in ("agent", "layer", "reason", "since", "until")}
-                names = await dlq.dlq_topics(settings.broker, filters["agent"], timeout=10.0, security=security)
-                records = await dlq.read_dead_letters(settings.broker, names, timeout=20.0, security=security)
-                chosen = [d for d in records if dlq.matches(d, **filters)]
-            except ValueError as exc:
-                return self.json({"error": f"bad filter: {exc}"}, status=400)
-            except Exception as exc:  # the broker did not answer in time: say so, the console retries
-                error = f"reading the dead-letter topics failed: {type(exc).__name__}: {exc}"
-                return self.json({"error": error}, status=503)
-            chosen.sort(key=lambda d: d.headers.get("failed_at", ""), reverse=True)
-            return self.json({"dead_letters": [dlq.summary(d) for d in chosen[:limit]], "count": len(chosen)})
-
-    @app.page("/dlq/requeue")
-    class Requeue(View):
-        async def post(self, request: Request) -> Response:
-            """Send one dead letter back to its task topic (body: ``{"ref"}`` or topic, partition, offset)."""
-            try:
-                body = await mutation_body(settings, request)
-                ref = body.get("ref") or f"{body.get('topic')}:{body.get('partition')}:{body.get('offset')}"
-                topic, _, _ = dlq.parse_ref(str(ref))
-            except Refused as exc:
-                return self.json({"error": str(exc)}, status=exc.status)
-            except ValueError as exc:
-                return self.json({"error": str(exc)}, status=400)
-            try:
-                found = await _dead_letter(settings, topic, str(ref), security)
-                if not found:
-                    return self.json({"error": f"no dead letter {ref}"}, status=404)
-                (record, requeue_id), = await dlq.requeue(settings.broker, found, timeout=20.0, security=security)
-            except (asyncio.TimeoutError, TimeoutError, KafkaError) as exc:
-                error = (
-                    f"the broker did not answer ({type(exc).__name__}); the requeue may or may not have been sent: "
-                    "look the task up before retrying"
-                )
-                return self.json({"error": error}, status=503)
-            log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
-            return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
-
-    @app.page("/dlq/{ref}")
-    class DeadLetterView(View):
-        async def get(self, request: Request, ref: str) -> Response:
-            try:
-                topic, _, _ = dlq.parse_ref(ref)
-            except ValueError as exc:
-                return self.json({"error": str(exc)}, status=400)
-            found = await _dead_letter(settings, topic, ref, security)
-            if not found:
-                return self.json({"error": f"no dead letter {ref}"}, status=404)
-            return self.json(found[0].as_dict())
-
-
-async def _dead_letter(settings: Settings, topic: str, ref: str, security: dict[str, Any]) -> list[Any]:
-    """The dead letter ``ref`` on ``topic`` (a list of one), or an empty list."""
-    letters = await dlq.read_dead_letters(settings.broker, [topic], timeout=20.0, security=security)
-    return [d for d in letters if d.ref == ref]
 
 
 def _cancel_and_link_views(app: Any, settings: Settings) -> None:

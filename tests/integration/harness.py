@@ -22,6 +22,8 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[2]
 BOOTSTRAP = os.environ.get("KAFKA_BOOTSTRAP", "127.0.0.1:9092")
 PARTITIONS = 8  # the default: topics shared by every app id (agent.jobs, agent.approvals, ...) keep one count
+#: every test worker's read token (reads of task data need one); a test may set its own, or "" for none
+READ_TOKEN = "harness-read-token"
 
 
 def free_port() -> int:
@@ -103,10 +105,15 @@ class Worker:
             async with session.get(url, timeout=timeout) as r:
                 return await r.json()
 
+    def read_headers(self) -> dict[str, str]:
+        """The credential of a read: this worker's read token, else its write token."""
+        token = self.env.get("AGENTS_STREAM_READ_TOKEN") or self.env.get("AGENTS_STREAM_API_TOKEN")
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
     async def get(self, path: str) -> Any:
         async with aiohttp.ClientSession() as session:
             url, timeout = f"http://127.0.0.1:{self.web_port}{path}", aiohttp.ClientTimeout(total=5)
-            async with session.get(url, timeout=timeout) as r:
+            async with session.get(url, timeout=timeout, headers=self.read_headers()) as r:
                 return await r.json() if r.content_type == "application/json" else await r.text()
 
     def kill(self) -> None:
@@ -179,6 +186,7 @@ class Cluster:
             # Each test is its own app id, which would read agent.jobs from the start and re-run (fail) every
             # earlier test's jobs: only the job tests run the orchestrator.
             "AGENTS_STREAM_JOBS": "0",
+            "AGENTS_STREAM_READ_TOKEN": READ_TOKEN,
             **self.settings,
             **overrides,
         }

@@ -122,8 +122,9 @@ class Page:
 
 
 async def test_console_approves_a_parked_task_only_with_the_token(cluster_factory, fake_llm, tmp_path):
-    """An operator sees a parked task in the console's inbox (its untrusted text shown as text); Approve without
-    the token is refused on screen and the task stays parked; with the token it runs exactly once."""
+    """Without the token the inbox is refused and shows no task; with it an operator sees a parked task (its
+    untrusted text shown as text); Approve without the token is refused on screen and the task stays parked; with
+    the token it runs exactly once."""
     agent = unique("console")
     c = cluster_factory([agent], fake_llm.url, extra=approval_policy(agent), AGENTS_STREAM_API_TOKEN=TOKEN)
     w = await c.started()
@@ -137,6 +138,12 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
         page = Page(driver)
         await page.run(driver.get, f"http://127.0.0.1:{w.web_port}/")
         row = f'tr[data-task-id="{task_id}"]'
+        # Task data needs the token: without it the inbox says so and shows nothing.
+        await page.wait("the inbox refused without a token", lambda d: "Refused (401)" in (d.execute_script(
+            "const n = document.getElementById('approvals-error'); return n.hidden ? '' : n.textContent") or ""))
+        assert await page.js("return !!document.querySelector(arguments[0])", row) is False, "no task data shown"
+        await page.type("#token", TOKEN)
+        await page.click("#token-save")
         await page.wait("the task in the approvals inbox",
                         lambda d: d.execute_script("return !!document.querySelector(arguments[0])", row))
         assert await page.text(f"{row} td.instruction") == HOSTILE, "the instruction is shown as text, not markup"
@@ -148,6 +155,7 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
         await page.screenshot(SCREENSHOTS / "console-approvals.png")
 
         # No token: the worker refuses, the console says so, nothing is decided.
+        await page.click("#token-forget")
         await page.click(f"{row} button.approve")
         await page.wait("the refusal on the row", lambda d: "401" in (d.execute_script(
             "const n = document.querySelector(arguments[0]); "

@@ -15,7 +15,7 @@ from urllib.parse import quote
 from agents_stream.contract import topics
 from agents_stream.testing.fakellm import ok
 
-from .harness import BOOTSTRAP, ROOT, eventually, produce, read_topic, results_for, unique
+from .harness import BOOTSTRAP, READ_TOKEN, ROOT, eventually, produce, read_topic, results_for, unique
 
 
 def job_results(job_id: str, timeout: float = 90) -> Any:
@@ -109,7 +109,8 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     assert result["status"] == "succeeded" and set(result["steps"]) == {"a", "b"} and list(result["output"]) == ["b"]
     plan_call = next(r for r in fake_llm.requests if r.task_id == f"{planned}/plan")
     assert "do two things" in plan_call.instruction and worker in plan_call.instruction
-    cli_env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "WEB_PORT": str(c.workers[0].web_port)}
+    cli_env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "WEB_PORT": str(c.workers[0].web_port),
+               "AGENTS_STREAM_READ_TOKEN": READ_TOKEN}  # the CLI's reads carry the token the workers ask for
 
     def cli(*argv: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "agents_stream.ops.cli", *argv], cwd=ROOT, env=cli_env,

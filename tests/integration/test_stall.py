@@ -12,7 +12,7 @@ import json
 from agents_stream.contract import topics
 from agents_stream.kafka.consumer import FAULT_DROP_FETCHED
 
-from .harness import encode, produce, read_topic, results_for, task, uncommitted, unique
+from .harness import encode, end_offsets, produce, read_topic, results_for, task, uncommitted, unique
 
 
 async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_factory, fake_llm):
@@ -34,3 +34,35 @@ async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_f
     )
     print(f"\nstall: {json.loads(alerts[0].value)}")
     assert await uncommitted(c.app_id, topics.task_topic(agent)) == 0
+
+
+async def test_table_recovery_whose_changelog_records_were_dropped_reads_them_again(cluster_factory, fake_llm):
+    """A worker whose table recovery lost the changelog records it fetched (the scale-in stall,
+    docs/decisions.md) reads them again and gets ready with the whole table: an earlier task sent again is
+    answered from it, without a model call. Without the recovery watch Faust waits for them forever."""
+    agent = unique("recover")
+    c = cluster_factory([agent], fake_llm.url)
+    w0 = await c.started("w0")
+    first = [task(agent) for _ in range(16)]
+    ids = {t["task_id"] for t in first}
+    await produce(topics.task_topic(agent), [encode(t) for t in first])
+    before = await results_for(ids, timeout=60)
+    assert w0.terminate()[0] == 0, w0.tail()
+
+    # A new worker with an empty data dir recovers the task table from its changelog; every record of it
+    # that it fetches first is dropped after aiokafka passed it.
+    changelog = f"{c.app_id}-tasks-changelog"
+    records = sum((await end_offsets(changelog)).values())
+    assert records >= len(ids)
+    w1 = c.worker("w1", **{FAULT_DROP_FETCHED: f"{changelog}={records}", "AGENTS_STREAM_STALL_AFTER_S": "2"}).start()
+    await w1.wait_ready(timeout=90)
+    assert "Fault injection dropped" in w1.tail(2000)
+    assert "Table recovery of" in w1.tail(2000), w1.tail(80)
+
+    calls = len([r for r in fake_llm.requests if r.task_id in ids])
+    await produce(topics.task_topic(agent), [encode(t) for t in first])
+    again = await results_for(ids, timeout=60)
+    for task_id in ids:  # the stored result, byte for byte, and no second call
+        assert {m.value for m in again[task_id]} == {before[task_id][0].value}, task_id
+        assert len(again[task_id]) == 2, task_id
+    assert len([r for r in fake_llm.requests if r.task_id in ids]) == calls == len(ids)

@@ -136,7 +136,7 @@ async def test_any_worker_lists_every_workers_approvals(cluster_factory, fake_ll
     async with aiohttp.ClientSession() as session:
         for w in workers:  # what each worker holds itself (the header marks a request already gathered)
             async with session.get(f"http://127.0.0.1:{w.web_port}/approvals",
-                                   headers={"X-Agents-Stream-Routed": "1"}) as r:
+                                   headers={"X-Agents-Stream-Routed": "1", **w.read_headers()}) as r:
                 local.append({a["task_id"] for a in (await r.json())["awaiting"]})
     assert all(local) and local[0] | local[1] == ids and not local[0] & local[1], (
         "both workers hold some of the parked tasks"

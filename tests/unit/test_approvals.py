@@ -61,10 +61,18 @@ def test_policy_rules_each_match_and_name_themselves():
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": 100}) is None
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": "900.50"}) == "amount 900.5 > 100"
     assert policy(amount_field="amount", amount_above=100, context_data={"amount": " 90 "}) is None
-    assert policy(amount_field="amount", amount_above=100,
-                  context_data={}) is None  # no amount: the rule does not apply
     assert policy(saga_flagged=True, risk_at_least="low",
                   risk_level="low") == "risk_level low >= low; saga step flagged for approval"
+
+
+def test_a_task_without_the_amount_needs_a_human():
+    """A refund whose context has no amount is not waved through (issue 15): the amount rule asks for approval,
+    alone or beside the other rules that match."""
+    assert policy(amount_field="amount", amount_above=100, context_data={}) == "amount is missing"
+    assert policy(amount_field="amount", amount_above=100, context_data={"total": 5000}) == "amount is missing"
+    assert policy(amount_field="amount", amount_above=100, risk_at_least="high", risk_level="critical",
+                  context_data={}) == "risk_level critical >= high; amount is missing"
+    assert policy(amount_field=None, amount_above=None, context_data={}) is None  # no amount rule, no reason
 
 
 @pytest.mark.parametrize("amount", ["lots", float("nan"), float("inf"), [500], {"usd": 500}, True, None])

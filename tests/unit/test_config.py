@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import tomllib
 from dataclasses import fields
-from typing import Any
+from typing import Any, get_args
 
 import pytest
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
-from agents_stream.config import AppConfig, ProviderConfig, load_config
+from agents_stream.config import (
+    AgentConfig,
+    AppConfig,
+    ApprovalLevel,
+    ApprovalPolicy,
+    BreakerConfig,
+    Price,
+    ProviderConfig,
+    load_config,
+)
 from agents_stream.settings import Settings
 
 REMOTE_KEYS = ("GEMINI_API_KEY", "OPENAI_API_KEY", "ANTHROPIC_API_KEY")
@@ -291,3 +300,56 @@ def test_prices_by_model() -> None:
     })
     assert cfg.price_of("m1").output_per_mtok == 2
     assert cfg.price_of("m2") is None
+
+
+# -- inf and NaN (issue 15, item 8) ---------------------------------------------------------
+
+LEVEL = {"name": "lead", "timeout_s": 5}
+#: a valid instance of every config model with a float field, to put one bad float into
+MINIMAL: dict[type[BaseModel], dict[str, Any]] = {
+    BreakerConfig: {}, Price: {}, ProviderConfig: {"kind": "local"}, ApprovalLevel: LEVEL,
+    ApprovalPolicy: {"levels": [LEVEL], "amount_field": "amount", "amount_above": 100},
+    AgentConfig: {"providers": ["p"]},
+}
+FLOAT_FIELDS = [
+    (model, name) for model in MINIMAL for name, info in model.model_fields.items()
+    if info.annotation is float or float in get_args(info.annotation)
+]
+
+
+def test_the_float_fields_are_all_found() -> None:
+    """The enumeration below covers the config's float fields (a renamed model would empty it silently)."""
+    assert {(m.__name__, f) for m, f in FLOAT_FIELDS} >= {
+        ("BreakerConfig", "open_timeout_s"), ("ProviderConfig", "timeout_s"), ("ProviderConfig", "rps"),
+        ("ApprovalLevel", "timeout_s"), ("ApprovalPolicy", "amount_above"), ("AgentConfig", "budget_usd_per_day"),
+        ("Price", "input_per_mtok"),
+    }
+    assert len(FLOAT_FIELDS) >= 14
+
+
+@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan")], ids=["inf", "-inf", "nan"])
+@pytest.mark.parametrize(("model", "name"), FLOAT_FIELDS, ids=[f"{m.__name__}.{f}" for m, f in FLOAT_FIELDS])
+def test_every_config_float_refuses_inf_and_nan(model: type[BaseModel], name: str, value: float) -> None:
+    """timeout_s = inf or amount_above = nan (TOML has both) would pass every bound and disable what it bounds."""
+    with pytest.raises(ValidationError, match="Input should be a finite number"):
+        model.model_validate({**MINIMAL[model], name: value})
+
+
+def test_a_toml_inf_is_refused_with_the_field_named() -> None:
+    """From the file: the error names the provider's field."""
+    text = '[providers.p]\nkind = "local"\ntimeout_s = inf\n[agents.a]\nproviders = ["p"]\n'
+    with pytest.raises(ValidationError, match=r"providers\.p\.timeout_s\n  Input should be a finite number"):
+        AppConfig.model_validate(tomllib.loads(text))
+
+
+FLOAT_SETTINGS = [(f.name, f.metadata["env"]) for f in fields(Settings) if isinstance(f.default, float)]
+
+
+@pytest.mark.parametrize("raw", ["inf", "-inf", "nan", "Infinity"])
+@pytest.mark.parametrize(("name", "env"), FLOAT_SETTINGS, ids=[e for _, e in FLOAT_SETTINGS])
+def test_every_float_setting_refuses_inf_and_nan(name: str, env: str, raw: str) -> None:
+    """AGENTS_STREAM_LEASE_TTL_S=inf (float() parses it) would make a lease that never lapses: refused at start."""
+    with pytest.raises(ValueError, match=rf"^{env}=.* is not a finite number$"):
+        Settings.from_env({env: raw})
+    with pytest.raises(ValueError, match="is not a finite number"):
+        Settings(**{name: float(raw)})

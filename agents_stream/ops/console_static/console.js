@@ -87,10 +87,16 @@
     const input = $("token");
     const value = input.value.trim();
     input.value = ""; // the input is not where it is kept
-    if (!value) { notify("error", "Type the API token first (AGENTS_STREAM_API_TOKEN of the workers)."); return; }
+    if (!value) {
+      notify("error", "Type the API token first (AGENTS_STREAM_API_TOKEN of the workers; AGENTS_STREAM_READ_TOKEN only reads).");
+      return;
+    }
     store(TOKEN_KEY, value);
     renderTokenState();
-    notify("ok", "Token kept for this tab only; decisions now carry it.");
+    notify("ok", "Token kept for this tab only; reads and decisions now carry it.");
+    // Task data needs the token: show it now rather than at the next poll.
+    refreshApprovals();
+    refreshBreakers();
   }
 
   function forgetToken() {
@@ -402,6 +408,8 @@
 
   // -- dead letters ----------------------------------------------------------------------------------------------------
 
+  let dlqFilters = null; // the query of the page shown, so "Older" pages through the same filters
+
   async function loadDeadLetters(event) {
     if (event) event.preventDefault();
     const params = new URLSearchParams();
@@ -411,6 +419,23 @@
     }
     const limit = parseInt($("dlq-limit").value, 10);
     params.set("limit", String(Number.isFinite(limit) && limit > 0 ? Math.min(limit, 1000) : 50));
+    dlqFilters = params.toString();
+    $("dlq-body").replaceChildren();
+    await loadDeadLetterPage(params);
+  }
+
+  async function olderDeadLetters() {
+    const older = $("dlq-older");
+    if (dlqFilters === null || !older.dataset.next) return;
+    const params = new URLSearchParams(dlqFilters);
+    params.set("before", older.dataset.next);
+    await loadDeadLetterPage(params);
+  }
+
+  // One page, newest first; "Older" appends the next one (the worker reads a page, never a whole topic).
+  async function loadDeadLetterPage(params) {
+    const older = $("dlq-older");
+    show(older, false);
     const message = $("dlq-message");
     message.className = "muted";
     message.textContent = "Loading…";
@@ -427,13 +452,17 @@
       show($("dlq-table"), false);
       return;
     }
-    const letters = r.data.dead_letters;
-    $("dlq-body").replaceChildren(...letters.map(deadLetterRow));
+    const body = $("dlq-body");
+    body.append(...r.data.dead_letters.map(deadLetterRow));
     message.className = "muted";
-    const count = typeof r.data.count === "number" ? r.data.count : letters.length;
-    const shown = letters.length < count ? ` (showing ${letters.length})` : "";
-    message.textContent = count === 0 ? "No dead letters match." : `${count} dead letter${count === 1 ? " matches" : "s match"}${shown}.`;
-    show($("dlq-table"), letters.length > 0);
+    const count = body.children.length;
+    const next = typeof r.data.next === "string" ? r.data.next : "";
+    const total = typeof r.data.total === "number" ? ` of ${r.data.total} in the topics` : "";
+    message.textContent = count === 0 && !next ? "No dead letters match."
+      : `${count} dead letter${count === 1 ? "" : "s"} shown, newest first${total}${next ? "; older ones follow" : ""}.`;
+    older.dataset.next = next;
+    show(older, Boolean(next));
+    show($("dlq-table"), count > 0);
   }
 
   function deadLetterRow(d) {
@@ -587,6 +616,7 @@
     $("notice-close").addEventListener("click", () => { $("notice").hidden = true; });
     $("approvals-refresh").addEventListener("click", refreshApprovals);
     $("dlq-form").addEventListener("submit", loadDeadLetters);
+    $("dlq-older").addEventListener("click", olderDeadLetters);
     $("task-form").addEventListener("submit", showTask);
     $("job-form").addEventListener("submit", showJob);
     $("job-cancel").addEventListener("submit", cancelJob);

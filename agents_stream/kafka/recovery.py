@@ -1,0 +1,86 @@
+"""Table recovery that stopped receiving changelog records is read again from where it stands.
+
+Faust's recovery seeks each active changelog partition to the offset its local
+store holds and waits until every one has reached its end offset. It waits
+forever if the records it needs were fetched but never delivered: a fetch
+started before the rebalance finishes after the new assignment, drains the
+records recovery has just sought to, and Faust drops them because the flow was
+stopped (docs/decisions.md, "Recovery that waits forever"). aiokafka's position
+is then past them, nothing fetches them again, and the worker never gets ready
+(seen at scale-in: a worker that took partitions back waited 90 s and more on
+records 13..98 of a tasks changelog partition).
+
+``RecoveryWatch`` looks every ``stall_after_s / 4`` seconds while Faust is in
+recovery: an active changelog partition with records left whose applied offset
+has not moved for ``stall_after_s`` is sought back to the record after it. A
+false alarm (a slow read) costs a re-read of records recovery skips as already
+applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from faust.types import TP
+from mode import Service
+
+from agents_stream.kafka.stall import StallDetector
+
+log = logging.getLogger(__name__)
+
+
+class RecoveryWatch(Service):
+    """Owned by the app (one of its services), so it also watches the recovery before the worker's first start."""
+
+    def __init__(self, app: Any, stall_after_s: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.app = app
+        self.stall_after_s = stall_after_s
+        self.stalls = StallDetector(stall_after_s)
+        self.rereads = 0  # seeks made since start (for the log and the tests' figures)
+
+    @Service.task
+    async def _watch(self) -> None:
+        if self.stall_after_s <= 0:
+            return
+        interval = max(0.5, self.stall_after_s / 4)
+        while not self.should_stop:
+            await self.sleep(interval)
+            try:
+                await self.check(time.monotonic())
+            except Exception as exc:  # a watch that fails looks again on the next tick
+                log.warning("Recovery check failed (%r); the next tick tries again", exc)
+
+    def stalled(self, recovery: Any, now: float) -> dict[TP, int]:
+        """The active changelog partitions whose recovery stands still: partition → offset to read again from."""
+        if not recovery.in_recovery:
+            self.stalls = StallDetector(self.stall_after_s)
+            return {}
+        found: dict[TP, int] = {}
+        for tp, end in list(recovery.active_highwaters.items()):
+            at = recovery.active_offsets.get(tp)
+            if end is None or at is None:
+                continue
+            if self.stalls.observe(tp, at, end, now):
+                found[tp] = max(at + 1, 0)
+        return found
+
+    async def check(self, now: float) -> None:
+        recovery = self.app.tables.recovery
+        consumer = self.app.consumer
+        for tp, offset in sorted(self.stalled(recovery, now).items()):
+            try:  # past the records recovery waits for: they were fetched and dropped (the known stall)
+                position = await asyncio.wait_for(consumer.position(tp), timeout=5.0)
+            except Exception:
+                position = None
+            log.warning(
+                "Table recovery of %s:%d has had no record for %.0fs at offset %d (last offset %s, fetch position "
+                "%s); reading it again from %d. If this repeats, report it with this log.",
+                tp.topic, tp.partition, self.stall_after_s, offset - 1, recovery.active_highwaters.get(tp), position,
+                offset,
+            )
+            self.rereads += 1
+            await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)

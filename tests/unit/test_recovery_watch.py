@@ -1,0 +1,68 @@
+"""RecoveryWatch: a table recovery that stopped receiving changelog records is sought back to where it stands."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from types import SimpleNamespace
+
+from faust.types import TP
+
+from agents_stream.kafka.recovery import RecoveryWatch
+
+A, B, C = TP("app-tasks-changelog", 1), TP("app-tasks-changelog", 3), TP("app-jobs-changelog", 1)
+
+
+def recovery(offsets: dict[TP, int], highwaters: dict[TP, int], in_recovery: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(
+        in_recovery=in_recovery, active_offsets=Counter(offsets), active_highwaters=Counter(highwaters),
+    )
+
+
+class Consumer:
+    def __init__(self) -> None:
+        self.seeks: list[tuple[TP, int]] = []
+
+    async def seek(self, tp: TP, offset: int) -> None:
+        self.seeks.append((tp, offset))
+
+    async def position(self, tp: TP) -> int:
+        return 99
+
+
+def test_a_partition_with_records_left_and_no_progress_is_read_again_from_the_record_after_the_applied_one():
+    watch = RecoveryWatch(app=None, stall_after_s=10)
+    r = recovery({A: 12, B: -1, C: 5}, {A: 98, B: 40, C: 5})  # C is up to date
+    assert watch.stalled(r, now=0) == {}
+    assert watch.stalled(r, now=9.9) == {}
+    assert watch.stalled(r, now=10) == {A: 13, B: 0}
+    # reported once per period: the re-read gets another stall_after_s before the next report
+    assert watch.stalled(r, now=15) == {}
+    assert watch.stalled(r, now=20) == {A: 13, B: 0}
+
+
+def test_a_partition_whose_applied_offset_moves_is_never_sought():
+    watch = RecoveryWatch(app=None, stall_after_s=10)
+    r = recovery({A: 12}, {A: 98})
+    for now in range(0, 60, 5):
+        r.active_offsets[A] += 1  # records keep arriving, slowly
+        assert watch.stalled(r, now=now) == {}
+
+
+def test_nothing_is_sought_outside_recovery_and_a_new_recovery_starts_its_clock_again():
+    watch = RecoveryWatch(app=None, stall_after_s=10)
+    stuck = recovery({A: 12}, {A: 98})
+    assert watch.stalled(stuck, now=0) == {}
+    assert watch.stalled(recovery({A: 12}, {A: 98}, in_recovery=False), now=11) == {}
+    assert watch.stalled(stuck, now=12) == {}  # seen again for the first time: not yet
+    assert watch.stalled(stuck, now=22) == {A: 13}
+
+
+def test_check_seeks_the_stalled_partitions_through_the_consumer():
+    consumer = Consumer()
+    app = SimpleNamespace(tables=SimpleNamespace(recovery=recovery({A: 12, C: 5}, {A: 98, C: 5})), consumer=consumer)
+    watch = RecoveryWatch(app=app, stall_after_s=10)
+    asyncio.run(watch.check(now=0))
+    asyncio.run(watch.check(now=10))
+    assert consumer.seeks == [(A, 13)]
+    assert watch.rereads == 1
