@@ -40,7 +40,7 @@ from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, input_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.deadletters import dead_letter_finder
-from agents_stream.kafka.delivery import until_confirmed
+from agents_stream.kafka.delivery import GuardedTopic, until_confirmed
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.recovery import RecoveryWatch
@@ -370,6 +370,7 @@ def _new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Age
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
         stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
+        producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic,
         table_cleanup_interval=3600.0, loghandlers=[],
     )
 

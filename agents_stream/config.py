@@ -66,6 +66,8 @@ class ProviderConfig(BaseModel):
     rps: float | None = Field(default=None, gt=0)
     #: after the breaker closes, the concurrency limit grows from 1 to max_concurrency over this long
     ramp_s: float = Field(default=10.0, ge=0)
+    #: largest response body read from the endpoint; a larger one fails the task with result_too_large
+    max_body_bytes: int = Field(default=4_194_304, gt=0)
     #: overrides of the top-level ``[breaker]`` defaults for this provider
     breaker: dict[str, Any] = Field(default_factory=dict)
 

@@ -23,7 +23,7 @@ from agents_stream.contract.events import (
     decode,
     encode,
 )
-from agents_stream.contract.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model
+from agents_stream.contract.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model, task_digest
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
@@ -140,11 +140,11 @@ class Orchestrator:
             case EventDecodeError():
                 _skip(tp, offset, job_id, event)
                 return
-            case JobTaskResult(result=r):
+            case JobTaskResult(result=r, agent_name=agent, task_digest=digest):
                 try:
                     new, effects = machine.on_result(
                         record, task_id=r.task_id, status=r.status, output=r.output, confidence=r.confidence,
-                        source=r.source, error=r.error, agents=self.agents, now=now,
+                        source=r.source, error=r.error, agents=self.agents, now=now, agent=agent, digest=digest,
                     )
                 except (KeyError, ValueError, TypeError, AttributeError) as exc:  # the machine may refuse it
                     log.warning("Skipping job %s result event that is not a TaskResult: %r", job_id, exc)
@@ -157,13 +157,19 @@ class Orchestrator:
         self, tp: TP, offset: int, job_id: str, old: JobRecord | None, new: JobRecord | None, effects: list[Any],
     ) -> None:
         outbox = self.outbox
+        dispatched = [e for e in effects if isinstance(e, (machine.DispatchStep, machine.DispatchPlanner))]
+        payloads = {e.task_id: self._payload(job_id, e) for e in dispatched}
+        new = machine.stamp(new, {task_id: task_digest(p) for task_id, p in payloads.items()})
         sends = self._write(tp, job_id, old, new)
         # The job result goes out only once the record saying the job ended is durable: otherwise a crash in
         # between could let the next owner finish the job differently and emit a second, different result.
         final: list[Send] = []
         for effect in effects:
             if isinstance(effect, (machine.DispatchStep, machine.DispatchPlanner)):
-                sends.append(self._task_send(job_id, effect))
+                sends.append(self._task_send(job_id, payloads[effect.task_id]))
+            elif isinstance(effect, machine.Control) and effect.event.startswith("alert."):
+                log.warning("Job %s: a result was refused: %s", job_id, effect.details)
+                outbox.control(effect.event, job_id, None, effect.details)
             elif isinstance(effect, machine.EmitJobResult):
                 final.append(outbox.record(topics.JOB_RESULTS, job_id.encode(), effect.result.encode("utf-8")))
             elif isinstance(effect, machine.Control):
@@ -201,8 +207,9 @@ class Orchestrator:
         body = decision.model_dump_json().encode("utf-8")
         return self.outbox.record(topics.APPROVALS, task_id.encode("utf-8"), body)
 
-    def _task_send(self, job_id: str, effect: Any) -> Send:
-        payload = TaskPayload(
+    @staticmethod
+    def _payload(job_id: str, effect: machine.DispatchStep | machine.DispatchPlanner) -> TaskPayload:
+        return TaskPayload(
             task_id=effect.task_id,
             agent_name=effect.agent,
             instruction=effect.instruction,
@@ -210,6 +217,8 @@ class Orchestrator:
             job_id=job_id,
             output_schema=machine.PLAN_SCHEMA if isinstance(effect, machine.DispatchPlanner) else None,
         )
+
+    def _task_send(self, job_id: str, payload: TaskPayload) -> Send:
         body = payload.model_dump_json(exclude_none=True).encode("utf-8")
         limit = self.settings.payload_max_bytes
         if len(body) > limit:
@@ -218,14 +227,15 @@ class Orchestrator:
             log.warning(
                 "Job %s: step task %s is %d bytes with its upstream outputs (limit %d); the step fails. "
                 "Raise AGENTS_STREAM_PAYLOAD_MAX_BYTES or make the upstream steps answer shorter",
-                job_id, effect.task_id, len(body), limit,
+                job_id, payload.task_id, len(body), limit,
             )
             failed = FannedInResult(
-                task_id=effect.task_id, status="failed",
+                task_id=payload.task_id, status="failed",
                 error=f"payload_too_large: {len(body)} bytes with the upstream outputs > {limit}",
             )
-            return self.outbox.record(topics.JOB_EVENTS, job_id.encode("utf-8"), fan_in_event(failed))
-        return self.outbox.record(topics.task_topic(effect.agent), effect.task_id.encode("utf-8"), body)
+            event = fan_in_event(failed, payload.agent_name, task_digest(payload))
+            return self.outbox.record(topics.JOB_EVENTS, job_id.encode("utf-8"), event)
+        return self.outbox.record(topics.task_topic(payload.agent_name), payload.task_id.encode("utf-8"), body)
 
     def _get(self, job_id: str) -> JobRecord | None:
         data = self.table.get(job_id)
@@ -289,7 +299,8 @@ def job_timer_key(job_id: str) -> str:
     return f"job/{job_id}"
 
 
-def fan_in_event(result: FannedInResult) -> bytes:
+def fan_in_event(result: FannedInResult, agent: str | None = None, digest: str | None = None) -> bytes:
     """The ledger's copy of a job task's result for the orchestrator (``agent.job.events``, keyed by job_id),
-    so every result of a job reaches the partition (and worker) that owns the job's record."""
-    return encode(JobTaskResult(result=result))
+    so every result of a job reaches the partition (and worker) that owns the job's record; with the agent and
+    the digest of the task that made it, so the job counts it only for the task it dispatched."""
+    return encode(JobTaskResult(result=result, agent_name=agent, task_digest=digest))

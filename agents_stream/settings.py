@@ -141,6 +141,20 @@ class Settings:
         "AGENTS_STREAM_PAYLOAD_MAX_BYTES", 262144,
         "Larger task payloads are dead-lettered as payload_too_large.",
     )
+    record_max_bytes: int = _setting(
+        "AGENTS_STREAM_RECORD_MAX_BYTES", 1_000_000,
+        "Largest record the worker sends (a task's table record, an outcome, a result): also the producer's "
+        "max_request_size; every topic's max.message.bytes must be at least this (checked at start). A task whose "
+        "record would pass it ends failed with result_too_large.",
+    )
+    answer_max_bytes: int = _setting(
+        "AGENTS_STREAM_ANSWER_MAX_BYTES", 262144,
+        "Largest answer (UTF-8 bytes) one provider call may give; a larger one fails the task with result_too_large.",
+    )
+    max_steps: int = _setting(
+        "AGENTS_STREAM_MAX_STEPS", 32,
+        "Most steps a multi-step task may have; a task with more is dead-lettered as too_many_steps.",
+    )
     output_check_budget_s: float = _setting(
         "AGENTS_STREAM_OUTPUT_CHECK_BUDGET_S", 1.0,
         "CPU seconds one check of an answer against its output schema may use (off the event loop); past them the "

@@ -113,6 +113,8 @@ class JobRecord(JsonRecord):
     goal: str | None = None
     planner: str | None = None  # the agent that turns the goal into a plan
     reason: str | None = None  # why the job ended as it did (None when every step succeeded)
+    #: contract.models.task_digest of the planner's task (a step's is its "digest"): only that task's result counts
+    planner_digest: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -226,17 +228,24 @@ def on_result(
     error: str | None = None,
     agents: Collection[str],
     now: float,
+    agent: str | None = None,
+    digest: str | None = None,
 ) -> tuple[JobRecord | None, list[Effect]]:
     """A TaskResult of one of the job's tasks arrived (``status``: succeeded, partial or failed).
 
     Only the first result of a dispatched task counts: a duplicate, a late
     result after a cancel, or a result of a task never dispatched changes nothing.
+    A result of another agent or task (``agent``, ``digest``, when given) than the
+    step's is refused with an alert: a producer's own ``<job>/<step>`` task cannot answer.
     """
     if status not in (SUCCEEDED, PARTIAL, FAILED):
         raise ValueError(f"unknown task status {status!r}")
     if record is None or record.terminal:
         return record, []
     step_id = step_of(record.job_id, task_id)
+    refused = _foreign(record, step_id, task_id, agent, digest)
+    if refused is not None:
+        return record, [refused]
     if step_id == PLANNER_STEP:
         if record.state != PLANNING:
             return record, []
@@ -261,6 +270,38 @@ def on_result(
     if skipped:
         details["skipped"] = skipped
     return _advance(record, steps, [Control("job.step_finished", details)], now=now)
+
+
+def _foreign(
+    record: JobRecord, step_id: str | None, task_id: str, agent: str | None, digest: str | None,
+) -> Control | None:
+    """The alert refusing a result that is not of the task the job dispatched for ``step_id``, or None."""
+    if step_id == PLANNER_STEP:
+        expected_agent, expected_digest = record.planner, record.planner_digest
+    elif step_id is not None and step_id in record.steps:
+        expected_agent, expected_digest = record.steps[step_id]["agent"], record.steps[step_id].get("digest")
+    else:
+        return None  # not one of the job's steps: on_result ignores it anyway
+    if agent is not None and agent != expected_agent:
+        why = f"from agent {agent!r}, the step's agent is {expected_agent!r}"
+    elif digest is not None and expected_digest is not None and digest != expected_digest:
+        why = "of another task than the one the job dispatched (its payload differs)"
+    else:
+        return None
+    return Control("alert.job_result_refused", {"step": step_id, "task_id": task_id, "reason": why})
+
+
+def stamp(record: JobRecord | None, digests: dict[str, str]) -> JobRecord | None:
+    """``record`` with the digest of each task just dispatched (``digests`` by task_id), so that only that
+    task's result counts for its step (``on_result``)."""
+    if record is None or not digests:
+        return record
+    steps = {
+        sid: {**step, "digest": digests[step["task_id"]]} if step.get("task_id") in digests else step
+        for sid, step in record.steps.items()
+    }
+    planner = digests.get(task_id_of(record.job_id, PLANNER_STEP), record.planner_digest)
+    return replace(record, steps=steps, planner_digest=planner)
 
 
 def cancel(record: JobRecord | None, *, by: str, reason: str, now: float) -> tuple[JobRecord | None, list[Effect]]:

@@ -51,6 +51,8 @@ class TaskRecord(JsonRecord):
     steps_done: str | None = None
     #: human approval (tables/approvals.py): JSON of reason, level, due, escalations and the decision
     approval: str | None = None
+    #: contract.models.task_digest of the task: another task under the same task_id is a conflict (see ``conflict``)
+    digest: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -130,6 +132,7 @@ def receive(
     requeue_id: str | None = None,
     history: str | None = None,
     approval: tuple[str, list[float]] | None = None,
+    digest: str | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """A task message arrived (first delivery, duplicate, redelivery after a crash, or an operator's requeue).
 
@@ -146,7 +149,7 @@ def receive(
     ):
         return _first_delivery(
             record, agent=agent, payload=payload, topic=topic, partition=partition, offset=offset, now=now, me=me,
-            ttl=ttl, requeue_id=requeue_id, history=history, approval=approval,
+            ttl=ttl, requeue_id=requeue_id, history=history, approval=approval, digest=digest,
         )
     if record.terminal:
         # A finished task never reaches a provider again; a redelivery re-emits its result.
@@ -179,6 +182,7 @@ def _first_delivery(
     requeue_id: str | None,
     history: str | None,
     approval: tuple[str, list[float]] | None,
+    digest: str | None = None,
 ) -> tuple[TaskRecord, list[Effect]]:
     """A new task, or a requeue of a failed or dead-lettered one: lease it here and dispatch (or park) it."""
     new = TaskRecord(
@@ -195,6 +199,7 @@ def _first_delivery(
         requeue_id=requeue_id,
         requeues=(record.requeues if record else 0) + (1 if requeue_id else 0),
         history=history,
+        digest=digest,
     )
     effects: list[Effect] = [Track(), Dispatch(1)]
     if approval is not None:
@@ -203,6 +208,19 @@ def _first_delivery(
     if requeue_id is not None:
         effects.append(Control("task.requeued", {"requeue_id": requeue_id, "requeues": new.requeues}))
     return new, effects
+
+
+def conflict(record: TaskRecord | None, *, agent: str, digest: str, recorded_digest: str | None) -> str | None:
+    """Why a message of ``record``'s task_id is another task (another agent, or another payload than the one
+    recorded: ``recorded_digest``, the record's digest or one computed from its payload); None when it is the same
+    task (a redelivery, a requeue, a producer's retry), which ``receive`` answers from the record."""
+    if record is None:
+        return None
+    if record.agent != agent:
+        return f"task_id already recorded for agent {record.agent!r}, now sent for {agent!r}"
+    if recorded_digest is not None and recorded_digest != digest:
+        return f"task_id already recorded for another payload of agent {agent!r} (digest {recorded_digest[:12]})"
+    return None
 
 
 def heartbeat(

@@ -5,6 +5,7 @@
     ├── TransientError       retriable (layer 2): timeouts, connection errors, 5xx
     │   └── RateLimited      429; carries the provider's Retry-After
     ├── PermanentError       the task's own fault (HTTP 400, refusal): failed + DLQ
+    │   └── ResultTooLarge   an answer or record over its size limit: failed result_too_large + DLQ
     ├── SystemicError        not the task's fault (401/403, bad config): hold + alert
     └── CircuitOpen          not retried: fall back or hold
 
@@ -57,6 +58,11 @@ class RateLimited(TransientError):
 
 class PermanentError(TaskError):
     """The task itself cannot succeed (HTTP 400, content refusal): fail it, dead-letter it."""
+
+
+class ResultTooLarge(PermanentError):
+    """An answer or a record bigger than its limit (a provider body, an answer, a task's record): never retried,
+    the task ends failed with ``result_too_large`` (its message starts with it)."""
 
 
 class SystemicError(TaskError):

@@ -240,8 +240,14 @@ class FannedInResult(BaseModel):
 class JobTaskResult(_Versioned):
     """The result of one of a job's tasks, for the job's owner."""
 
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"agent_name", "task_digest"})
+
     kind: Literal["result"] = "result"
     result: FannedInResult
+    #: who the ledger recorded the task for, and its task's digest (contract.models.task_digest): the job counts
+    #: the result only for the task it dispatched. None from workers before issue 15 (then not checked).
+    agent_name: str | None = None
+    task_digest: str | None = None
 
     @field_serializer("result")
     def _as_sent(self, result: FannedInResult) -> dict[str, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from datetime import datetime, timezone
 from typing import Any, Literal
@@ -37,6 +38,15 @@ class TaskPayload(BaseModel):
     output_schema: dict[str, Any] | None = None
     steps: list[Any] | None = None
     deadline: str | None = None
+
+
+def task_digest(task: TaskPayload) -> str:
+    """A digest of the task's canonical fields (every field of TaskPayload but schema_version, as sorted compact
+    JSON): two messages of one task_id are the same task exactly when their digests agree. Unknown fields, key
+    order and whitespace do not count; an absent optional field equals its default."""
+    fields = task.model_dump(mode="json", exclude={"schema_version"})
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
 class Usage(BaseModel):
@@ -110,10 +120,11 @@ def parse_json_model(raw: bytes | None, model: type[BaseModel], max_bytes: int) 
         raise PoisonMessage(kind, problems) from None
 
 
-def parse_task(raw: bytes | None, *, agent: str, max_bytes: int) -> TaskPayload:
+def parse_task(raw: bytes | None, *, agent: str, max_bytes: int, max_steps: int | None = None) -> TaskPayload:
     """Decode and validate a task message, or raise PoisonMessage with the reason.
 
-    Layer 1 of DESIGN.md: every way a message can be unusable has its own reason.
+    Layer 1 of DESIGN.md: every way a message can be unusable has its own reason. ``max_steps`` bounds ``steps``
+    (AGENTS_STREAM_MAX_STEPS): each step's answer is kept in the task's record, which must stay one Kafka record.
     """
     if raw is None:
         raise PoisonMessage("null_value", "the message has no value (tombstone)")
@@ -138,6 +149,8 @@ def parse_task(raw: bytes | None, *, agent: str, max_bytes: int) -> TaskPayload:
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
         )
         raise PoisonMessage("schema_violation", problems) from None
+    if max_steps is not None and task.steps is not None and len(task.steps) > max_steps:
+        raise PoisonMessage("too_many_steps", f"{len(task.steps)} steps > AGENTS_STREAM_MAX_STEPS {max_steps}")
     if task.agent_name != agent:
         raise PoisonMessage(
             "agent_mismatch", f"agent_name {task.agent_name!r} sent to the topic of {agent!r}"

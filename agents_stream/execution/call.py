@@ -10,7 +10,7 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from agents_stream.config import CONFIDENCE_ORDER, AppConfig
-from agents_stream.contract.errors import CircuitOpen, RateLimited, TransientError, classify
+from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLarge, TransientError, classify
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.outputs import (
@@ -86,6 +86,13 @@ class Caller:
                 await self._pause(task, provider, completion, retries)
                 continue
             self._systemic.discard(provider.name)
+            size = len(completion.text.encode("utf-8"))
+            if size > self.settings.answer_max_bytes:  # it would grow the task's record past what Kafka takes
+                error = (
+                    f"result_too_large: {provider.name} answered {size} bytes > AGENTS_STREAM_ANSWER_MAX_BYTES "
+                    f"{self.settings.answer_max_bytes}"
+                )
+                return Rejected(error, error, f"{tier.role}:{provider.name}")
             if spec is None:
                 output: Any = completion.text
             else:
@@ -117,6 +124,8 @@ class Caller:
         provider = tier.provider
         kind = classify(exc)
         if kind == "permanent":
+            if isinstance(exc, ResultTooLarge):  # its message names its reason already
+                return Rejected(str(exc), str(exc), f"{tier.role}:{provider.name}")
             return Rejected(f"permanent_error: {exc}", str(exc), f"{tier.role}:{provider.name}")
         if kind == "systemic":
             if provider.name not in self._systemic:

@@ -22,6 +22,7 @@ from mode import Service
 from agents_stream.config import AppConfig
 from agents_stream.contract.events import CachedAnswer, Heartbeat, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import run as run_outcome
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.plan import AgentPlan
@@ -195,6 +196,7 @@ class Executor(Service):
                 parked = True
                 self._spawn(self._park(run))
             else:
+                outcome = run_outcome.within(run, outcome, self.settings.record_max_bytes)
                 status: str
                 confidence: str
                 if isinstance(outcome, TaskSucceeded):

@@ -7,10 +7,13 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from agents_stream.contract.events import TaskFailed, TaskSucceeded
+from agents_stream.contract.events import TaskFailed, TaskSucceeded, encode
 from agents_stream.contract.models import Confidence, TaskPayload, Usage
+from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 
-__all__ = ["Answer", "Rejected", "Run", "Unavailable", "common", "partial", "rejected", "succeeded"]
+__all__ = [
+    "Answer", "Rejected", "Run", "Unavailable", "common", "partial", "rejected", "succeeded", "too_large", "within",
+]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +101,23 @@ def partial(run: Run) -> TaskSucceeded:
         **common(run), status="partial", output=None, confidence="failed", source="none", partial=True,
         error="every provider of the agent was unavailable",
     )
+
+
+def too_large(run: Run, answer_bytes: int, limit: int, source: str) -> TaskFailed | None:
+    """The failure (``result_too_large``) of a run whose answer of ``answer_bytes`` would not fit, with the task's
+    payload, in one record of ``limit`` bytes (AGENTS_STREAM_RECORD_MAX_BYTES); None when it fits."""
+    size = answer_bytes + len(run.task.model_dump_json()) + RECORD_OVERHEAD_BYTES
+    if size <= limit:
+        return None
+    error = (
+        f"result_too_large: the answer ({answer_bytes} bytes) and the task make a record of about {size} bytes "
+        f"> AGENTS_STREAM_RECORD_MAX_BYTES {limit}"
+    )
+    return rejected(run, Rejected(error, error, source))
+
+
+def within(run: Run, outcome: TaskSucceeded | TaskFailed, limit: int) -> TaskSucceeded | TaskFailed:
+    """``outcome``, or its ``result_too_large`` failure when it would not fit in a record (Kafka would refuse it)."""
+    if isinstance(outcome, TaskFailed):
+        return outcome
+    return too_large(run, len(encode(outcome)), limit, outcome.source) or outcome

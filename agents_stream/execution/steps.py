@@ -59,6 +59,10 @@ class StepRunner:
             if not isinstance(last, TaskSucceeded) or last.status != "succeeded":
                 return last  # a failed or partial step ends the task
             run.steps_done.append(last.output)
+            grown = len(json.dumps(run.steps_done, separators=(",", ":")))
+            failed = outcome.too_large(run, grown, self.settings.record_max_bytes, last.source)
+            if failed is not None:  # its checkpoint would not fit in the task's record: no further step can
+                return failed
             if CONFIDENCE_ORDER.index(last.confidence) > CONFIDENCE_ORDER.index(run.steps_confidence):
                 run.steps_confidence = last.confidence
             # Durable before the next step starts: a crash from here on does not repeat this one.

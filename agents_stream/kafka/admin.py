@@ -11,6 +11,7 @@ from typing import Any
 
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExistsError
 
 from agents_stream.config import AppConfig
@@ -143,12 +144,17 @@ async def ensure_topics(
         specs += others
         await _create_missing(admin, [t for t in specs if t.name not in existing], replication, brokers)
         described = await _described(admin, [t.name for t in specs], timeout)
+        problems = size_problems(settings, await _message_limits(admin, names + compacted))
         if group is not None:
             await _coordinator(admin, group, timeout)
     finally:
         await admin.close()
     _warn_under_replicated(described, replication)
     counts = {t: len(parts) for t, parts in described.items()}
+    if problems:
+        message = "Record size limits disagree: " + "; ".join(problems)
+        log.critical(message)
+        raise SystemExit(message)
     wrong = {t: n for t, n in counts.items() if n != settings.partitions and t in names}
     if wrong:
         message = (
@@ -199,6 +205,47 @@ def _warn_under_replicated(described: dict[str, list[dict[str, Any]]], replicati
             "with it. Add replicas with scripts/kafka-tool reassign-partitions (docs/cluster.md).",
             ", ".join(fewer), replication.factor,
         )
+
+
+def size_problems(settings: Settings, limits: dict[str, int]) -> list[str]:
+    """What stops a task's record from always fitting: the payload limit must leave room for an answer within
+    the record limit (also the producer's max_request_size), and every topic must take a record that big
+    (``limits``: each topic's max.message.bytes). Each problem says what to set."""
+    problems = []
+    record, payload = settings.record_max_bytes, settings.payload_max_bytes
+    if payload + settings.answer_max_bytes > record:
+        problems.append(
+            f"AGENTS_STREAM_PAYLOAD_MAX_BYTES ({payload}) + AGENTS_STREAM_ANSWER_MAX_BYTES "
+            f"({settings.answer_max_bytes}) > AGENTS_STREAM_RECORD_MAX_BYTES ({record}): a task and its answer must "
+            "fit in one record; lower the first two or raise the last"
+        )
+    small = {name: limit for name, limit in sorted(limits.items()) if limit < record}
+    if small:
+        shown = ", ".join(f"{name}={limit}" for name, limit in list(small.items())[:5])
+        problems.append(
+            f"{len(small)} topic(s) take smaller records than AGENTS_STREAM_RECORD_MAX_BYTES ({record}), the "
+            f"producer's max_request_size: max.message.bytes {shown}. Lower AGENTS_STREAM_RECORD_MAX_BYTES, or set "
+            f"max.message.bytes >= {record} on them (scripts/kafka-tool configs --bootstrap-server <broker> "
+            f"--alter --entity-type topics --entity-name <topic> --add-config max.message.bytes={record})"
+        )
+    return problems
+
+
+async def _message_limits(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
+    """max.message.bytes of each topic (its own, or the broker's default it inherits); {} when not allowed to ask."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"max.message.bytes": None}) for name in names]
+    try:
+        responses = await asyncio.wait_for(admin.describe_configs(resources), timeout=30.0)
+    except (KafkaError, asyncio.TimeoutError) as exc:
+        log.warning("Could not read the topics' max.message.bytes (%r); record sizes are not checked at start", exc)
+        return {}
+    limits = {}
+    for response in responses:
+        for error_code, _, _, name, entries in response.resources:
+            values = {entry[0]: entry[1] for entry in entries}
+            if error_code == 0 and str(values.get("max.message.bytes", "")).isdigit():
+                limits[name] = int(values["max.message.bytes"])
+    return limits
 
 
 async def _connected_admin(settings: Settings) -> AIOKafkaAdminClient:

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
+
+import faust
+from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from faust.exceptions import ProducerSendError
+from faust.types.tuples import FutureMessage, RecordMetadata
 
 from agents_stream.resilience.backoff import backoff
 
@@ -15,6 +20,21 @@ Send = Callable[[], "asyncio.Future[Any]"]
 
 CONFIRM_TIMEOUT_S = 30.0
 ALERT_AFTER = 3  # failed attempts before operators hear of it
+#: room a record's key, headers and batch framing take beside its value, within AGENTS_STREAM_RECORD_MAX_BYTES
+RECORD_OVERHEAD_BYTES = 8192
+
+
+class RecordTooLarge(Exception):
+    """The record is larger than the producer's request size or the broker's message size: sending it again
+    can never succeed, so it is not retried (docs/decisions.md, "Records too large never loop and never crash")."""
+
+
+def too_large(exc: BaseException) -> bool:
+    """``exc`` says the record is too large for the producer or the broker (the producer's own check and the
+    broker's MESSAGE_TOO_LARGE are both MessageSizeTooLargeError in aiokafka), or is our own RecordTooLarge."""
+    if isinstance(exc, ProducerSendError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return isinstance(exc, (RecordTooLarge, MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError))
 
 
 def retry_delay(attempt: int) -> float:
@@ -40,7 +60,9 @@ async def until_confirmed(
 
     ``first`` is an attempt already started (its future). A send unconfirmed
     after ``timeout`` is sent again, so a slow broker can leave a duplicate
-    record; that is the price of never treating it as done.
+    record; that is the price of never treating it as done. A record too large
+    for the producer or the broker raises RecordTooLarge at once: no retry can
+    make it smaller, and retrying would hold its offset forever.
     """
     fut = first if first is not None else send()
     attempt = 0
@@ -55,6 +77,8 @@ async def until_confirmed(
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if too_large(exc):
+                raise RecordTooLarge(f"{what}: {exc}") from exc
             attempt += 1
             wait = delay(attempt)
             log.warning(
@@ -66,3 +90,24 @@ async def until_confirmed(
                 alert(exc)
             await asyncio.sleep(wait)
             fut = send()
+
+
+class GuardedTopic(faust.Topic):
+    """Faust's topic (the app's ``Topic`` class, so changelogs too) whose buffered sends fail their own future when
+    the record is too large, instead of raising inside Faust's ProducerBuffer, where the error kills the worker
+    ("We experienced a crash!") and strands every task behind it."""
+
+    async def publish_message(self, fut: FutureMessage, wait: bool = False) -> Awaitable[RecordMetadata]:
+        try:
+            return await super().publish_message(fut, wait=wait)
+        except ProducerSendError as exc:  # Faust's wrapper of the producer's own error
+            if wait or not too_large(exc):
+                raise
+            log.error(
+                "A record for %s is too large to send (%s); it is not sent and its send fails for good. Bound what "
+                "grows the record, or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topic's max.message.bytes",
+                self.get_topic_name(), exc,
+            )
+            if not fut.done():
+                fut.set_exception(RecordTooLarge(str(exc)))
+            return fut

@@ -14,7 +14,14 @@ from faust.types import TP
 from agents_stream.contract import topics
 from agents_stream.contract.models import ControlEvent, utcnow_iso
 from agents_stream.kafka.deadletters import FindDeadLetter
-from agents_stream.kafka.delivery import CONFIRM_TIMEOUT_S, Send, is_confirmed, retry_delay, until_confirmed
+from agents_stream.kafka.delivery import (
+    CONFIRM_TIMEOUT_S,
+    RecordTooLarge,
+    Send,
+    is_confirmed,
+    retry_delay,
+    until_confirmed,
+)
 from agents_stream.kafka.watermark import Watermark
 
 __all__ = ["Channel", "ChangelogTable", "Headers", "Outbox", "Send"]
@@ -284,6 +291,14 @@ class Outbox(mode.Service):
         except asyncio.CancelledError:
             stopping = True  # the consumer commits once more as it stops: this offset must still hold it back
             raise
+        except RecordTooLarge as exc:
+            # No retry can send it, and holding the offset would stall the partition forever: the offset is
+            # released and operators told. The ledger bounds what it writes, so this is the last resort.
+            log.error(
+                "A send of %s can never be confirmed: %s. Its offset is released without it; bound what grows the "
+                "record or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topics' max.message.bytes", where, exc,
+            )
+            self.control("alert.record_too_large", where, None, {"error": str(exc)[:500]})
         finally:
             if not stopping:
                 self.watermark.close(tp, offset, delivery.gen)

@@ -32,6 +32,7 @@ from agents_stream.contract.models import Confidence, Status, TaskPayload, TaskR
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger import identity, sizes
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import HISTORY_HEADER, moved, requeue_headers
@@ -172,7 +173,9 @@ class Ledger:
     def _on_task(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any) -> None:
         agent = topics.agent_of(tp.topic) or ""
         try:
-            task = parse_task(value, agent=agent, max_bytes=self.settings.payload_max_bytes)
+            task = parse_task(
+                value, agent=agent, max_bytes=self.settings.payload_max_bytes, max_steps=self.settings.max_steps,
+            )
         except PoisonMessage as poison:
             self.poison.on_message(tp, offset, agent, key, value, headers, poison)
             return
@@ -183,6 +186,9 @@ class Ledger:
     def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None) -> None:
         now = time.time()
         record = record_of(self.table, task.task_id)
+        digest = identity.task_digest(task)
+        if identity.refuse_conflict(self.poison, self.outbox, tp, offset, task, digest, record, value, headers):
+            return
         requeue_id, history = requeue_headers(headers)
         if record is not None and record.state == leases.RUNNING and record.owner != self.worker_id:
             log.info(
@@ -204,6 +210,7 @@ class Ledger:
             requeue_id=requeue_id,
             history=history,
             approval=self.gate.approval_for(task),
+            digest=digest,
         )
         self._apply(tp, offset, task.task_id, record, new, effects, task=task)
 
@@ -251,12 +258,13 @@ class Ledger:
             case TaskSucceeded() | TaskFailed():
                 if record is None or record.terminal:
                     return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
-                reason = event.reason if isinstance(event, TaskFailed) else None
-                result = self._result_json(task_id, record, event)
-                new, effects = leases.finish(record, status=event.kind, result=result, reason=reason, now=now)
+                new, effects, event = self._finish(task_id, record, event, now)
                 extra = self._account(tp, record, event, now)
             case StepDone(index=index, output=output):
                 new, effects = leases.checkpoint(record, index=index, output=output)
+                failed = sizes.oversize(new, event, self.settings.record_max_bytes) if new is not record else None
+                if failed is not None and record is not None:  # a checkpoint past Kafka's record limit ends it
+                    new, effects, _ = self._finish(task_id, record, failed, now)
             case LeaseExpired(dispatch=dispatch):
                 new, effects = leases.expire(
                     record, dispatch=dispatch, now=now, me=self.worker_id, ttl=ttl,
@@ -265,6 +273,20 @@ class Ledger:
             case _:  # the kinds _on_outcome handles itself
                 return None
         return new, effects, extra
+
+    def _finish(
+        self, task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float,
+    ) -> tuple[TaskRecord | None, list[leases.Effect], TaskSucceeded | TaskFailed]:
+        """The terminal transition of ``event``, or of its result_too_large failure when the record would not fit
+        in a Kafka record (the event applied is returned: it is what spend and the cache account)."""
+        reason = event.reason if isinstance(event, TaskFailed) else None
+        result = self._result_json(task_id, record, event)
+        new, effects = leases.finish(record, status=event.kind, result=result, reason=reason, now=now)
+        failed = sizes.oversize(new, event, self.settings.record_max_bytes)
+        if failed is None:
+            return new, effects, event
+        log.warning("Task %s fails: %s (dead-lettered; the answer is not kept)", task_id, failed.error)
+        return self._finish(task_id, record, failed, now)  # a failure's record is its payload and a short result
 
     def _result_json(self, task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed) -> str:
         payload = json.loads(record.payload)
@@ -365,7 +387,8 @@ class Ledger:
             job_id = job_of(record)
             if job_id is not None:  # fan-in: the job's owner hears of every result of its tasks
                 fanned = FannedInResult.model_validate_json(effect.result)  # the whole result rides along
-                sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), fan_in_event(fanned)))
+                event = fan_in_event(fanned, record.agent, identity.recorded_digest(record))
+                sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), event))
         elif isinstance(effect, leases.DeadLetter):
             self._dead_letter(task_id, record, effect, sends, after)
         elif isinstance(effect, leases.Control):
@@ -398,7 +421,8 @@ class Ledger:
         job_id = job_of(record)
         if job_id is not None and record.result is None:  # no result will come: the job counts it failed
             failed = FannedInResult(task_id=task_id, status="failed", error=f"dead-lettered: {effect.reason}")
-            sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), fan_in_event(failed)))
+            event = fan_in_event(failed, record.agent, identity.recorded_digest(record))
+            sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), event))
 
     # -- the scanner, approvals and rebalances ------------------------------------------------
 

@@ -16,6 +16,7 @@ from agents_stream.config import ProviderConfig
 from agents_stream.contract.errors import (
     PermanentError,
     RateLimited,
+    ResultTooLarge,
     SystemicError,
     TaskError,
     TransientError,
@@ -140,6 +141,14 @@ def _redacted(error: TaskError, key: str | None) -> TaskError:
     return error
 
 
+def _decoded(body: bytes, resp: aiohttp.ClientResponse) -> str:
+    """The body as text in the charset the response names (UTF-8 when it names none, or one Python lacks)."""
+    try:
+        return body.decode(resp.get_encoding(), errors="replace")
+    except LookupError:
+        return body.decode("utf-8", errors="replace")
+
+
 def _excerpt(body: str) -> str:
     """The server's own explanation, short: ``error.message`` when JSON, else the start of the body."""
     try:
@@ -203,7 +212,7 @@ class HTTPProvider(Provider):
         try:
             async with self._client().post(url, json=body, headers=dict(headers)) as resp:
                 status, resp_headers = resp.status, resp.headers
-                text = await resp.text(errors="replace")
+                text = _decoded(await self._read_capped(resp), resp)
         except TimeoutError as exc:
             log.debug("%s POST %s timed out after %.3fs", self.name, url, time.monotonic() - started)
             raise error_for(self.config, exc=exc) from exc
@@ -220,6 +229,32 @@ class HTTPProvider(Provider):
         if not isinstance(data, dict):
             raise self._malformed("body is not a JSON object")
         return data
+
+    async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
+        """The body, read up to ``max_body_bytes``: a larger one is never held in memory whole (ResultTooLarge)."""
+        cap = self.config.max_body_bytes
+        if resp.content_length is not None and resp.content_length > cap:
+            raise self._too_large(resp.content_length)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in resp.content.iter_chunked(65536):
+            size += len(chunk)
+            if size > cap:
+                raise self._too_large(size)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _too_large(self, size: int) -> ResultTooLarge:
+        log.warning(
+            "%s sent a response body of at least %d bytes, more than max_body_bytes = %d; the task fails with "
+            "result_too_large (raise max_body_bytes in the provider's config if such answers are expected)",
+            self.name, size, self.config.max_body_bytes,
+        )
+        return ResultTooLarge(
+            f"result_too_large: {self.name} sent a body of at least {size} bytes > max_body_bytes "
+            f"{self.config.max_body_bytes}",
+            provider=self.name,
+        )
 
     async def probe(self) -> bool:
         """True when any HTTP answer arrives (even 404): the endpoint is up, whatever it thinks of us."""

@@ -133,3 +133,26 @@ async def test_an_unpriced_model_reports_an_unknown_cost() -> None:
             w.dispatch("t1")
             out = await w.outcome("t1")
     assert out["usage"] == {"input_tokens": 5, "output_tokens": 7, "cost": None}
+
+
+async def test_an_answer_over_the_answer_limit_fails_the_task_as_result_too_large() -> None:
+    """An answer larger than AGENTS_STREAM_ANSWER_MAX_BYTES would grow the task's record past what Kafka takes:
+    one call, a failed outcome with reason result_too_large, no retry and no alternate."""
+    async with FakeLLM([ok("x" * 5000)], default=None) as p, FakeLLM(default=None) as alt:
+        async with worker({"p": p, "alt": alt}, {"providers": ["p", "alt"]}, settings={"answer_max_bytes": 4000}) as w:
+            w.dispatch("t1")
+            out = await w.outcome("t1")
+    assert out["kind"] == "failed" and out["reason"].startswith("result_too_large: ")
+    assert out["error"].startswith("result_too_large: ") and out["source"] == "primary:p"
+    assert len(p.requests) == 1 and alt.requests == []
+
+
+async def test_steps_whose_answers_outgrow_the_record_end_the_task_before_the_next_step() -> None:
+    """Five steps of 300 KB answers: the checkpoint passes AGENTS_STREAM_RECORD_MAX_BYTES (1 MB) at the fourth,
+    so the task fails there with result_too_large; the fifth step is never called."""
+    async with FakeLLM(default=ok("y" * 300_000)) as p:
+        async with worker({"p": p}, {"providers": ["p"]}, settings={"answer_max_bytes": 400_000}) as w:
+            w.dispatch("t1", steps=["one", "two", "three", "four", "five"])
+            out = await w.outcome("t1", timeout=30)
+    assert out["kind"] == "failed" and out["reason"].startswith("result_too_large: ")
+    assert len(p.requests) == 4 and len(w.events("t1", "step")) == 3, "three steps checkpointed, none after"

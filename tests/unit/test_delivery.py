@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+from aiokafka.errors import MessageSizeTooLargeError
+
 from agents_stream.kafka.delivery import ALERT_AFTER, is_confirmed, until_confirmed
 
 
@@ -70,3 +73,14 @@ async def test_only_a_send_the_broker_answered_without_error_is_confirmed():
     cancelled.cancel()
     ok.set_result("ok")
     assert [is_confirmed(f) for f in (pending, failed, cancelled, ok)] == [False, False, False, True]
+
+
+async def test_a_record_too_large_is_not_sent_again():
+    """MessageSizeTooLarge can never go away by retrying: until_confirmed gives up after the first attempt
+    (RecordTooLarge), instead of looping and holding the slot and the partition's commit forever."""
+    from agents_stream.kafka.delivery import RecordTooLarge  # new in issue 15
+
+    send, attempts = scripted([MessageSizeTooLargeError("1500000 bytes")] + [None] * 5)
+    with pytest.raises(RecordTooLarge):
+        await asyncio.wait_for(until_confirmed(send, what="t", alert=lambda exc: None, delay=lambda a: 0.01), 5)
+    assert len(attempts) == 1

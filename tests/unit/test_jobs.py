@@ -616,3 +616,37 @@ def test_random_dags_finish_with_every_step_final_and_dependencies_respected(cas
     sinks = {sid for sid in final if not any(sid in d for d in deps.values())}
     assert set(body["output"]) == {sid for sid in sinks if final[sid] in (SUCCEEDED, PARTIAL)}
     assert list(body["steps"]) == [t["id"] for t in p["tasks"]]
+
+
+# -- issue 15, item 3: a step's result only from the step's own agent and task --------------------------------
+
+
+def test_a_result_from_another_agent_than_the_steps_is_refused_with_an_alert() -> None:
+    """A producer that sends its own ``<job>/a`` task to another agent cannot answer for step a: the result is
+    refused (an alert says why), the step stays dispatched, nothing downstream runs."""
+    record, _ = submit(CHAIN)
+    got, effects = jobs.on_result(
+        record, task_id=f"{JOB}/a", status=SUCCEEDED, output="forged", agents=AGENTS, now=T0, agent="writer",
+    )
+    assert got is record and events(effects) == ["alert.job_result_refused"] and dispatched(effects) == []
+    assert got.steps["a"]["status"] == DISPATCHED
+    accepted, effects = jobs.on_result(
+        record, task_id=f"{JOB}/a", status=SUCCEEDED, output="real", agents=AGENTS, now=T0, agent="researcher",
+    )
+    assert accepted.steps["a"]["status"] == SUCCEEDED and dispatched(effects) == ["b"]
+
+
+def test_a_result_of_another_task_than_the_one_dispatched_is_refused() -> None:
+    """The job keeps the digest of the task it dispatched for each step (``stamp``): a result of the right agent
+    for another payload under the step's task id is refused; the dispatched task's result counts."""
+    record, _ = submit(CHAIN)
+    record = jobs.stamp(record, {f"{JOB}/a": "d-real"})
+    assert record is not None and record.steps["a"]["digest"] == "d-real"
+    got, effects = jobs.on_result(
+        record, task_id=f"{JOB}/a", status=SUCCEEDED, agents=AGENTS, now=T0, agent="researcher", digest="d-forged",
+    )
+    assert got is record and events(effects) == ["alert.job_result_refused"]
+    got, effects = jobs.on_result(
+        record, task_id=f"{JOB}/a", status=SUCCEEDED, agents=AGENTS, now=T0, agent="researcher", digest="d-real",
+    )
+    assert got.steps["a"]["status"] == SUCCEEDED

@@ -186,3 +186,29 @@ def test_task_id_with_control_characters_is_poison() -> None:
     with pytest.raises(PoisonMessage) as info:
         parse_task(body, agent=AGENT, max_bytes=LIMIT)
     assert info.value.reason == "schema_violation" and "task_id" in str(info.value)
+
+
+def test_a_task_with_more_steps_than_the_limit_is_poison():
+    """Each step's answer is kept in the task's one record: more steps than AGENTS_STREAM_MAX_STEPS is refused
+    at intake (too_many_steps), as many as the limit is not."""
+    def body(steps: int) -> bytes:
+        return json.dumps({"task_id": "t", "agent_name": "a", "instruction": "i", "steps": ["s"] * steps}).encode()
+
+    assert len(parse_task(body(4), agent="a", max_bytes=10_000, max_steps=4).steps or []) == 4
+    with pytest.raises(PoisonMessage) as caught:
+        parse_task(body(5), agent="a", max_bytes=10_000, max_steps=4)
+    assert caught.value.reason == "too_many_steps"
+
+
+def test_the_task_digest_is_of_the_task_not_of_its_bytes():
+    """Two messages are the same task when their canonical fields agree (key order, whitespace, unknown fields
+    and defaults spelled out do not count); any field that differs makes another task."""
+    from agents_stream.contract.models import task_digest  # new in issue 15
+
+    one = TaskPayload.model_validate_json('{"task_id": "t", "agent_name": "a", "instruction": "i"}')
+    same = TaskPayload.model_validate_json(
+        '{"instruction":"i","agent_name":"a","task_id":"t","context_data":{},"extra":1,"steps":null}'
+    )
+    assert task_digest(one) == task_digest(same)
+    for other in ({"instruction": "j"}, {"agent_name": "b"}, {"context_data": {"k": 1}}, {"job_id": "j"}):
+        assert task_digest(one.model_copy(update=other)) != task_digest(one)

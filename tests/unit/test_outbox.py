@@ -6,6 +6,7 @@ import asyncio
 import json
 from typing import Any
 
+from aiokafka.errors import MessageSizeTooLargeError
 from faust.types import TP
 
 from agents_stream.contract import topics
@@ -110,3 +111,23 @@ async def test_stopping_cancels_the_retry_tasks_and_keeps_their_offsets_held():
     await outbox.stop()
     assert outbox.delivering() == 0
     assert outbox.watermark.commit_offset(SOURCE) == 7
+
+
+async def test_a_record_too_large_for_the_broker_is_not_retried_and_releases_its_offset():
+    """A send the broker refuses as too large (MessageSizeTooLarge) is never retried: the delivery gives up at
+    once, releases the offset (the partition commits past it) and alerts, instead of holding it forever."""
+    producer = Producer()
+    outbox = _outbox(producer, retry_delay=lambda attempt: 0.0)
+    outbox.watermark.handled(SOURCE, 7)
+    outbox.deliver(SOURCE, 7, [outbox.record("agent.results", b"t1", b"{}")])
+    producer.sent[0][-1].set_exception(MessageSizeTooLargeError("too big"))
+    for _ in range(50):
+        await asyncio.sleep(0)
+        if outbox.delivering() == 0:
+            break
+    results = [s for s in producer.sent if s[0] == "agent.results"]
+    alerts = [json.loads(s[2])["event"] for s in producer.sent if s[0] == topics.CONTROL]
+    assert len(results) == 1, "sent once, never again"
+    assert outbox.delivering() == 0 and outbox.watermark.commit_offset(SOURCE) == 8
+    assert alerts == ["alert.record_too_large"]
+    await outbox.stop()

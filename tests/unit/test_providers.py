@@ -437,3 +437,16 @@ def test_render_prompt_appends_context_as_json() -> None:
     rendered = render_prompt(Prompt("Do it", context={"b": 2, "a": "é"}))
     assert rendered.startswith("Do it\n\nContext (JSON):\n")
     assert rendered.index('"a"') < rendered.index('"b"') and "é" in rendered
+
+
+@pytest.mark.asyncio
+async def test_a_body_over_max_body_bytes_is_result_too_large(fake: FakeLLM, make: MakeProvider) -> None:
+    """A body larger than the provider's max_body_bytes is never read whole: the call fails for good
+    (ResultTooLarge, a PermanentError), so the task ends failed with result_too_large instead of growing."""
+    from agents_stream.contract.errors import ResultTooLarge  # new in issue 15
+
+    fake.enqueue(ok("x" * 20_000), ok("short"))
+    provider = make(max_body_bytes=10_000)
+    error = await fails(provider, ResultTooLarge)
+    assert isinstance(error, PermanentError) and str(error).startswith("result_too_large: ")
+    assert (await provider.complete(PROMPT)).text == "short", "a body within the cap is read as before"

@@ -1,0 +1,43 @@
+"""How big a task's record is, and the result_too_large failure of an outcome that would make it too big (pure)."""
+
+from __future__ import annotations
+
+import json
+
+from agents_stream.contract.events import StepDone, TaskFailed, TaskSucceeded
+from agents_stream.contract.models import Usage
+from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
+from agents_stream.tables.leases import TaskRecord
+
+__all__ = ["REASON", "oversize", "record_bytes"]
+
+#: the start of the dead letter's error_reason and of the failed result's error
+REASON = "result_too_large"
+
+
+def record_bytes(record: TaskRecord) -> int:
+    """The size of ``record`` as its changelog record carries it (JSON, as the table's serializer writes it)."""
+    return len(json.dumps(record.to_json()).encode("utf-8"))
+
+
+def oversize(
+    new: TaskRecord | None, event: TaskSucceeded | TaskFailed | StepDone, limit: int,
+) -> TaskFailed | None:
+    """The result_too_large failure to apply instead of ``event`` when the record it makes (``new``) would not fit
+    in one Kafka record of ``limit`` bytes; None when it fits (or ``event`` is that failure already)."""
+    if new is None or (isinstance(event, TaskFailed) and event.reason.startswith(REASON)):
+        return None
+    size = record_bytes(new) + RECORD_OVERHEAD_BYTES
+    if size <= limit:
+        return None
+    what = f"the checkpoint of step {event.index + 1}" if isinstance(event, StepDone) else "the result"
+    error = f"{REASON}: with {what} the task's record is {size} bytes > AGENTS_STREAM_RECORD_MAX_BYTES {limit}"
+    if isinstance(event, StepDone):
+        return TaskFailed(
+            worker=event.worker, dispatch=event.dispatch, calls=0, usage=Usage(), route=None, error=error,
+            reason=error, source="checkpoint",
+        )
+    return TaskFailed(
+        worker=event.worker, dispatch=event.dispatch, calls=event.calls, usage=event.usage, route=event.route,
+        error=error, reason=error, source=event.source,
+    )
