@@ -11,15 +11,16 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
-from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
+from agents_stream.config import AppConfig
 from agents_stream.contract import events
 from agents_stream.contract.errors import CircuitOpen
 from agents_stream.resilience import breaker, circuit_events
-from agents_stream.resilience.breaker import Breaker, Transition
-from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
+from agents_stream.resilience.breaker import Transition
+from agents_stream.resilience.circuit import Circuit, LogRecord, Permit, circuit_id
+from agents_stream.resilience.presence import Presence
+from agents_stream.resilience.ratelimit import ramp, rebucket, share, take
 
 __all__ = ["Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
 
@@ -35,45 +36,6 @@ _UNFOLDED_WAIT_S = 2.0
 _PROBE_VERDICT_S = 3.0
 #: Retry-After assumed for a 429 that did not say
 _DEFAULT_RETRY_AFTER_S = 1.0
-
-
-class LogRecord(Protocol):
-    """What the fold reads of one log record (aiokafka's ``ConsumerRecord`` has it)."""
-
-    @property
-    def offset(self) -> int: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def timestamp(self) -> int: ...
-    @property
-    def timestamp_type(self) -> int: ...
-
-
-@dataclass(eq=False)
-class Permit:
-    """One admitted call; give it back with ``Circuits.release``."""
-
-    provider: str
-    probe_id: str | None = None
-    released: bool = False
-
-
-@dataclass
-class _Circuit:
-    id: str
-    config: ProviderConfig
-    breaker_config: BreakerConfig
-    breaker: Breaker = field(default_factory=Breaker)
-    blocked_until: float = 0.0  # Retry-After, from any worker
-    in_flight: int = 0  # this worker's calls
-    bucket: TokenBucket | None = None
-    unfolded: dict[str, float] = field(default_factory=dict)  # own failure/429 event id → sent at
-    probing: bool = False  # one local task at a time asks for a probe place
-    next_probe_at: float = 0.0  # after a refused request, when to ask again
-    #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
-    retry_after_propagation_s: float | None = None
-    probe_waiters: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
 
 
 class Circuits:
@@ -95,32 +57,32 @@ class Circuits:
         spend_report: Callable[[], dict[str, Any]] = dict,
         app_id: str = "",
         presence_s: float = 5.0,
+        report_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.worker_id = worker_id
         #: provider name → its circuit; names that configure the same endpoint and model share one
-        self._circuits: dict[str, _Circuit] = {}
-        self._by_id: dict[str, _Circuit] = {}
+        self._circuits: dict[str, Circuit] = {}
+        self._by_id: dict[str, Circuit] = {}
         for name in dict.fromkeys(providers):
             pconf = config.provider(name)
             cid = circuit_id(pconf)
             if cid not in self._by_id:
-                self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name))
+                self._by_id[cid] = Circuit(cid, pconf, config.breaker_for(name))
             self._circuits[name] = self._by_id[cid]
         self._send = send
         self._on_transition = on_transition
         self._on_change = on_change
         self._spend_report = spend_report
         self.presence_s = presence_s
+        #: how often report_successes is due (the circuits log's service calls it)
+        self.report_s = report_s
         self._clock = clock
         self.app_id = app_id
         self._changed = asyncio.Event()  # breaker state, Retry-After or probe places changed
         self._slot_freed = asyncio.Event()  # a call of this worker ended
         self._start_offset = 0
-        #: worker id → (last hello at, endpoints it calls)
-        self._presence: dict[str, tuple[float, frozenset[str]]] = {}
-        #: (app id, agent, day, partition) → (reported at, USD): the newest report per partition wins
-        self._spend: dict[tuple[str, str, str, str], tuple[float, float]] = {}
+        self._presence = Presence()
         #: records folded so far
         self.folded = 0
 
@@ -168,8 +130,7 @@ class Circuits:
         # every worker, so a worker with a skewed clock cannot move the window or the timeout.
         at = record.timestamp / 1000.0 if record.timestamp_type == 1 else ev.at
         if isinstance(ev, events.CircuitHello):  # absent (None) fields: no endpoints, app "", no spend
-            self._presence[ev.worker] = (at, frozenset(ev.providers or ()))
-            self._fold_spend(at, ev.app or "", ev.spend or {})
+            self._presence.fold(at, ev)
             return False
         c = self._by_id.get(ev.provider or "")
         if c is None:
@@ -189,12 +150,12 @@ class Circuits:
             # For a worker that joined after the cause: take over the state the log recorded.
             if ev.cause >= self._start_offset or ev.to == c.breaker.state:
                 return False
-        event = circuit_events.breaker_event(ev, at)
-        if event is None:
-            return False
-        return self._step(c, event, ev, mine, record.offset) or woke_gate
+        changed = False
+        for event in circuit_events.breaker_events(ev, at):
+            changed |= self._step(c, event, ev, mine, record.offset)
+        return changed or woke_gate
 
-    def _step(self, c: _Circuit, event: breaker.Event, ev: events.CircuitsEvent, mine: bool, offset: int) -> bool:
+    def _step(self, c: Circuit, event: breaker.Event, ev: events.CircuitsEvent, mine: bool, offset: int) -> bool:
         """Step the breaker; True when what callers wait on changed."""
         before = c.breaker
         c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
@@ -211,7 +172,7 @@ class Circuits:
         # A probe request only adds a place (or is refused): nobody waiting can go on because of it.
         return (moved and not isinstance(ev, events.CircuitProbe)) or bool(transitions)
 
-    def _transition(self, c: _Circuit, t: Transition, mine: bool, offset: int) -> None:
+    def _transition(self, c: Circuit, t: Transition, mine: bool, offset: int) -> None:
         name = c.config.name or c.id
         log_at = logging.WARNING if t.to == breaker.OPEN else logging.INFO
         log.log(
@@ -228,14 +189,6 @@ class Circuits:
             self._on_transition(name, t, mine)
         except Exception as exc:  # a reporting bug must not stop the fold
             log.exception("Circuits: transition callback failed: %r", exc)
-
-    def _fold_spend(self, at: float, app: str, spend: dict[str, dict[str, dict[str, float]]]) -> None:
-        for agent, days in spend.items():
-            for day, parts in days.items():
-                for partition, usd in parts.items():
-                    key = (app, str(agent), str(day), str(partition))
-                    if key not in self._spend or self._spend[key][0] <= at:
-                        self._spend[key] = (at, float(usd))
 
     def _signal(self) -> None:
         self._changed.set()
@@ -282,9 +235,7 @@ class Circuits:
         """Workers (this one included) that said within three presence intervals that they call this endpoint."""
         cid = self._circuits[provider].id
         horizon = self._clock() - 3 * self.presence_s
-        return 1 + sum(
-            1 for w, (at, ids) in self._presence.items() if w != self.worker_id and at >= horizon and cid in ids
-        )
+        return 1 + self._presence.others(cid, self.worker_id, horizon)
 
     def concurrency_limit(self, provider: str) -> float | None:
         """This worker's share of the provider's cluster-wide max_concurrency, ramped after a close."""
@@ -296,12 +247,16 @@ class Circuits:
 
     def spend(self, agent: str, day: str) -> float:
         """Cluster-wide spend of this app's agent on a UTC day, as the workers last reported it."""
-        mine = (self.app_id, agent, day)
-        return sum(usd for (app, a, d, _), (_, usd) in self._spend.items() if (app, a, d) == mine)
+        return self._presence.spend(self.app_id, agent, day)
 
     async def acquire(self, provider: str) -> Permit:
-        """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
+        """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now.
+
+        In half-open, while a probe is out (this worker's or another's), the call waits for its verdict, at most the
+        provider's ``timeout_s``: admitted once it closes, CircuitOpen if it reopens or no verdict came.
+        """
         c = self._circuits[provider]
+        verdict_by: float | None = None  # loop time: the wait is this worker's, not the log's
         while True:
             now = self._clock()
             if c.blocked_until > now:
@@ -314,10 +269,18 @@ class Circuits:
                 reopens = breaker.reopens_at(c.breaker, c.breaker_config)
                 raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=reopens)
             if state == breaker.HALF_OPEN:
-                if now < c.next_probe_at:
-                    msg = f"{provider}: half-open, probe places taken"
+                if not self._probe_out(c, now):
+                    try:
+                        return await self._probe(c)
+                    except CircuitOpen:
+                        pass  # another worker's probe took the place: wait for its verdict like the rest
+                loop_now = asyncio.get_running_loop().time()
+                verdict_by = loop_now + c.config.timeout_s if verdict_by is None else verdict_by
+                if loop_now >= verdict_by:
+                    msg = f"{provider}: half-open, its probe gave no verdict within {c.config.timeout_s:g}s"
                     raise CircuitOpen(msg, provider=provider, retry_at=c.next_probe_at)
-                return await self._probe(c)
+                await self.wait_change(min(0.25, verdict_by - loop_now))
+                continue
             # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.
             stale = [i for i, sent in c.unfolded.items() if now - sent > _UNFOLDED_WAIT_S]
             for i in stale:
@@ -338,7 +301,7 @@ class Circuits:
             c.in_flight += 1
             return Permit(provider)
 
-    async def _probe(self, c: _Circuit) -> Permit:
+    async def _probe(self, c: Circuit) -> Permit:
         name = c.config.name
         if c.probing:
             raise CircuitOpen(f"{name}: half-open, a probe from this worker is under way", provider=name)
@@ -365,6 +328,41 @@ class Circuits:
         log.info("Breaker %s: half-open, probing with one real call", name)
         return Permit(name, probe_id)
 
+    def _probe_out(self, c: Circuit, now: float) -> bool:
+        """Whether a probe of this circuit is under way (here, or admitted by the log and not yet timed out), or
+        this worker was refused a place moments ago."""
+        if c.probing or now < c.next_probe_at:
+            return True
+        limit = c.breaker_config.probe_timeout_s
+        return c.breaker.state == breaker.HALF_OPEN and any(now - t <= limit for _, t in c.breaker.probes)
+
+    def probes_due(self) -> list[str]:
+        """One provider name per circuit whose open timeout elapsed with no probe out: the ones to probe now."""
+        now = self._clock()
+        due: dict[str, str] = {}
+        for name, c in self._circuits.items():
+            state = breaker.view(c.breaker, now, c.breaker_config)
+            if state == breaker.HALF_OPEN and c.blocked_until <= now and not self._probe_out(c, now):
+                due.setdefault(c.id, name)
+        return list(due.values())
+
+    async def acquire_probe(self, provider: str) -> Permit:
+        """Admit a probe of a half-open circuit, as the log decides (at most ``half_open_probes`` cluster-wide);
+        CircuitOpen when it is not half-open, a probe is out or the log refused."""
+        c = self._circuits[provider]
+        now = self._clock()
+        if breaker.view(c.breaker, now, c.breaker_config) != breaker.HALF_OPEN or self._probe_out(c, now):
+            raise CircuitOpen(f"{provider}: nothing to probe now", provider=provider)
+        return await self._probe(c)
+
+    def report_successes(self) -> None:
+        """Put this worker's closed-state successes on the log, one count per circuit (none if there were none)."""
+        now = self._clock()
+        for c in self._by_id.values():
+            if c.unreported:
+                count, c.unreported = c.unreported, 0
+                self._publish(events.CircuitSuccess, c.id, count=count, age=max(0.0, now - c.last_success))
+
     def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
         """``result``: "success" (the provider answered), "failure" (it did not), "rate_limited", or "neutral"."""
         if permit.released:
@@ -377,7 +375,12 @@ class Circuits:
         if permit.probe_id is not None:
             c.probing = False
         if result == "failure":
-            event_id = self._publish(events.CircuitFailure, c.id, probe_id=permit.probe_id)
+            # The successes before it travel with it, so the log sees them before the failure.
+            count, c.unreported = c.unreported, 0
+            age = max(0.0, self._clock() - c.last_success) if count else None
+            event_id = self._publish(
+                events.CircuitFailure, c.id, probe_id=permit.probe_id, successes=count or None, success_age=age,
+            )
             c.unfolded[event_id] = self._clock()
         elif result == "rate_limited":
             until = self._clock() + (retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S)
@@ -387,8 +390,11 @@ class Circuits:
             if permit.probe_id is not None:  # the provider answered: it is up, only busy
                 self._publish(events.CircuitSuccess, c.id, probe_id=permit.probe_id)
         elif result == "success" and permit.probe_id is not None:
-            # Successes matter to the breaker only in half-open; closed-state ones stay local.
             self._publish(events.CircuitSuccess, c.id, probe_id=permit.probe_id)
+        elif result == "success":
+            # Counted, not sent: report_successes (every few seconds) or the next failure carries the count.
+            c.unreported += 1
+            c.last_success = self._clock()
         elif permit.probe_id is not None:  # "neutral", a cancelled call: nothing is known about the provider
             self._publish(events.CircuitProbeCancel, c.id, probe_id=permit.probe_id)
         if result == "rate_limited":
@@ -411,15 +417,6 @@ class Circuits:
                 "config": c.breaker_config.model_dump(),
             }
         return out
-
-
-def circuit_id(config: ProviderConfig) -> str:
-    """What a breaker protects: one endpoint, model and account (the key's variable name), whatever a config names it.
-
-    Workers of different app ids (or configs) calling the same endpoint share its
-    breaker; a second account (another key) is a separate circuit, so it can be a fallback.
-    """
-    return f"{config.kind}|{config.base_url.rstrip('/') or 'default'}|{config.model}|{config.api_key_env or ''}"
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:
