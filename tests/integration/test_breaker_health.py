@@ -1,0 +1,108 @@
+"""The breaker tells a degraded provider from a dead one, and a recovered provider gets its traffic back without
+waiting for traffic (issue 15, items 11 and 12): two worker processes, fake LLM servers over HTTP, the real broker.
+
+The counts are printed (run with ``-s`` to see them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+from agents_stream.contract import topics
+from agents_stream.testing.fakellm import FakeLLM
+
+from .harness import Worker, encode, eventually, produce, results_for, task, unique
+from .test_resilience import agent_toml, decoded, provider
+
+
+async def breaker_of(w: Worker, name: str) -> dict[str, Any]:
+    """The worker's folded view of one provider's breaker (GET /circuits)."""
+    return (await w.get("/circuits"))["providers"][name]
+
+
+def by_tier(results: dict[str, dict[str, Any]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in results.values():
+        tier = r["source"].split(":")[0]
+        out[tier] = out.get(tier, 0) + 1
+    return out
+
+
+async def test_a_recovered_primary_is_closed_by_probes_and_takes_the_whole_next_burst(cluster_factory):
+    """Primary down (its breaker opens), then healthy with no traffic at all: the workers' own probes close the
+    breaker, and a burst of 20 tasks all reach the primary at confidence high."""
+    open_timeout, success_threshold = 3.0, 2
+    async with FakeLLM() as primary, FakeLLM() as alternate:
+        await primary.set_mode(latency=0.02)
+        agent = unique("burst")
+        toml = (
+            f"[breaker]\nfailure_threshold = 3\nsuccess_threshold = {success_threshold}\n"
+            f"open_timeout_s = {open_timeout}\nwindow_s = 30\n\n"
+            + provider("primary", primary)
+            + provider("alternate", alternate, kind="anthropic")
+            + agent_toml(agent, providers=["primary", "alternate"])
+        )
+        c = cluster_factory([agent], None, toml=toml)
+        workers = await asyncio.gather(c.started("a"), c.started("b"))
+        await primary.set_mode(outage=True)
+        down = [task(agent, n=i) for i in range(10)]
+        await produce(topics.task_topic(agent), [encode(t) for t in down])
+        first = decoded(await results_for({t["task_id"] for t in down}, timeout=90))
+        assert all(r["source"].startswith("alternate:") for r in first.values()), "the outage's tasks fell back"
+        await eventually(lambda: _all_state(workers, "open"), timeout=30, interval=0.2, what="the breaker open")
+        await asyncio.sleep(open_timeout + 1)  # a probe fails while it is still down: it reopens
+        await primary.set_mode(outage=False)
+        recovered = time.time()
+        await eventually(lambda: _all_state(workers, "closed"), timeout=4 * open_timeout + 30, interval=0.2,
+                         what="the probes to close the breaker with no task traffic")
+        closed_in = time.time() - recovered
+        probes = [r for r in primary.requests if r.instruction == "ping"]
+        burst = [task(agent, n=100 + i) for i in range(20)]
+        await produce(topics.task_topic(agent), [encode(t) for t in burst])
+        results = decoded(await results_for({t["task_id"] for t in burst}, timeout=90))
+    print(
+        f"\nrecovery: closed {closed_in:.1f}s after the primary recovered (open_timeout {open_timeout:g}s), by "
+        f"{len(probes)} one-token probes in all ({sum(1 for r in probes if r.ts >= recovered)} after recovery); "
+        f"burst of {len(burst)}: {by_tier(results)}"
+    )
+    assert by_tier(results) == {"primary": 20}
+    assert all(r["status"] == "succeeded" and r["confidence"] == "high" for r in results.values())
+    assert sum(1 for r in probes if r.ts >= recovered) <= success_threshold + 1, "one probe at a time, cluster-wide"
+
+
+async def _all_state(workers: list[Worker], state: str) -> bool:
+    states = [(await breaker_of(w, "primary"))["state"] for w in workers]
+    return all(s == state for s in states)
+
+
+async def test_a_provider_failing_one_call_in_ten_stays_closed_and_its_errors_are_retried(cluster_factory):
+    """A primary that answers 10% of calls with a 500 (100 ms latency), 1,000 tasks through two workers with the
+    default breaker: it never opens, every task is answered by the primary, at about the healthy rate."""
+    async with FakeLLM() as flaky, FakeLLM() as alternate:
+        await flaky.set_mode(latency=0.1, error_rate=0.1, seed=15)
+        agent = unique("flaky")
+        toml = (
+            provider("primary", flaky)
+            + provider("alternate", alternate, kind="anthropic")
+            + agent_toml(agent, providers=["primary", "alternate"])
+        )
+        c = cluster_factory([agent], None, toml=toml)
+        workers = await asyncio.gather(c.started("a"), c.started("b"))
+        ts = [task(agent, n=i) for i in range(1000)]
+        started = time.monotonic()
+        await produce(topics.task_topic(agent), [encode(t) for t in ts])
+        results = decoded(await results_for({t["task_id"] for t in ts}, timeout=300))
+        elapsed = time.monotonic() - started
+        views = [await breaker_of(w, "primary") for w in workers]
+    errors = sum(1 for r in flaky.requests if r.ts > 0) - len(ts)
+    print(
+        f"\n10% errors: {len(results)} of {len(ts)} answered in {elapsed:.1f}s ({len(ts) / elapsed:.0f} tasks/s), "
+        f"{len(flaky.requests)} calls to the primary (~{errors} retried errors), by tier {by_tier(results)}, "
+        f"breaker opens {[v['opens'] for v in views]}, failure rate seen {[v['failure_rate'] for v in views]}"
+    )
+    assert len(results) == len(ts)
+    assert [v["opens"] for v in views] == [0, 0] and [v["state"] for v in views] == ["closed", "closed"]
+    assert by_tier(results) == {"primary": len(ts)}, "errors were retried on the primary, never fell back"
+    assert alternate.requests == []
