@@ -185,6 +185,7 @@ class Runtime(Service):
             spend_report=self.spend_report,
             app_id=settings.app_id,
             presence_s=settings.presence_interval_s,
+            report_s=settings.circuits_report_s,
         )
         self.circuits_log = CircuitsLog(
             self.circuits,

@@ -23,13 +23,19 @@ class BreakerConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    #: failures within ``window_s`` that open the breaker
+    #: failures in a row (no success between them, within ``window_s``) that open the breaker; a provider the
+    #: window shows failing a share of its calls needs the longer run it would not produce by chance
+    #: (breaker.run_needed: 9 at a 10% error rate)
     failure_threshold: int = Field(default=5, ge=1)
+    #: the share of failed calls within ``window_s`` that opens the breaker, once the window holds ``minimum_calls``
+    failure_rate_threshold: float = Field(default=0.5, gt=0, le=1)
+    #: calls (successes and failures) the window must hold before its failure rate can open the breaker
+    minimum_calls: int = Field(default=20, ge=1)
     #: probe successes in half-open that close it again
     success_threshold: int = Field(default=2, ge=1)
     #: how long it stays open before it lets probes through
     open_timeout_s: float = Field(default=30.0, gt=0)
-    #: the sliding window failures are counted over
+    #: the sliding window the failure rate (and a run of failures) is counted over
     window_s: float = Field(default=60.0, gt=0)
     #: probe calls in flight at once in half-open, cluster-wide
     half_open_probes: int = Field(default=1, ge=1)

@@ -187,6 +187,12 @@ class Settings:
         "AGENTS_STREAM_CIRCUITS_HISTORY_S", 600.0,
         "How far back a starting worker reads the shared circuits log (breakers, Retry-After, presence).",
     )
+    circuits_report_s: float = _setting(
+        "AGENTS_STREAM_CIRCUITS_REPORT_S", 1.0,
+        "How often a worker puts the count of its successful provider calls on the circuits log (the breakers' "
+        "failure rate; a failure carries the count at once). One record per endpoint per interval, only with "
+        "traffic.",
+    )
     presence_interval_s: float = _setting(
         "AGENTS_STREAM_PRESENCE_INTERVAL_S", 5.0,
         "How often a worker announces itself on the circuits log (shared limits are split among live workers).",

@@ -303,17 +303,27 @@ class CircuitTransition(_CircuitBase):
 
 
 class CircuitFailure(_CircuitBase):
-    """A call failed; ``probe_id`` is set when it was an admitted probe."""
+    """A call failed; ``probe_id`` is set when it was an admitted probe. ``successes``: the sender's calls that
+    succeeded since its last report, the latest ``success_age`` seconds before this event (both None: none)."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"successes", "success_age"})
 
     kind: Literal["failure"] = "failure"
     probe_id: str | None = None
+    successes: int | None = Field(default=None, ge=1)
+    success_age: float | None = Field(default=None, ge=0, le=3600)
 
 
 class CircuitSuccess(_CircuitBase):
-    """A probe answered (closed-state successes stay local)."""
+    """A probe answered (``probe_id``), or, with ``count``, the sender's calls that succeeded since its last report
+    (sent every few seconds, not one event per call), the latest ``age`` seconds before this event."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"count", "age"})
 
     kind: Literal["success"] = "success"
     probe_id: str | None = None
+    count: int | None = Field(default=None, ge=1)
+    age: float | None = Field(default=None, ge=0, le=3600)
 
 
 class CircuitProbe(_CircuitBase):

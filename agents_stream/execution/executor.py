@@ -26,6 +26,7 @@ from agents_stream.execution import run as run_outcome
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.plan import AgentPlan
+from agents_stream.execution.prober import Prober
 from agents_stream.execution.run import Run
 from agents_stream.execution.steps import SendOutcome, StepRunner
 from agents_stream.ops import metrics
@@ -74,6 +75,7 @@ class Executor(Service):
         self.caller = Caller(settings, config, circuits, send_control, rng)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
+        self.prober = Prober(circuits, self._providers())
         self.runs: dict[str, Run] = {}  # task_id → its run, queued, running or held
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._own: set[asyncio.Future[Any]] = set()  # slots, parked runs, heartbeats: stop() ends them
@@ -123,6 +125,7 @@ class Executor(Service):
         for _ in range(self.settings.max_in_flight):
             self._spawn(self._slot())
         self._spawn(self._heartbeats())
+        self._spawn(self.prober.run())  # a breaker past its open timeout is probed without waiting for a task
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         fut = self.add_future(coro)
@@ -160,11 +163,15 @@ class Executor(Service):
                 len(pending), grace,
             )
 
-    async def _close_providers(self) -> None:
+    def _providers(self) -> dict[str, Provider]:
+        """Every provider of this worker's plans, by name."""
         plans = self.plans.values()
         providers: dict[str, Provider] = {t.provider.name: t.provider for plan in plans for t in plan.tiers}
         providers.update({p.name: p for plan in plans for p in (plan.light, plan.classifier) if p})
-        for provider in providers.values():
+        return providers
+
+    async def _close_providers(self) -> None:
+        for provider in self._providers().values():
             try:
                 await asyncio.wait_for(provider.close(), timeout=_CLOSE_S)
             except Exception as exc:  # closing is best effort on the way out

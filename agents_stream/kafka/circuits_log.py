@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 
 
 class CircuitsLog(Service):
-    """Owns the circuits' consumer, the follow loop and the presence (``hello``) loop of one worker.
+    """Owns the circuits' consumer, the follow loop, the presence (``hello``) loop and the success counts of one
+    worker.
 
     ``start`` returns once the last ``history_s`` of the log are folded up to its end, so the
     worker calls no provider before it knows the breakers; then both loops run until ``stop``.
@@ -123,3 +124,12 @@ class CircuitsLog(Service):
             except Exception as exc:  # presence is refreshed next round
                 log.warning("Circuits: presence not sent (%r)", exc)
             await self.sleep(self.circuits.presence_s)
+
+    @Service.task
+    async def _report(self) -> None:
+        while not self.should_stop:
+            await self.sleep(self.circuits.report_s)
+            try:
+                self.circuits.report_successes()
+            except Exception as exc:  # the count stays with the next report or failure
+                log.warning("Circuits: success counts not sent (%r); they go with the next report", exc)

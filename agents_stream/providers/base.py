@@ -68,8 +68,16 @@ class Provider(abc.ABC):
         """One call; bounded by ``config.timeout_s``."""
 
     async def probe(self) -> bool:
-        """True when the endpoint answers at all (used to resume held tasks)."""
+        """True when the endpoint answers at all (any HTTP answer, even a 503: reachability, not health)."""
         return True
+
+    async def ping(self) -> Completion:
+        """The breaker's own probe: the smallest real call (a one-token answer to "ping"); raises as ``complete``.
+
+        Not ``probe()``: an endpoint in an outage still answers that (a 503 is an answer), so only a real call
+        tells the breaker the provider serves again.
+        """
+        return await self.complete(Prompt(instruction="ping", max_tokens=1))
 
     async def close(self) -> None:  # noqa: B027  (optional hook, not abstract)
         """Release connections."""

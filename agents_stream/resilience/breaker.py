@@ -1,6 +1,8 @@
 """Circuit breaker of one provider: a pure state machine folded from the breaker event log.
 
-           failure_threshold failures within window_s
+       failure_threshold failures in a row (more when the window shows
+       the provider failing that often by chance), or a failure rate of
+       failure_rate_threshold over window_s once it holds minimum_calls
 +--------+ -----------------------------------------> +------+
 | CLOSED |                                            | OPEN | <------+
 +--------+ <---------------+                          +------+        |
@@ -15,6 +17,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +38,8 @@ __all__ = [
     "Transition",
     "admitted",
     "as_dict",
+    "longest_run",
+    "run_needed",
     "reopens_at",
     "step",
     "view",
@@ -42,6 +47,12 @@ __all__ = [
 
 CLOSED, OPEN, HALF_OPEN = "closed", "open", "half_open"
 STATES = (CLOSED, OPEN, HALF_OPEN)
+
+#: the failure-rate window is kept in this many buckets (its edge is exact to window_s / BUCKETS)
+BUCKETS = 10
+#: a run of failures opens the breaker once a provider failing at the window's rate would produce it by
+#: chance less often than once in this many failures (9 in a row at a 10% error rate)
+CHANCE = 1e-8
 
 
 @dataclass(frozen=True)
@@ -54,10 +65,16 @@ class Failure:
 
 @dataclass(frozen=True)
 class Success:
-    """A call to the provider succeeded; ``probe_id`` is set when the call was an admitted probe."""
+    """``count`` calls to the provider succeeded, the latest at ``at``; ``probe_id`` is set when the call was an
+    admitted probe. Workers report closed-state successes in counts, not one event per call."""
 
     at: float
     probe_id: str | None = None
+    count: int = 1
+
+    def __post_init__(self) -> None:
+        if self.count < 1:
+            raise ValueError(f"a success report stands for at least one call, not {self.count}")
 
 
 @dataclass(frozen=True)
@@ -109,8 +126,14 @@ class Breaker:
     """The breaker of one provider, as folded from its event log."""
 
     state: str = CLOSED
-    #: failure times inside the window, oldest first (closed state only)
+    #: the run: failure times inside the window after the latest success, oldest first (closed state only)
     failures: tuple[float, ...] = ()
+    #: the latest success known (closed state only): failures before it are no run
+    last_success_at: float | None = None
+    #: the failure-rate window: (bucket, successes, failures), bucket = floor(at / (window_s / BUCKETS))
+    window: tuple[tuple[int, int, int], ...] = ()
+    #: the newest report seen since it closed: the window ends there (a late report cannot move it back)
+    latest_at: float | None = None
     opened_at: float | None = None
     #: when it last closed (for the slow-start ramp); None = never opened
     closed_at: float | None = None
@@ -166,24 +189,97 @@ def step(b: Breaker, event: Event, cfg: BreakerConfig) -> tuple[Breaker, list[Tr
 
 
 def _closed(b: Breaker, event: _Call, cfg: BreakerConfig) -> tuple[Breaker, Transition | None]:
-    if isinstance(event, Success):
-        # A sliding window, not a consecutive count: successes don't forgive failures.
-        return replace(b, total_successes=b.total_successes + 1), None
     if isinstance(event, ProbeRequest):
         return b, None  # closed needs no probe
-    # The window ends at the latest failure seen, not at this event: a report that
-    # arrives late (its worker's clock behind) must not push newer failures out.
-    latest = max((event.at, *b.failures))
+    # The window ends at the latest report seen, not at this event: a report that
+    # arrives late (its worker's clock behind) must not push newer ones out.
+    latest = event.at if b.latest_at is None else max(b.latest_at, event.at)
     horizon = latest - cfg.window_s
-    failures = tuple(sorted(t for t in (*b.failures, event.at) if t > horizon))
-    b = replace(b, failures=failures, total_failures=b.total_failures + 1)
-    if len(failures) < cfg.failure_threshold:
+    if isinstance(event, Success):
+        # A success ends the run: the failures before it were no dead provider.
+        last = event.at if b.last_success_at is None else max(b.last_success_at, event.at)
+        run = tuple(t for t in b.failures if t > last and t > horizon)
+        window = _count_in(b.window, event.at, latest, cfg, successes=event.count)
+        return replace(
+            b, failures=run, last_success_at=last, window=window, latest_at=latest,
+            total_successes=b.total_successes + event.count,
+        ), None
+    run = tuple(t for t in b.failures if t > horizon)
+    if event.at > horizon and (b.last_success_at is None or event.at > b.last_success_at):
+        run = tuple(sorted((*run, event.at)))
+    window = _count_in(b.window, event.at, latest, cfg, failures=1)
+    b = replace(b, failures=run, window=window, latest_at=latest, total_failures=b.total_failures + 1)
+    reason = _opens(b, cfg)
+    if reason is None:
         return b, None
-    # Opened at the latest failure, so a late report can't date the opening (and the
-    # end of the open timeout) back before failures already in the log.
-    reason = f"{_count(len(failures), 'failure')} in {cfg.window_s:g}s"
-    b = replace(b, state=OPEN, opened_at=latest, failures=(), opens=b.opens + 1)
+    # Opened at the latest report, so a late one can't date the opening (and the
+    # end of the open timeout) back before reports already in the log.
+    b = replace(b, state=OPEN, opened_at=latest, opens=b.opens + 1, **_FRESH)
     return b, Transition(CLOSED, OPEN, latest, reason)
+
+
+#: the closed state's counts, emptied when it opens or closes again
+_FRESH: dict[str, Any] = {"failures": (), "last_success_at": None, "window": (), "latest_at": None}
+
+
+def _count_in(
+    window: tuple[tuple[int, int, int], ...], at: float, latest: float, cfg: BreakerConfig,
+    *, successes: int = 0, failures: int = 0,
+) -> tuple[tuple[int, int, int], ...]:
+    """The window with one report added to its bucket; buckets older than ``latest - window_s`` dropped."""
+    width = cfg.window_s / BUCKETS
+    oldest = math.floor((latest - cfg.window_s) / width)  # a bucket partly inside still counts
+    bucket = math.floor(at / width)
+    kept = {k: (s, f) for k, s, f in window if k >= oldest}
+    if bucket >= oldest:
+        s, f = kept.get(bucket, (0, 0))
+        kept[bucket] = (s + successes, f + failures)
+    return tuple((k, s, f) for k, (s, f) in sorted(kept.items()))
+
+
+def _opens(b: Breaker, cfg: BreakerConfig) -> str | None:
+    """Why the closed breaker opens now, or None."""
+    successes = sum(s for _, s, _ in b.window)
+    failures = sum(f for _, _, f in b.window)
+    calls = successes + failures
+    if calls >= cfg.minimum_calls and failures >= cfg.failure_rate_threshold * calls:
+        return f"failure rate {failures / calls:.0%} of {calls} calls in {cfg.window_s:g}s"
+    run = len(b.failures)
+    if run >= run_needed(successes, max(0, failures - run), cfg):
+        return f"{_count(run, 'failure')} in a row"
+    return None
+
+
+def run_needed(successes: int, failures: int, cfg: BreakerConfig) -> int:
+    """How many failures in a row open the breaker, given the window's calls before the run.
+
+    ``failure_threshold``, lengthened for a provider the window shows failing a share ``r`` of its calls to the run
+    it would produce by chance less than once in 1/CHANCE failures (``1 + log CHANCE / log r``): a provider that
+    fails 10% of its calls needs 9 in a row, so its ordinary errors never open it, while a healthy one that dies
+    opens at ``failure_threshold``. With fewer than ``minimum_calls`` calls the rate is not known: the threshold.
+    """
+    calls = successes + failures
+    if calls < cfg.minimum_calls or failures == 0 or successes == 0:
+        return cfg.failure_threshold
+    by_chance = 1 + _ceil(math.log(CHANCE) / math.log(failures / calls))
+    return max(cfg.failure_threshold, by_chance)
+
+
+def longest_run(cfg: BreakerConfig) -> int:
+    """The longest run of failures that can leave the breaker closed, plus one: the call bound's failure term.
+
+    A window failing at ``failure_rate_threshold`` or more opens by the rate, so the run needed is largest just
+    below it.
+    """
+    rate = min(cfg.failure_rate_threshold, 1.0)
+    if rate >= 1.0:
+        return cfg.failure_threshold
+    return max(cfg.failure_threshold, 1 + _ceil(math.log(CHANCE) / math.log(rate)))
+
+
+def _ceil(x: float) -> int:
+    # log(1e-8) / log(0.1) is 8 give or take a rounding error; it must not become 9
+    return math.ceil(x - 1e-9)
 
 
 def _open(b: Breaker, event: _Call) -> Breaker:
@@ -191,7 +287,7 @@ def _open(b: Breaker, event: _Call) -> Breaker:
     if isinstance(event, Failure):
         return replace(b, total_failures=b.total_failures + 1)
     if isinstance(event, Success):
-        return replace(b, total_successes=b.total_successes + 1)
+        return replace(b, total_successes=b.total_successes + event.count)
     return b  # probes wait for the open timeout
 
 
@@ -203,14 +299,14 @@ def _half_open(b: Breaker, event: _Call, cfg: BreakerConfig) -> tuple[Breaker, T
             probes = (*probes, (event.probe_id, event.at))
         return replace(b, probes=probes), None
     if isinstance(event, Success):
-        b = replace(b, total_successes=b.total_successes + 1)
+        b = replace(b, total_successes=b.total_successes + event.count)
         if event.probe_id is None or not admitted(b, event.probe_id):
             return b, None  # a call from before it opened, or a probe that timed out
         successes = b.successes + 1
         probes = tuple(p for p in b.probes if p[0] != event.probe_id)
         if successes < cfg.success_threshold:
             return replace(b, successes=successes, probes=probes), None
-        closed = replace(b, state=CLOSED, failures=(), successes=0, probes=(), closed_at=event.at)
+        closed = replace(b, state=CLOSED, successes=0, probes=(), closed_at=event.at, **_FRESH)
         return closed, Transition(HALF_OPEN, CLOSED, event.at, _count(successes, "probe success"))
     b = replace(b, total_failures=b.total_failures + 1)
     if event.probe_id is None or not admitted(b, event.probe_id):
@@ -227,9 +323,9 @@ def _adopt(b: Breaker, event: Adopt) -> tuple[Breaker, list[Transition]]:
         state=event.state,
         opened_at=event.opened_at,
         closed_at=event.closed_at,
-        failures=(),
         successes=0,
         probes=(),
+        **_FRESH,
     )
     if event.state == b.state:
         return new, []
@@ -266,6 +362,7 @@ def as_dict(b: Breaker, now: float, cfg: BreakerConfig) -> dict[str, Any]:
     return {
         "state": state,
         "failures_in_window": sum(1 for t in b.failures if t > now - cfg.window_s),
+        **_window_view(b, now, cfg),
         "opened_at": b.opened_at,
         "closed_at": b.closed_at,
         "successes": b.successes,
@@ -275,4 +372,17 @@ def as_dict(b: Breaker, now: float, cfg: BreakerConfig) -> dict[str, Any]:
         "opens": b.opens,
         # Only while it reads open: past the timeout it already lets probes through.
         "reopens_at": reopens_at(b, cfg) if state == OPEN else None,
+    }
+
+
+def _window_view(b: Breaker, now: float, cfg: BreakerConfig) -> dict[str, Any]:
+    """The failure-rate window at ``now``, as operators read it."""
+    oldest = math.floor((now - cfg.window_s) / (cfg.window_s / BUCKETS))
+    successes = sum(s for k, s, _ in b.window if k >= oldest)
+    failures = sum(f for k, _, f in b.window if k >= oldest)
+    calls = successes + failures
+    return {
+        "calls_in_window": calls,
+        "failure_rate": round(failures / calls, 4) if calls else None,
+        "failures_in_a_row_to_open": run_needed(successes, max(0, failures - len(b.failures)), cfg),
     }

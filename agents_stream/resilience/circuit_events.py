@@ -18,7 +18,7 @@ from agents_stream.contract.events import (
 )
 from agents_stream.resilience import breaker
 
-__all__ = ["breaker_event", "read"]
+__all__ = ["breaker_events", "read"]
 
 
 def read(value: bytes | None) -> CircuitsEvent | None:
@@ -32,21 +32,28 @@ def read(value: bytes | None) -> CircuitsEvent | None:
         raise
 
 
-def breaker_event(ev: CircuitsEvent, at: float) -> breaker.Event | None:
-    """The breaker's event for a log event at ``at``; None for the kinds the breaker does not fold (presence,
-    Retry-After)."""
+def breaker_events(ev: CircuitsEvent, at: float) -> list[breaker.Event]:
+    """The breaker's events, in order, for a log event at ``at``: none for the kinds the breaker does not fold
+    (presence, Retry-After); a failure that carries its worker's successes is those successes, then the failure.
+
+    Ages travel as durations measured on the sender's clock and are anchored to ``at`` (the broker's time), so a
+    skewed clock cannot date a success after failures the log already holds.
+    """
     match ev:
         case CircuitTransition():
             # Never later than the record itself: a time ahead would keep a forged open circuit shut for as long.
             opened_at = None if ev.opened_at is None else min(ev.opened_at, at)
             closed_at = None if ev.closed_at is None else min(ev.closed_at, at)
-            return breaker.Adopt(at=at, state=ev.to, opened_at=opened_at, closed_at=closed_at)
+            return [breaker.Adopt(at=at, state=ev.to, opened_at=opened_at, closed_at=closed_at)]
         case CircuitFailure():
-            return breaker.Failure(at=at, probe_id=ev.probe_id)
+            failure = breaker.Failure(at=at, probe_id=ev.probe_id)
+            if ev.successes is None:
+                return [failure]
+            return [breaker.Success(at=at - (ev.success_age or 0.0), count=ev.successes), failure]
         case CircuitSuccess():
-            return breaker.Success(at=at, probe_id=ev.probe_id)
+            return [breaker.Success(at=at - (ev.age or 0.0), probe_id=ev.probe_id, count=ev.count or 1)]
         case CircuitProbe():
-            return breaker.ProbeRequest(at=at, probe_id=ev.probe_id)
+            return [breaker.ProbeRequest(at=at, probe_id=ev.probe_id)]
         case CircuitProbeCancel():
-            return breaker.ProbeCancel(at=at, probe_id=ev.probe_id)
-    return None
+            return [breaker.ProbeCancel(at=at, probe_id=ev.probe_id)]
+    return []

@@ -11,16 +11,16 @@ import asyncio
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Protocol
+from typing import Any, Callable, Iterable
 
-from agents_stream.config import AppConfig, BreakerConfig, ProviderConfig
+from agents_stream.config import AppConfig
 from agents_stream.contract import events
 from agents_stream.contract.errors import CircuitOpen
 from agents_stream.resilience import breaker, circuit_events
-from agents_stream.resilience.breaker import Breaker, Transition
+from agents_stream.resilience.breaker import Transition
+from agents_stream.resilience.circuit import Circuit, LogRecord, Permit, circuit_id
 from agents_stream.resilience.presence import Presence
-from agents_stream.resilience.ratelimit import TokenBucket, ramp, rebucket, share, take
+from agents_stream.resilience.ratelimit import ramp, rebucket, share, take
 
 __all__ = ["MAX_RETRY_AFTER_S", "Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
 
@@ -39,45 +39,6 @@ _DEFAULT_RETRY_AFTER_S = 1.0
 #: the longest a Retry-After (a provider's, or one read from the log) keeps a provider shut: after it, one call
 #: asks again, and a provider still busy says so with a new Retry-After
 MAX_RETRY_AFTER_S = 300.0
-
-
-class LogRecord(Protocol):
-    """What the fold reads of one log record (aiokafka's ``ConsumerRecord`` has it)."""
-
-    @property
-    def offset(self) -> int: ...
-    @property
-    def value(self) -> bytes | None: ...
-    @property
-    def timestamp(self) -> int: ...
-    @property
-    def timestamp_type(self) -> int: ...
-
-
-@dataclass(eq=False)
-class Permit:
-    """One admitted call; give it back with ``Circuits.release``."""
-
-    provider: str
-    probe_id: str | None = None
-    released: bool = False
-
-
-@dataclass
-class _Circuit:
-    id: str
-    config: ProviderConfig
-    breaker_config: BreakerConfig
-    breaker: Breaker = field(default_factory=Breaker)
-    blocked_until: float = 0.0  # Retry-After, from any worker
-    in_flight: int = 0  # this worker's calls
-    bucket: TokenBucket | None = None
-    unfolded: dict[str, float] = field(default_factory=dict)  # own failure/429 event id → sent at
-    probing: bool = False  # one local task at a time asks for a probe place
-    next_probe_at: float = 0.0  # after a refused request, when to ask again
-    #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
-    retry_after_propagation_s: float | None = None
-    probe_waiters: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
 
 
 class Circuits:
@@ -99,23 +60,26 @@ class Circuits:
         spend_report: Callable[[], dict[str, Any]] = dict,
         app_id: str = "",
         presence_s: float = 5.0,
+        report_s: float = 1.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.worker_id = worker_id
         #: provider name → its circuit; names that configure the same endpoint and model share one
-        self._circuits: dict[str, _Circuit] = {}
-        self._by_id: dict[str, _Circuit] = {}
+        self._circuits: dict[str, Circuit] = {}
+        self._by_id: dict[str, Circuit] = {}
         for name in dict.fromkeys(providers):
             pconf = config.provider(name)
             cid = circuit_id(pconf)
             if cid not in self._by_id:
-                self._by_id[cid] = _Circuit(cid, pconf, config.breaker_for(name))
+                self._by_id[cid] = Circuit(cid, pconf, config.breaker_for(name))
             self._circuits[name] = self._by_id[cid]
         self._send = send
         self._on_transition = on_transition
         self._on_change = on_change
         self._spend_report = spend_report
         self.presence_s = presence_s
+        #: how often report_successes is due (the circuits log's service calls it)
+        self.report_s = report_s
         self._clock = clock
         self.app_id = app_id
         self._changed = asyncio.Event()  # breaker state, Retry-After or probe places changed
@@ -191,12 +155,12 @@ class Circuits:
             # For a worker that joined after the cause: take over the state the log recorded.
             if ev.cause >= self._start_offset or ev.to == c.breaker.state:
                 return False
-        event = circuit_events.breaker_event(ev, at)
-        if event is None:
-            return False
-        return self._step(c, event, ev, mine, record.offset) or woke_gate
+        changed = False
+        for event in circuit_events.breaker_events(ev, at):
+            changed |= self._step(c, event, ev, mine, record.offset)
+        return changed or woke_gate
 
-    def _step(self, c: _Circuit, event: breaker.Event, ev: events.CircuitsEvent, mine: bool, offset: int) -> bool:
+    def _step(self, c: Circuit, event: breaker.Event, ev: events.CircuitsEvent, mine: bool, offset: int) -> bool:
         """Step the breaker; True when what callers wait on changed."""
         before = c.breaker
         c.breaker, transitions = breaker.step(c.breaker, event, c.breaker_config)
@@ -213,7 +177,7 @@ class Circuits:
         # A probe request only adds a place (or is refused): nobody waiting can go on because of it.
         return (moved and not isinstance(ev, events.CircuitProbe)) or bool(transitions)
 
-    def _transition(self, c: _Circuit, t: Transition, mine: bool, offset: int) -> None:
+    def _transition(self, c: Circuit, t: Transition, mine: bool, offset: int) -> None:
         name = c.config.name or c.id
         log_at = logging.WARNING if t.to == breaker.OPEN else logging.INFO
         log.log(
@@ -289,8 +253,13 @@ class Circuits:
         return self._presence.spend(self.app_id, agent, day)
 
     async def acquire(self, provider: str) -> Permit:
-        """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now."""
+        """Admit one call, waiting for a slot; CircuitOpen when the provider takes none now.
+
+        In half-open, while a probe is out (this worker's or another's), the call waits for its verdict, at most the
+        provider's ``timeout_s``: admitted once it closes, CircuitOpen if it reopens or no verdict came.
+        """
         c = self._circuits[provider]
+        verdict_by: float | None = None  # loop time: the wait is this worker's, not the log's
         while True:
             now = self._clock()
             if c.blocked_until > now:
@@ -303,10 +272,18 @@ class Circuits:
                 reopens = breaker.reopens_at(c.breaker, c.breaker_config)
                 raise CircuitOpen(f"{provider}: circuit open", provider=provider, retry_at=reopens)
             if state == breaker.HALF_OPEN:
-                if now < c.next_probe_at:
-                    msg = f"{provider}: half-open, probe places taken"
-                    raise CircuitOpen(msg, provider=provider, retry_at=c.next_probe_at)
-                return await self._probe(c)
+                if not self._probe_out(c, now):
+                    try:
+                        return await self._probe(c)
+                    except CircuitOpen:
+                        pass  # another worker's probe took the place: wait for its verdict like the rest
+                loop_now = asyncio.get_running_loop().time()
+                verdict_by = loop_now + c.config.timeout_s if verdict_by is None else verdict_by
+                if loop_now >= verdict_by:
+                    msg = f"{provider}: half-open, its probe gave no verdict within {c.config.timeout_s:g}s"
+                    raise CircuitOpen(msg, provider=provider)  # no time known: a held task looks again later
+                await self.wait_change(min(0.25, verdict_by - loop_now))
+                continue
             # Closed. Our own failure not yet folded back: wait to learn whether it opened the breaker.
             stale = [i for i, sent in c.unfolded.items() if now - sent > _UNFOLDED_WAIT_S]
             for i in stale:
@@ -327,7 +304,7 @@ class Circuits:
             c.in_flight += 1
             return Permit(provider)
 
-    async def _probe(self, c: _Circuit) -> Permit:
+    async def _probe(self, c: Circuit) -> Permit:
         name = c.config.name
         if c.probing:
             raise CircuitOpen(f"{name}: half-open, a probe from this worker is under way", provider=name)
@@ -354,6 +331,41 @@ class Circuits:
         log.info("Breaker %s: half-open, probing with one real call", name)
         return Permit(name, probe_id)
 
+    def _probe_out(self, c: Circuit, now: float) -> bool:
+        """Whether a probe of this circuit is under way (here, or admitted by the log and not yet timed out), or
+        this worker was refused a place moments ago."""
+        if c.probing or now < c.next_probe_at:
+            return True
+        limit = c.breaker_config.probe_timeout_s
+        return c.breaker.state == breaker.HALF_OPEN and any(now - t <= limit for _, t in c.breaker.probes)
+
+    def probes_due(self) -> list[str]:
+        """One provider name per circuit whose open timeout elapsed with no probe out: the ones to probe now."""
+        now = self._clock()
+        due: dict[str, str] = {}
+        for name, c in self._circuits.items():
+            state = breaker.view(c.breaker, now, c.breaker_config)
+            if state == breaker.HALF_OPEN and c.blocked_until <= now and not self._probe_out(c, now):
+                due.setdefault(c.id, name)
+        return list(due.values())
+
+    async def acquire_probe(self, provider: str) -> Permit:
+        """Admit a probe of a half-open circuit, as the log decides (at most ``half_open_probes`` cluster-wide);
+        CircuitOpen when it is not half-open, a probe is out or the log refused."""
+        c = self._circuits[provider]
+        now = self._clock()
+        if breaker.view(c.breaker, now, c.breaker_config) != breaker.HALF_OPEN or self._probe_out(c, now):
+            raise CircuitOpen(f"{provider}: nothing to probe now", provider=provider)
+        return await self._probe(c)
+
+    def report_successes(self) -> None:
+        """Put this worker's closed-state successes on the log, one count per circuit (none if there were none)."""
+        now = self._clock()
+        for c in self._by_id.values():
+            if c.unreported:
+                count, c.unreported = c.unreported, 0
+                self._publish(events.CircuitSuccess, c.id, count=count, age=max(0.0, now - c.last_success))
+
     def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
         """``result``: "success" (the provider answered), "failure" (it did not), "rate_limited", or "neutral"."""
         if permit.released:
@@ -366,7 +378,12 @@ class Circuits:
         if permit.probe_id is not None:
             c.probing = False
         if result == "failure":
-            event_id = self._publish(events.CircuitFailure, c.id, probe_id=permit.probe_id)
+            # The successes before it travel with it, so the log sees them before the failure.
+            count, c.unreported = c.unreported, 0
+            age = max(0.0, self._clock() - c.last_success) if count else None
+            event_id = self._publish(
+                events.CircuitFailure, c.id, probe_id=permit.probe_id, successes=count or None, success_age=age,
+            )
             c.unfolded[event_id] = self._clock()
         elif result == "rate_limited":
             wait = min(retry_after if retry_after is not None else _DEFAULT_RETRY_AFTER_S, MAX_RETRY_AFTER_S)
@@ -377,8 +394,11 @@ class Circuits:
             if permit.probe_id is not None:  # the provider answered: it is up, only busy
                 self._publish(events.CircuitSuccess, c.id, probe_id=permit.probe_id)
         elif result == "success" and permit.probe_id is not None:
-            # Successes matter to the breaker only in half-open; closed-state ones stay local.
             self._publish(events.CircuitSuccess, c.id, probe_id=permit.probe_id)
+        elif result == "success":
+            # Counted, not sent: report_successes (every few seconds) or the next failure carries the count.
+            c.unreported += 1
+            c.last_success = self._clock()
         elif permit.probe_id is not None:  # "neutral", a cancelled call: nothing is known about the provider
             self._publish(events.CircuitProbeCancel, c.id, probe_id=permit.probe_id)
         if result == "rate_limited":
@@ -401,15 +421,6 @@ class Circuits:
                 "config": c.breaker_config.model_dump(),
             }
         return out
-
-
-def circuit_id(config: ProviderConfig) -> str:
-    """What a breaker protects: one endpoint, model and account (the key's variable name), whatever a config names it.
-
-    Workers of different app ids (or configs) calling the same endpoint share its
-    breaker; a second account (another key) is a separate circuit, so it can be a fallback.
-    """
-    return f"{config.kind}|{config.base_url.rstrip('/') or 'default'}|{config.model}|{config.api_key_env or ''}"
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

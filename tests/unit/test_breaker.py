@@ -49,7 +49,7 @@ def test_threshold_failures_within_the_window_open_it() -> None:
     assert b.opened_at == 3.0
     assert b.failures == ()
     assert b.opens == 1 and b.total_failures == 3
-    assert moved == [Transition(CLOSED, OPEN, 3.0, "3 failures in 60s")]
+    assert moved == [Transition(CLOSED, OPEN, 3.0, "3 failures in a row")]
 
 
 def test_failures_older_than_the_window_are_forgotten() -> None:
@@ -70,19 +70,23 @@ def test_a_failure_exactly_window_s_old_is_out_of_the_window() -> None:
     assert b.failures == (60.0,)
 
 
-def test_successes_do_not_forgive_failures_in_the_window() -> None:
-    """It counts failures in a sliding window, so a success between failures doesn't reset the count."""
+def test_a_success_ends_the_run_of_failures() -> None:
+    """Failures open it only in a row: a success between failures starts the run again (issue 15, item 11)."""
     b, moved = fold([Failure(1.0), Success(1.5), Failure(2.0), Success(2.5), Failure(3.0)])
-    assert b.state == OPEN
-    assert b.total_successes == 2
-    assert [m.to for m in moved] == [OPEN]
+    assert b.state == CLOSED
+    assert b.failures == (3.0,)
+    assert b.total_successes == 2 and b.total_failures == 3
+    assert moved == []
 
 
-def test_success_when_closed_only_counts() -> None:
-    """A success on a closed breaker changes nothing but the operator counter."""
+def test_success_when_closed_counts_and_ends_the_run() -> None:
+    """A success on a closed breaker ends the run and counts in the rate window; nothing opens or closes."""
     b, _ = fold([Failure(1.0)])
-    after, moved = step(b, Success(2.0), CFG)
-    assert after == Breaker(failures=(1.0,), total_failures=1, total_successes=1)
+    after, moved = step(b, Success(2.0, count=4), CFG)
+    assert after.state == CLOSED and after.failures == ()
+    assert after.last_success_at == 2.0
+    assert (after.total_failures, after.total_successes) == (1, 4)
+    assert sum(s for _, s, _ in after.window) == 4 and sum(f for _, _, f in after.window) == 1
     assert moved == []
 
 
@@ -102,7 +106,7 @@ def test_a_late_failure_counts_against_the_latest_failure_seen() -> None:
     assert b.failures == (50.0, 100.0)
     b, moved = fold([Failure(45.0)], b=b)
     assert b.state == OPEN
-    assert moved == [Transition(CLOSED, OPEN, 100.0, "3 failures in 60s")]
+    assert moved == [Transition(CLOSED, OPEN, 100.0, "3 failures in a row")]
 
 
 def test_a_late_failure_never_dates_the_opening_back() -> None:
@@ -247,7 +251,7 @@ def test_one_required_success_reads_singular() -> None:
     _, moved = step(b, Success(131.0, "p1"), cfg)
     assert moved == [Transition(HALF_OPEN, CLOSED, 131.0, "1 probe success")]
     _, moved = step(Breaker(), Failure(1.0), cfg)
-    assert moved == [Transition(CLOSED, OPEN, 1.0, "1 failure in 60s")]
+    assert moved == [Transition(CLOSED, OPEN, 1.0, "1 failure in a row")]
 
 
 def test_a_closed_breaker_starts_a_fresh_failure_window() -> None:

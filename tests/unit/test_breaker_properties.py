@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -18,6 +19,7 @@ from hypothesis.stateful import (
 
 from agents_stream.config import BreakerConfig
 from agents_stream.resilience.breaker import (
+    BUCKETS,
     CLOSED,
     HALF_OPEN,
     OPEN,
@@ -30,6 +32,8 @@ from agents_stream.resilience.breaker import (
     Success,
     Transition,
     admitted,
+    longest_run,
+    run_needed,
     step,
     view,
 )
@@ -40,6 +44,8 @@ from tests.unit.breaker_helpers import fold
 configs = st.builds(
     BreakerConfig,
     failure_threshold=st.integers(1, 5),
+    failure_rate_threshold=st.sampled_from([0.2, 0.5, 1.0]),
+    minimum_calls=st.integers(1, 30),
     success_threshold=st.integers(1, 3),
     open_timeout_s=st.floats(0.5, 20.0),
     window_s=st.floats(1.0, 50.0),
@@ -55,6 +61,7 @@ def events_at(at: float) -> st.SearchStrategy[Event]:
     return st.one_of(
         st.builds(Failure, st.just(at), report_ids),
         st.builds(Success, st.just(at), report_ids),
+        st.builds(Success, st.just(at), st.none(), st.integers(1, 30)),
         st.builds(ProbeRequest, st.just(at), probe_ids),
         st.builds(ProbeRequest, st.just(at), probe_ids),
         st.builds(
@@ -100,11 +107,11 @@ def assert_invariants(
         assert after.probes == () and after.successes == 0
     if after.state != CLOSED:
         assert after.failures == ()
-    assert len(after.failures) < cfg.failure_threshold
+    assert len(after.failures) < longest_run(cfg)
     assert after.successes < cfg.success_threshold
     # Counters are monotonic and count every report exactly once.
     assert after.total_failures - before.total_failures == isinstance(event, Failure)
-    assert after.total_successes - before.total_successes == isinstance(event, Success)
+    assert after.total_successes - before.total_successes == (event.count if isinstance(event, Success) else 0)
     assert after.opens - before.opens == sum(1 for m in moved if m.to == OPEN and not isinstance(event, Adopt))
     # Transitions chain from the old state to the new one.
     state = before.state
@@ -151,14 +158,16 @@ def test_the_fold_is_deterministic(cfg: BreakerConfig, log: list[Event], cut: in
 
 @settings(max_examples=300)
 @given(
-    cfg=configs,
+    # the run rule alone: a window of at most 40 calls never reaches minimum_calls, so the rate cannot open it
+    cfg=configs.map(lambda c: c.model_copy(update={"minimum_calls": 100})),
     start=st.floats(0.0, 1000.0),
     gaps=st.lists(st.one_of(st.just(0.0), st.floats(0.0, 30.0)), min_size=1, max_size=40),
 )
 def test_a_failing_provider_opens_at_exactly_the_threshold_th_failure(
     cfg: BreakerConfig, start: float, gaps: list[float]
 ) -> None:
-    """A provider whose every call fails has at most failure_threshold failures counted before the breaker opens."""
+    """A provider whose every call fails has at most failure_threshold failures counted before the breaker opens
+    (below minimum_calls, as with no history)."""
     times = list(itertools.accumulate(gaps, initial=start))[1:]
 
     def in_window(i: int) -> int:
@@ -235,7 +244,7 @@ class Reference:
         self.state = CLOSED
         self.opened_at: float | None = None
         self.closed_at: float | None = None
-        self.failures_since_close: list[float] = []
+        self.reports: list[tuple[float, bool, int]] = []  # (at, success?, calls) since it last closed
         self.successes = 0
         self.probes: dict[str, float] = {}
         self.total_failures = 0
@@ -248,33 +257,50 @@ class Reference:
 
     def open(self, at: float) -> None:
         self.state, self.opened_at, self.opens = OPEN, at, self.opens + 1
-        self.failures_since_close, self.successes, self.probes = [], 0, {}
+        self.reports, self.successes, self.probes = [], 0, {}
+
+    def latest(self) -> float:
+        return max(t for t, _, _ in self.reports)
 
     def in_window(self) -> int:
-        if not self.failures_since_close:
+        """The run: failures inside the window newer than every success reported since it closed."""
+        if not self.reports:
             return 0
-        latest = max(self.failures_since_close)
-        return sum(1 for t in self.failures_since_close if t > latest - self.cfg.window_s)
+        horizon = self.latest() - self.cfg.window_s
+        last_ok = max((t for t, ok, _ in self.reports if ok), default=None)
+        return sum(1 for t, ok, _ in self.reports if not ok and t > horizon and (last_ok is None or t > last_ok))
+
+    def counts(self) -> tuple[int, int]:
+        """Successes and failures in the rate window: every report whose bucket is not older than the window."""
+        width = self.cfg.window_s / BUCKETS
+        oldest = math.floor((self.latest() - self.cfg.window_s) / width)
+        inside = [(ok, n) for t, ok, n in self.reports if math.floor(t / width) >= oldest]
+        return sum(n for ok, n in inside if ok), sum(n for ok, n in inside if not ok)
 
     def failure(self, at: float, pid: str | None) -> None:
         self.tick(at)
         self.total_failures += 1
         if self.state == CLOSED:
-            self.failures_since_close.append(at)
-            if self.in_window() >= self.cfg.failure_threshold:
-                self.open(max(self.failures_since_close))
+            self.reports.append((at, False, 1))
+            s, f = self.counts()
+            run = self.in_window()
+            by_rate = s + f >= self.cfg.minimum_calls and f >= self.cfg.failure_rate_threshold * (s + f)
+            if by_rate or run >= run_needed(s, max(0, f - run), self.cfg):
+                self.open(self.latest())
         elif self.state == HALF_OPEN and pid in self.probes:
             self.open(at)
 
-    def success(self, at: float, pid: str | None) -> None:
+    def success(self, at: float, pid: str | None, count: int = 1) -> None:
         self.tick(at)
-        self.total_successes += 1
+        self.total_successes += count
+        if self.state == CLOSED:
+            self.reports.append((at, True, count))
         if self.state == HALF_OPEN and pid in self.probes:
             del self.probes[pid]
             self.successes += 1
             if self.successes >= self.cfg.success_threshold:
                 self.state, self.closed_at, self.successes, self.probes = CLOSED, at, 0, {}
-                self.failures_since_close = []
+                self.reports = []
 
     def probe(self, at: float, pid: str) -> None:
         self.tick(at)
@@ -288,7 +314,7 @@ class Reference:
 
     def adopt(self, state: str, opened_at: float | None, closed_at: float | None) -> None:
         self.state, self.opened_at, self.closed_at = state, opened_at, closed_at
-        self.failures_since_close, self.successes, self.probes = [], 0, {}
+        self.reports, self.successes, self.probes = [], 0, {}
 
 
 class BreakerMachine(RuleBasedStateMachine):
@@ -319,11 +345,11 @@ class BreakerMachine(RuleBasedStateMachine):
         self.apply(Failure(at, pid))
         self.ref.failure(at, pid)
 
-    @rule(**times, pid=report_ids)
-    def success(self, gap: float, late: float, pid: str | None) -> None:
+    @rule(**times, pid=report_ids, count=st.sampled_from([1, 1, 5]))
+    def success(self, gap: float, late: float, pid: str | None, count: int) -> None:
         at = self.at(gap, late)
-        self.apply(Success(at, pid))
-        self.ref.success(at, pid)
+        self.apply(Success(at, pid, count))
+        self.ref.success(at, pid, count)
 
     @rule(**times, pid=probe_ids)
     def probe(self, gap: float, late: float, pid: str) -> None:

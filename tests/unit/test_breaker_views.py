@@ -84,6 +84,9 @@ def test_as_dict_is_json_and_reads_the_state_at_now() -> None:
         "total_successes": 0,
         "opens": 1,
         "reopens_at": 130.0,
+        "calls_in_window": 0,
+        "failure_rate": None,
+        "failures_in_a_row_to_open": 3,
     }
     assert json.loads(json.dumps(d)) == d
     later = as_dict(b, 130.0, CFG)

@@ -16,6 +16,7 @@ from agents_stream.testing.circuits_log import MemoryCircuitsLog
 
 
 def config(max_concurrency: int | None = None, **breaker: Any) -> AppConfig:
+    """One provider ``p`` whose breaker opens on 3 failures in a row and closes on one probe success."""
     return AppConfig.model_validate({
         "breaker": {
             "failure_threshold": 3, "open_timeout_s": 10, "success_threshold": 1, "half_open_probes": 1, **breaker,
@@ -145,8 +146,9 @@ async def test_calls_to_a_dead_provider_are_bounded_across_workers(max_concurren
     assert calls <= 3 + in_flight
 
 
-async def test_half_open_admits_one_probe_cluster_wide_and_refusals_do_not_storm() -> None:
-    """In half-open exactly one probe is admitted among all workers; a refused worker does not ask again at once."""
+async def test_half_open_admits_one_probe_cluster_wide_and_the_others_wait_for_its_verdict() -> None:
+    """In half-open exactly one probe is admitted among all workers; the refused ones ask no more while they wait
+    for its verdict (issue 15, item 12), and are admitted once it closes instead of falling down the ladder."""
     cl = Cluster(3, paused=False)  # every worker folds each record on the loop turn after its send
     cid = circuit_id(config().providers["p"])
     for _ in range(3):
@@ -154,21 +156,105 @@ async def test_half_open_admits_one_probe_cluster_wide_and_refusals_do_not_storm
     await asyncio.sleep(0)
     assert all(w.state("p") == "open" for w in cl.workers)
     cl.clock[0] += 11  # past open_timeout
-    results = await asyncio.gather(*(w.acquire("p") for w in cl.workers), return_exceptions=True)
-    admitted = [r for r in results if not isinstance(r, BaseException)]
-    assert len(admitted) == 1 and all(isinstance(r, CircuitOpen) for r in results if r not in admitted)
+    calls = [asyncio.ensure_future(w.acquire("p")) for w in cl.workers]
+    await asyncio.sleep(0.3)
+    admitted = [f for f in calls if f.done()]
+    assert len(admitted) == 1 and admitted[0].exception() is None and admitted[0].result().probe_id is not None
+    waiting = [f for f in calls if not f.done()]
+    assert len(waiting) == 2, "the refused wait for the probe's verdict"
     probes_before = cl.kinds().count("probe")
-    refused = [w for w, r in zip(cl.workers, results, strict=True) if isinstance(r, CircuitOpen)]
-    for w in refused:
-        with pytest.raises(CircuitOpen):
-            await w.acquire("p")  # within the pause: no new probe request
-    probes_after = cl.kinds().count("probe")
-    assert probes_after == probes_before
-    owner = cl.workers[results.index(admitted[0])]
-    owner.release(admitted[0], "success")
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    assert cl.kinds().count("probe") == probes_before, "no new probe request while waiting"
+    owner = cl.workers[calls.index(admitted[0])]
+    owner.release(admitted[0].result(), "success")
+    permits = await asyncio.wait_for(asyncio.gather(*waiting), 2)
+    assert all(p.probe_id is None for p in permits), "admitted as ordinary calls once it closed"
     assert all(w.state("p") == "closed" for w in cl.workers), \
         "one probe success (success_threshold 1) closed it everywhere"
+
+
+async def test_a_failed_probe_sends_the_waiting_calls_down_the_ladder_at_once() -> None:
+    """When the probe fails the breaker reopens and the calls waiting for its verdict get CircuitOpen at once."""
+    cl = Cluster(2, paused=False)
+    cid = circuit_id(config().providers["p"])
+    for _ in range(3):
+        cl.log.send(b"k", raw("failure", provider=cid))
+    await asyncio.sleep(0)
+    cl.clock[0] += 11
+    a, b = cl.workers
+    probe = await asyncio.wait_for(a.acquire("p"), 1)
+    await asyncio.sleep(0.01)
+    waiting = asyncio.ensure_future(b.acquire("p"))
+    await asyncio.sleep(0.1)
+    assert not waiting.done()
+    a.release(probe, "failure")
+    with pytest.raises(CircuitOpen):
+        await asyncio.wait_for(waiting, 1)
+    assert b.state("p") == "open"
+
+
+async def test_a_call_waits_for_a_probe_verdict_at_most_the_providers_timeout() -> None:
+    """A probe that never reports (its worker hangs) holds the other calls back for the call timeout, no longer."""
+    cfg = AppConfig.model_validate({
+        **config().model_dump(exclude_none=True),
+        "providers": {"p": {"kind": "openai", "base_url": "http://x/v1", "model": "m", "timeout_s": 0.3}},
+    })
+    cl = Cluster(2, cfg, paused=False)
+    cid = circuit_id(cfg.providers["p"])
+    for _ in range(3):
+        cl.log.send(b"k", raw("failure", provider=cid))
+    await asyncio.sleep(0)
+    cl.clock[0] += 11
+    a, b = cl.workers
+    await asyncio.wait_for(a.acquire("p"), 1)  # never released
+    started = asyncio.get_running_loop().time()
+    with pytest.raises(CircuitOpen, match="no verdict within 0.3s"):
+        await asyncio.wait_for(b.acquire("p"), 2)
+    assert 0.25 <= asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_successes_are_shared_in_counts_and_a_one_in_ten_failing_provider_stays_closed() -> None:
+    """Two workers, 2,000 calls, every tenth fails: the successes reach the log as counts (with each failure and
+    every report interval), every worker folds the same closed breaker, and the log holds a record per failure,
+    not per call (issue 15, item 11)."""
+    cl = Cluster(2, config(minimum_calls=20), paused=False)
+    for n in range(2000):
+        w = cl.workers[n % 2]
+        permit = await asyncio.wait_for(w.acquire("p"), 1)
+        w.release(permit, "failure" if n % 10 == 9 else "success")
+        if n % 100 == 99:
+            cl.clock[0] += 1.0
+            for c in cl.workers:
+                c.report_successes()
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.01)
+    for c in cl.workers:
+        d = c.describe()["p"]
+        assert d["state"] == "closed" and d["opens"] == 0
+        assert (d["total_successes"], d["total_failures"]) == (1800, 200)
+    kinds = cl.kinds()
+    assert kinds.count("failure") == 200 and kinds.count("success") <= 40, "successes travel as counts"
+    failure = json.loads(next(r.value for r in cl.log.records if b'"failure"' in r.value))
+    assert failure["successes"] >= 1 and failure["success_age"] == 0.0
+
+
+async def test_a_dead_provider_after_shared_successes_still_opens_at_the_threshold() -> None:
+    """Successes reported before a provider dies do not stretch the bound: the threshold-th failure in a row opens
+    it, whichever worker reports the failures."""
+    cl = Cluster(2, paused=False)
+    for n in range(100):
+        w = cl.workers[n % 2]
+        permit = await asyncio.wait_for(w.acquire("p"), 1)
+        w.release(permit, "success")
+    cl.clock[0] += 0.5
+    for n in range(3):  # failure_threshold 3; both workers carry their unreported successes on their first failure
+        w = cl.workers[n % 2]
+        permit = await asyncio.wait_for(w.acquire("p"), 1)
+        cl.clock[0] += 0.01
+        w.release(permit, "failure")
+        await asyncio.sleep(0.01)
+    assert all(c.state("p") == "open" for c in cl.workers)
+    assert cl.kinds().count("failure") == 3
 
 
 async def test_retry_after_from_one_worker_blocks_the_others_once_folded() -> None:
