@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any
 
+from agents_stream.tables.job_effects import Control, DispatchPlanner, DispatchStep, Effect, EmitJobResult
 from agents_stream.tables.plans import MAX_STEPS, PLAN_SCHEMA, PLANNER_STEP, PlanError, Step, validate_plan
 from agents_stream.tables.records import JsonRecord
 
@@ -120,48 +121,6 @@ class JobRecord(JsonRecord):
     @property
     def terminal(self) -> bool:
         return self.state in TERMINAL
-
-
-# -- effects ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class DispatchStep:
-    """Publish this task to the step's agent."""
-
-    step_id: str
-    task_id: str
-    agent: str
-    instruction: str
-    context_data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class DispatchPlanner:
-    """Publish the planning task; the caller attaches PLAN_SCHEMA as its output_schema."""
-
-    task_id: str
-    agent: str
-    instruction: str
-    context_data: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class EmitJobResult:
-    """Publish this exact job result JSON."""
-
-    result: str
-
-
-@dataclass(frozen=True)
-class Control:
-    """Publish a control event: job.started, job.planned, job.step_finished, job.cancelled, job.completed."""
-
-    event: str
-    details: dict[str, Any]
-
-
-Effect = DispatchStep | DispatchPlanner | EmitJobResult | Control
 
 
 # -- transitions -----------------------------------------------------------------------

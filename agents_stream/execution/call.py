@@ -86,38 +86,47 @@ class Caller:
                 await self._pause(task, provider, completion, retries)
                 continue
             self._systemic.discard(provider.name)
-            size = len(completion.text.encode("utf-8"))
-            if size > self.settings.answer_max_bytes:  # it would grow the task's record past what Kafka takes
-                error = (
-                    f"result_too_large: {provider.name} answered {size} bytes > AGENTS_STREAM_ANSWER_MAX_BYTES "
-                    f"{self.settings.answer_max_bytes}"
-                )
-                return Rejected(error, error, f"{tier.role}:{provider.name}")
-            if spec is None:
-                output: Any = completion.text
-            else:
-                try:
-                    output = await spec.check_async(completion.text, budget_s=self.settings.output_check_budget_s)
-                except CheckAborted as exc:  # the schema cannot be applied: another answer would not fare better
+            try:
+                output = await self._output(completion, tier, spec)
+            except FormatError as exc:  # only a schema's check raises it: spec is set
+                assert spec is not None
+                format_retries += 1
+                if format_retries > plan.config.format_retries:
                     return Rejected(
-                        f"output_check_aborted: {exc}", f"the answer could not be checked against the output schema: "
-                        f"{exc}", f"{tier.role}:{provider.name}",
+                        f"invalid_output: {exc}", f"the answer never matched the output schema: {exc}",
+                        f"{tier.role}:{provider.name}",
                     )
-                except FormatError as exc:
-                    format_retries += 1
-                    if format_retries > plan.config.format_retries:
-                        return Rejected(
-                            f"invalid_output: {exc}", f"the answer never matched the output schema: {exc}",
-                            f"{tier.role}:{provider.name}",
-                        )
-                    log.info(
-                        "Task %s: %s answered off-format (%s); corrective retry %d/%d",
-                        task.task_id, provider.name, exc, format_retries, plan.config.format_retries,
-                    )
-                    metrics.format_retries.labels(task.agent_name).inc()
-                    prompt = replace(prompt, instruction=tag + corrective(instruction, str(exc), spec))
-                    continue
+                log.info(
+                    "Task %s: %s answered off-format (%s); corrective retry %d/%d",
+                    task.task_id, provider.name, exc, format_retries, plan.config.format_retries,
+                )
+                metrics.format_retries.labels(task.agent_name).inc()
+                prompt = replace(prompt, instruction=tag + corrective(instruction, str(exc), spec))
+                continue
+            if isinstance(output, Rejected):
+                return output
             return _answer(tier, output, completion)
+
+    async def _output(self, completion: Completion, tier: Tier, spec: OutputSpec | None) -> Any:
+        """The answer's output, or Rejected when no other answer would fare better (too large, a schema that
+        cannot be applied). Raises FormatError for an off-format answer (worth a corrective retry)."""
+        provider = tier.provider
+        size = len(completion.text.encode("utf-8"))
+        if size > self.settings.answer_max_bytes:  # it would grow the task's record past what Kafka takes
+            error = (
+                f"result_too_large: {provider.name} answered {size} bytes > AGENTS_STREAM_ANSWER_MAX_BYTES "
+                f"{self.settings.answer_max_bytes}"
+            )
+            return Rejected(error, error, f"{tier.role}:{provider.name}")
+        if spec is None:
+            return completion.text
+        try:
+            return await spec.check_async(completion.text, budget_s=self.settings.output_check_budget_s)
+        except CheckAborted as exc:  # the schema cannot be applied: another answer would not fare better
+            return Rejected(
+                f"output_check_aborted: {exc}", f"the answer could not be checked against the output schema: "
+                f"{exc}", f"{tier.role}:{provider.name}",
+            )
 
     def _given_up(self, task: TaskPayload, tier: Tier, exc: BaseException, retry: int) -> Unavailable | Rejected | None:
         """What a failed call ends the rung with, or None when it is worth retry number ``retry``."""
