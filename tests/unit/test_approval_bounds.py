@@ -15,19 +15,19 @@ from agents_stream.tables.definitions import Tables
 from faust.types import TP
 from pydantic import ValidationError
 
+from agents_stream import settings as settings_module
 from agents_stream.config import ApprovalLevel, ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.models import ApprovalDecision
 from agents_stream.kafka.deadletters import DeadLetter
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger import scanner as scanning
 from agents_stream.ledger.ledger import Ledger
-from agents_stream.ledger.scanner import DueIndex, ParkedTask, Scanner
-from agents_stream.ops import dlq
+from agents_stream.ops import cli_common, dlq
 from agents_stream.ops import notify as links
-from agents_stream.ops.cli_common import printable, printable_tree
 from agents_stream.orchestrator import JobRequest
-from agents_stream.settings import APPROVAL_SECRET_MIN_CHARS, Settings
+from agents_stream.settings import Settings
 
 SECRET = "a-secret-of-at-least-thirty-two-characters"
 AGENT = "refunds"
@@ -93,10 +93,11 @@ def test_a_signed_decision_verifies_and_any_change_or_another_secret_does_not():
 
 def test_the_approval_secret_has_a_minimum_length():
     """A short secret is refused with the length it needs; unset (no links) and long enough are fine."""
+    least = settings_module.APPROVAL_SECRET_MIN_CHARS
     problem = Settings(approval_secret="link-secret").approval_secret_problem()
-    assert problem is not None and f"at least {APPROVAL_SECRET_MIN_CHARS}" in problem and "link-secret" not in problem
+    assert problem is not None and f"at least {least}" in problem and "link-secret" not in problem
     assert Settings(approval_secret="").approval_secret_problem() is None
-    assert Settings(approval_secret="x" * APPROVAL_SECRET_MIN_CHARS).approval_secret_problem() is None
+    assert Settings(approval_secret="x" * least).approval_secret_problem() is None
 
 
 # -- control characters and terminal output --------------------------------------------------------
@@ -117,8 +118,8 @@ def test_a_job_cancel_refuses_control_characters_in_who_and_why():
 
 
 def test_terminal_output_escapes_control_characters():
-    assert printable("r-1\x1b[2J\r\nok") == "r-1\\x1b[2J\\x0d\\x0aok"
-    assert printable_tree({"k\x1b": ["a\x07", 3, None]}) == {"k\\x1b": ["a\\x07", 3, None]}
+    assert cli_common.printable("r-1\x1b[2J\r\nok") == "r-1\\x1b[2J\\x0d\\x0aok"
+    assert cli_common.printable_tree({"k\x1b": ["a\x07", 3, None]}) == {"k\\x1b": ["a\\x07", 3, None]}
 
 
 # -- where a requeue may send --------------------------------------------------------------------
@@ -139,14 +140,14 @@ def test_a_requeue_goes_only_to_the_agents_own_task_topic():
 # -- the due-time index ----------------------------------------------------------------------------
 
 def test_the_index_returns_only_due_levels_drops_stale_entries_and_asks_again_later():
-    index = DueIndex()
-    index.put("a", ParkedTask(TP0, AGENT, 0, 10.0))
-    index.put("b", ParkedTask(TP0, AGENT, 0, 50.0))
+    index = scanning.DueIndex()
+    index.put("a", scanning.ParkedTask(TP0, AGENT, 0, 10.0))
+    index.put("b", scanning.ParkedTask(TP0, AGENT, 0, 50.0))
     assert index.due(9.0, retry_after=5.0) == []
     assert index.due(10.0, retry_after=5.0) == [("a", 0)]
     assert index.due(12.0, retry_after=5.0) == [], "asked once: not again before retry_after"
     assert index.due(15.0, retry_after=5.0) == [("a", 0)], "still unanswered: asked again"
-    index.put("a", ParkedTask(TP0, AGENT, 1, 40.0))  # escalated: the level-0 entries are stale
+    index.put("a", scanning.ParkedTask(TP0, AGENT, 1, 40.0))  # escalated: the level-0 entries are stale
     assert index.due(30.0, retry_after=5.0) == []
     assert index.due(45.0, retry_after=5.0) == [("a", 1)]
     index.drop("b")
@@ -178,7 +179,7 @@ def test_scanning_parked_tasks_reads_no_table_after_the_reindex():
         tasks[f"r-{i}"] = record.to_json()
         timers[f"task/r-{i}"] = {"kind": "task"}
     executor = SimpleNamespace(has=lambda task_id: False)
-    scanner = Scanner(Settings(), executor, tasks, timers)  # type: ignore[arg-type]
+    scanner = scanning.Scanner(Settings(), executor, tasks, timers)  # type: ignore[arg-type]
     assert scanner.reindex() == 50
     CountingTable.reads = 0
     assert scanner.scan_parked(T0 + 5) == []
