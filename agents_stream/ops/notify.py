@@ -210,6 +210,7 @@ class Notifier(mode.Service):
         while not self.should_stop:
             url, body, subject = await self.queue.get()
             await self._slots.acquire()
+            await self._paced()  # here, not in the post: first attempts start in the order they were queued
             task = asyncio.ensure_future(self._post(url, body, subject))
             self._posts.add(task)
             task.add_done_callback(self._posts.discard)
@@ -228,7 +229,8 @@ class Notifier(mode.Service):
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         for attempt in range(1, self.attempts + 1):
-            await self._paced()
+            if attempt > 1:
+                await self._paced()  # a retry counts against the rate too
             try:
                 async with self._session.post(url, json=body) as resp:
                     if resp.status < 300:
