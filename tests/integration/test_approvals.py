@@ -135,7 +135,8 @@ async def test_approval_times_out_escalates_and_runs_once_when_approved_at_level
         controls = await controls_of({big["task_id"]}, "approval.decided")
         events = [json.loads(m.value) for m in controls]
         assert [e["event"] for e in events] == ["approval.requested", "approval.escalated", "approval.decided"]
-        assert events[-1]["details"] == {"decision": "approve", "by": "manager", "via": "link", "level": 1, "signed": True}
+        assert events[-1]["details"] == {"decision": "approve", "by": "manager", "via": "link", "level": 1,
+                                         "signed": True}
         await asyncio.sleep(3)  # any second run would show up here
         assert calls_for(fake_llm, big["task_id"]) == 1, "approved task ran exactly once"
         record = await w.get(f"/tasks/{big['task_id']}")
