@@ -195,6 +195,10 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
 
+    _signed_link_views(app, settings)
+
+
+def _signed_link_views(app: Any, settings: Settings) -> None:
     @app.page("/approvals/{task_id}/{decision}")
     class SignedLink(View):
         """The approve/reject links of a notification: GET shows a confirmation, its button POSTs."""
