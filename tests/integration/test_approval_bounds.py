@@ -219,3 +219,33 @@ async def _state(worker: Any, task_id: str, state: str) -> bool:
         return (await worker.get(f"/tasks/{task_id}")).get("state") == state
     except Exception:
         return False
+
+
+async def test_a_requeue_sends_only_to_the_agents_own_task_topic(cluster_factory, fake_llm):
+    """A record planted on an agent's dead-letter topic whose original_topic header names agent.approvals is
+    requeued to the agent's task topic (and runs there), never onto the approvals topic."""
+    agent = unique("refunds")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_API_TOKEN=TOKEN)
+    w = await c.started()
+    planted_task = task(agent, instruction="summarise 1")
+    key, value = encode(planted_task)
+    await produce(topics.dlq_topic(agent), [(key, value)], headers=[
+        ("error_reason", b"forged"), ("error_layer", b"schema"), ("original_topic", topics.APPROVALS.encode()),
+        ("original_partition", b"0"), ("original_offset", b"0"), ("attempts", b"1"),
+    ])
+    planted = await read_topic(topics.dlq_topic(agent), timeout=30, until=lambda s: len(s) >= 1,
+                               keep=lambda m: m.key == key)
+    ref = f"{planted[0].topic}:{planted[0].partition}:{planted[0].offset}"
+    async with aiohttp.ClientSession() as s:
+        async with s.post(f"http://127.0.0.1:{w.web_port}/dlq/requeue", json={"ref": ref},
+                          headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            assert r.status == 202, await r.text()
+    on_approvals = await read_topic(topics.APPROVALS, timeout=5, until=lambda s: False, keep=lambda m: m.key == key)
+    assert on_approvals == [], "nothing reached agent.approvals"
+    got = await results_for({planted_task["task_id"]}, timeout=60)
+    assert json.loads(got[planted_task["task_id"]][0].value)["status"] == "succeeded", "requeued to its task topic"
+    async with aiohttp.ClientSession() as s:
+        bad_ref = f"{topics.dlq_of(topics.APPROVALS)}:0:0"
+        async with s.post(f"http://127.0.0.1:{w.web_port}/dlq/requeue", json={"ref": bad_ref},
+                          headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+            assert r.status == 400, await r.text()
