@@ -32,8 +32,9 @@ from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather, 
 from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
+from agents_stream.tables import approvals
 from agents_stream.tables.definitions import Tables
-from agents_stream.tables.leases import TaskRecord
+from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
 
 if TYPE_CHECKING:
     from agents_stream.execution.executor import Executor
@@ -171,6 +172,8 @@ def _approval_views(app: Any, runtime: Worker) -> None:
             accepted = {"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}
             return self.json(accepted, status=202)
 
+    _signed_link_views(app, runtime)
+
 
 def _cancel_and_link_views(app: Any, settings: Settings) -> None:
     @app.page("/jobs/{job_id}/cancel")
@@ -195,10 +198,11 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
 
-    _signed_link_views(app, settings)
 
+def _signed_link_views(app: Any, runtime: Worker) -> None:
+    settings = runtime.settings
+    table = runtime.tables.tasks
 
-def _signed_link_views(app: Any, settings: Settings) -> None:
     @app.page("/approvals/{task_id}/{decision}")
     class SignedLink(View):
         """The approve/reject links of a notification: GET shows a confirmation, its button POSTs."""
@@ -206,11 +210,16 @@ def _signed_link_views(app: Any, settings: Settings) -> None:
         def _check(self, request: Request, task_id: str, decision: str, fields: Any) -> LinkClaim:
             return verify(settings.approval_secret, task_id, decision, dict(fields), time.time())
 
+        @routed(app, table, "task_id", settings.partitions)  # the owner has the record: it can say "stale"
         async def get(self, request: Request, task_id: str, decision: str) -> Response:
             try:
-                level, by, _ = self._check(request, task_id, decision, request.query)
+                claim = self._check(request, task_id, decision, request.query)
             except LinkError as exc:
                 return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
+            stale = _stale_link(table, task_id, claim)
+            if stale is not None:
+                return self.html(_page("Link not valid", f"<p>{html.escape(stale)}</p>"), status=409)
+            level, by = claim.level, claim.by
             hidden = "".join(
                 f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>"
                 for k in ("level", "by", "exp", "parked", "sig")
@@ -242,6 +251,18 @@ def _signed_link_views(app: Any, settings: Settings) -> None:
                 f"{claim.level + 1} was sent; the task's worker applies it if the task still awaits that level.</p>"
             )
             return self.html(_page("Decision recorded", recorded), status=202)
+
+
+def _stale_link(table: Any, task_id: str, claim: LinkClaim) -> str | None:
+    """Why a genuine link no longer decides its task (decided, another level, another parking), or None. The
+    ledger makes the same check when the decision arrives; this one only spares a confirmation that would not count."""
+    data = table.get(task_id)
+    if not data:
+        return None
+    record = TaskRecord.from_json(data)
+    if record.state != AWAITING_APPROVAL:
+        return f"the task is {record.state}: it was decided before, or timed out"
+    return approvals.binding_problem(record, level=claim.level, parked=claim.parked)
 
 
 def _health_views(app: Any, runtime: Worker) -> None:

@@ -51,6 +51,14 @@ async def post_link(worker: Any, url: str) -> int:
             return r.status
 
 
+async def open_link(worker: Any, url: str) -> tuple[int, str]:
+    """Open a link's confirmation page on this worker: (status, HTML)."""
+    local = f"http://127.0.0.1:{worker.web_port}{urlsplit(url).path}?{urlsplit(url).query}"
+    async with aiohttp.ClientSession() as s:
+        async with s.get(local, timeout=aiohttp.ClientTimeout(total=20)) as r:
+            return r.status, await r.text()
+
+
 async def control_events(task_id: str, event: str, timeout: float = 60) -> list[dict[str, Any]]:
     """The agent.control events of a task, once one of kind ``event`` is there."""
     msgs = await read_topic(
@@ -110,7 +118,9 @@ async def test_cap_dead_letters_and_a_requeued_task_gets_new_links_that_alone_de
         await eventually(lambda: len(hooks.for_task(first_id)) >= 2, timeout=60, what="the requeued task's webhook")
         new_link = hooks.for_task(first_id)[1][1]["blocks"][-1]["elements"][0]["url"]
         assert link_fields(new_link)["parked"] != link_fields(old_link)["parked"], "a new parking, new links"
-        assert await post_link(w, old_link) == 202  # genuine and unexpired: only the ledger knows it is stale
+        page_status, page = await open_link(w, old_link)  # opening it: the owner of the record says why not
+        assert page_status == 409 and "earlier parking" in page, page
+        assert await post_link(w, old_link) == 202  # pressing it anyway: sent, and the ledger ignores it
         events = await control_events(first_id, "approval.ignored")
         ignored = [e for e in events if e["event"] == "approval.ignored"][-1]
         assert "earlier parking" in ignored["details"]["reason"], ignored
