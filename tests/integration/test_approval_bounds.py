@@ -20,7 +20,19 @@ from agents_stream.contract import topics
 from agents_stream.ops.notify import Notifier
 from agents_stream.testing.fakellm import status
 
-from .harness import BOOTSTRAP, PARTITIONS, ROOT, encode, eventually, produce, read_topic, results_for, task, unique
+from .harness import (
+    BOOTSTRAP,
+    PARTITIONS,
+    READ_TOKEN,
+    ROOT,
+    encode,
+    eventually,
+    produce,
+    read_topic,
+    results_for,
+    task,
+    unique,
+)
 from .test_approvals import Hooks, approval_toml, calls_for
 
 TOKEN = "t0ken-for-tests"
@@ -172,7 +184,8 @@ async def test_decisions_say_whether_they_were_signed_and_refuse_control_charact
             await eventually(lambda t=t, final=final: _state(w, t["task_id"], final), timeout=60, what=final)
             signed_of[t["task_id"]] = (await w.get(f"/tasks/{t['task_id']}"))["approval"]["decision"]["signed"]
         assert signed_of == {via_http["task_id"]: True, via_event["task_id"]: False, via_cli["task_id"]: True}
-        shown = cli("tasks", "show", via_event["task_id"], WEB_PORT=str(w.web_port), WEB_HOST="127.0.0.1")
+        shown = cli("tasks", "show", via_event["task_id"], WEB_PORT=str(w.web_port), WEB_HOST="127.0.0.1",
+                    AGENTS_STREAM_READ_TOKEN=READ_TOKEN)
         assert shown.returncode == 0 and "UNSIGNED" in shown.stdout, shown.stdout + shown.stderr
         events = await control_events(via_event["task_id"], "approval.decided")
         assert [e["details"]["signed"] for e in events if e["event"] == "approval.decided"] == [False]
