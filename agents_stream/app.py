@@ -421,7 +421,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))
-        runtime.ledger.reindex()  # the tables are recovered: parked tasks join the due-time index, read once
+        runtime.ledger.scanner.reindex()  # the tables are recovered: parked tasks join the due-time index, once
 
     @app.task
     async def _start_runtime() -> None:

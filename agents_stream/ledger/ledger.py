@@ -435,10 +435,6 @@ class Ledger:
         """Approvals whose level timed out, as (task_id, level)."""
         return self.scanner.scan_parked(now)
 
-    def reindex(self) -> int:
-        """After a rebalance (tables recovered): the parked tasks of this worker's partitions, read once."""
-        return self.scanner.reindex()
-
     def approvals_pending(self, agents: list[str]) -> dict[str, int]:
         """How many tasks of each agent await a decision on this worker's partitions (from memory: no table read)."""
         return self.scanner.approvals_pending(agents)
