@@ -208,7 +208,7 @@ class Runtime(Service):
             lambda name: app.topic(name, key_serializer="raw", value_serializer="raw"), watermark, self.worker_id,
             find_dead_letter=dead_letter_finder(settings),
         )
-        self.notifier = Notifier()
+        self.notifier = Notifier(rate_per_s=settings.webhook_rate_per_s, queue_max=settings.webhook_queue_max)
         jobs = settings.jobs_enabled()
         self.ledger = Ledger(
             settings, self.executor, self.worker_id, tables=tables, watermark=watermark, outbox=self.outbox,
@@ -421,6 +421,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))
+        runtime.ledger.scanner.reindex()  # the tables are recovered: parked tasks join the due-time index, once
 
     @app.task
     async def _start_runtime() -> None:
@@ -430,6 +431,8 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
 
 def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
     settings = settings or Settings.from_env()
+    if settings.approval_secret_problem():
+        raise SystemExit(f"Refusing to start: {settings.approval_secret_problem()}")
     config = config or load_config(settings.config_path or None)
     agents = _agents(settings, config)
     watermark = Watermark()

@@ -23,10 +23,18 @@ from agents_stream.contract.events import (
     decode,
     encode,
 )
-from agents_stream.contract.models import SCHEMA_VERSION, ApprovalDecision, TaskPayload, parse_json_model, task_digest
+from agents_stream.contract.models import (
+    NO_CONTROL,
+    SCHEMA_VERSION,
+    ApprovalDecision,
+    TaskPayload,
+    parse_json_model,
+    task_digest,
+)
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
+from agents_stream.ops.notify import with_signature
 from agents_stream.settings import Settings
 from agents_stream.tables import jobs as machine
 from agents_stream.tables.definitions import Tables
@@ -52,8 +60,8 @@ class JobRequest(BaseModel):
     timeout_s: float | None = Field(default=None, gt=0)
     deadline: str | None = None
     #: for a cancel: who and why (recorded in the job's result)
-    by: str = "unknown"
-    reason: str = ""
+    by: str = Field(default="unknown", max_length=200, pattern=NO_CONTROL)
+    reason: str = Field(default="", max_length=2000, pattern=NO_CONTROL)
 
     @model_validator(mode="after")
     def _one_way(self) -> JobRequest:
@@ -204,7 +212,8 @@ class Orchestrator:
             task_id=task_id, decision="reject", by=f"job:{details.get('by', 'unknown')}", via="job",
             comment=str(details.get("reason", ""))[:2000] or None,
         )
-        body = decision.model_dump_json().encode("utf-8")
+        signed = with_signature(self.settings.approval_secret, decision)  # a job's own rejection is signed
+        body = signed.model_dump_json(exclude_none=True).encode("utf-8")
         return self.outbox.record(topics.APPROVALS, task_id.encode("utf-8"), body)
 
     @staticmethod

@@ -18,6 +18,10 @@ def bootstrap_servers(broker_url: str) -> str:
     return ",".join(part.strip().split("://", 1)[-1] for part in broker_url.split(",") if part.strip())
 
 
+#: the shortest approval secret a worker or the CLI accepts: it signs links and decisions (HMAC-SHA256)
+APPROVAL_SECRET_MIN_CHARS = 32
+
+
 def _parse_bool(env: str, raw: str) -> bool:
     if raw.lower() in ("1", "true", "yes", "on"):
         return True
@@ -206,6 +210,25 @@ class Settings:
         "AGENTS_STREAM_APPROVAL_SECRET", "",
         "HMAC key of approve/reject links (the same on every worker); empty: notifications carry no links.",
     )
+    approval_require_signed: bool = _setting(
+        "AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED", False,
+        "Refuse decisions on agent.approvals that carry no valid signature (an operator's CLI then needs the secret); "
+        "off: they are applied and recorded as signed: false.",
+    )
+    approval_max_awaiting: int = _setting(
+        "AGENTS_STREAM_APPROVAL_MAX_AWAITING", 1000,
+        "Tasks of one agent that may await approval at once, split evenly over the partitions (each holds at most "
+        "ceil(N / partitions)); a task over it is dead-lettered (approval_backlog_full). 0: no cap.",
+    )
+    webhook_rate_per_s: float = _setting(
+        "AGENTS_STREAM_WEBHOOK_RATE_PER_S", 5.0,
+        "Approval webhook posts one worker starts per second (retries included).",
+    )
+    webhook_queue_max: int = _setting(
+        "AGENTS_STREAM_WEBHOOK_QUEUE_MAX", 1000,
+        "Approval notifications waiting to be posted; one more is dropped with a warning (the approval still waits, "
+        "escalates and is listed).",
+    )
     public_url: str = _setting(
         "AGENTS_STREAM_PUBLIC_URL", "",
         "Base URL approval links point at (a worker or a proxy in front of them); empty: http://WEB_HOST:WEB_PORT.",
@@ -277,6 +300,22 @@ class Settings:
         if cli_datadir:
             return cli_datadir
         return self.data_dir or str(Path(DEFAULT_DATA_ROOT) / self.app_id)
+
+    def approval_secret_problem(self) -> str | None:
+        """Why the approval secret cannot be used (too short to resist guessing), or None when unset or good."""
+        if self.approval_secret and len(self.approval_secret) < APPROVAL_SECRET_MIN_CHARS:
+            return (
+                f"AGENTS_STREAM_APPROVAL_SECRET has {len(self.approval_secret)} characters; it needs at least "
+                f"{APPROVAL_SECRET_MIN_CHARS} (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'), "
+                "or leave it unset to send notifications without links"
+            )
+        return None
+
+    def approval_share(self) -> int:
+        """How many tasks of one agent may await approval on one partition (0: no cap)."""
+        if self.approval_max_awaiting <= 0:
+            return 0
+        return -(-self.approval_max_awaiting // max(1, self.partitions))
 
     def link_base(self) -> str:
         return self.public_url or f"http://{self.web_host}:{self.web_port}"

@@ -1,6 +1,7 @@
 """Human approval of a task, pure and clock-free: the policy, and the parked task's decisions and escalations.
 
     (task arrives, policy matches) ──► AWAITING_APPROVAL at level 0
+        │   (the agent's share of the partition already parked: DEAD_LETTERED, approval_backlog_full)
         ├── approve (HTTP, signed link, CLI or event) ──► RUNNING: dispatched, once
         ├── reject ──► REJECTED: a failed result, no provider call, no dead letter
         └── level's timeout ──► the next level (its own timeout and webhook)
@@ -21,13 +22,16 @@ from typing import Any, Sequence
 
 from agents_stream.tables.leases import (
     AWAITING_APPROVAL,
+    DEAD_LETTERED,
     REJECTED,
     RUNNING,
     Control,
+    DeadLetter,
     Dispatch,
     Effect,
     EmitResult,
     Notify,
+    Settle,
     TaskRecord,
 )
 
@@ -101,12 +105,19 @@ def decide(
     me: str,
     ttl: float,
     rejected_result: str,
+    signed: bool = True,
 ) -> tuple[TaskRecord | None, list[Effect]]:
-    """A human (or the last timeout) decided. Only the first decision of a parked task counts."""
+    """A human (or the last timeout) decided. Only the first decision of a parked task counts.
+
+    ``signed`` says whether the decision event carried a valid signature (a worker's, a link's or the CLI's); an
+    unsigned one is recorded as such (``signed: false``), so a decision forged on the topic is visible.
+    """
     if record is None or record.state != AWAITING_APPROVAL or decision not in DECISIONS:
         return record, []
     approval = state(record)
-    made = {"decision": decision, "by": by, "via": via, "level": approval.get("level", 0), "at": now}
+    made = {
+        "decision": decision, "by": by, "via": via, "level": approval.get("level", 0), "signed": signed, "at": now,
+    }
     if comment:
         made["comment"] = comment
     approval["decision"] = made
@@ -159,3 +170,43 @@ def due(record: TaskRecord, now: float) -> int | None:
     approval = state(record)
     return approval.get("level", 0) if now >= approval.get("due", float("inf")) else None
 
+
+
+def parked_ms_of(record: TaskRecord) -> int:
+    """The parking's identity: when it was parked, in whole milliseconds (what links carry as ``parked``)."""
+    return int(round(float(state(record).get("requested_at", 0.0)) * 1000))
+
+
+def binding_problem(record: TaskRecord, *, level: int | None, parked: int | None) -> str | None:
+    """Why a decision bound to a level and a parking (a signed link's) does not decide this parked task, or None.
+
+    A link is sent for one level of one parking: after an escalation it is another level's turn, and a task
+    requeued and parked again has new links, so an old link decides nothing.
+    """
+    if parked is not None and parked != parked_ms_of(record):
+        return (
+            f"the decision is for an earlier parking of this task (parked at {parked} ms; it was parked again at "
+            f"{parked_ms_of(record)} ms): use the links of the latest notification"
+        )
+    current = state(record).get("level", 0)
+    if level is not None and level != current:
+        return f"the decision is for level {level + 1}; the task now awaits level {current + 1}"
+    return None
+
+
+def overflow(
+    record: TaskRecord, *, agent: str, partition: int, waiting: int, share: int, now: float, failed_result: str,
+) -> tuple[TaskRecord, list[Effect]]:
+    """The agent's share of a partition is already parked: the task ends DEAD_LETTERED instead of waiting (its
+    producer gets a failed result, the dead letter says why; ``agents-stream dlq requeue`` parks it again)."""
+    reason = (
+        f"approval_backlog_full: {waiting} tasks of agent {agent} already await approval on partition {partition} "
+        f"(at most {share} per partition, AGENTS_STREAM_APPROVAL_MAX_AWAITING): decide or reject some, then requeue"
+    )
+    ended = replace(
+        record, state=DEAD_LETTERED, approval=None, result=failed_result, finished_at=now, dispatch=0, owner="",
+        lease_until=0.0,
+    )
+    details = {"reason": "approval_backlog_full", "waiting": waiting, "share": share}
+    return ended, [Control("approval.refused", details), EmitResult(failed_result),
+                   DeadLetter(reason, "approval", 0), Settle()]

@@ -91,6 +91,10 @@ class ControlEvent(BaseModel):
     at: str = Field(default_factory=utcnow_iso)
 
 
+#: text with no C0/C1 control characters or DEL (names, comments and reasons people type)
+NO_CONTROL = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
 class ApprovalDecision(BaseModel):
     """A human's decision on a task awaiting approval, keyed by task_id on ``agent.approvals``."""
 
@@ -99,11 +103,18 @@ class ApprovalDecision(BaseModel):
     schema_version: int = SCHEMA_VERSION
     task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
     decision: Literal["approve", "reject"]
-    #: who decided (a person, or the approval level a signed link was sent to)
-    by: str = Field(min_length=1, max_length=200)
+    #: who decided (a person, or the approval level a signed link was sent to); no control characters, so it
+    #: cannot rewrite a terminal or a log line it is printed in
+    by: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
     #: how it arrived: "http", "link", "cli" or "event"
-    via: str = "event"
-    comment: str | None = Field(default=None, max_length=2000)
+    via: str = Field(default="event", max_length=20, pattern=NO_CONTROL)
+    comment: str | None = Field(default=None, max_length=2000, pattern=NO_CONTROL)
+    #: a signed link's level and parking (``notify.parked_ms``): the decision counts only for that parking there
+    level: int | None = Field(default=None, ge=0, le=1000)
+    parked: int | None = Field(default=None, ge=0)
+    #: the sender's signature (``notify.decision_signature``): workers, links and the CLI sign with the approval
+    #: secret; a decision without a valid one is recorded as ``signed: false``
+    sig: str | None = Field(default=None, max_length=128)
 
 
 def parse_json_model(raw: bytes | None, model: type[BaseModel], max_bytes: int) -> Any:

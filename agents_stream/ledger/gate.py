@@ -1,11 +1,12 @@
-"""The approval gate: which tasks wait for a human, decisions and escalations, webhook notifications, /approvals."""
+"""The approval gate: which tasks wait for a human (within a cap), signed decisions bound to one parking,
+escalations, webhook notifications, /approvals."""
 
 from __future__ import annotations
 
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, Callable
 
 from faust.types import TP
 
@@ -17,7 +18,7 @@ from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.ledger.records import record_of
-from agents_stream.ops.notify import Notifier, link, slack_message
+from agents_stream.ops.notify import Notifier, decision_signed, link, slack_message
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals, leases
 from agents_stream.tables.definitions import LedgerTable
@@ -34,7 +35,7 @@ class ApprovalGate:
 
     def __init__(
         self, settings: Settings, worker_id: str, table: LedgerTable, outbox: Outbox, notifier: Notifier, *,
-        policies: dict[str, ApprovalPolicy], saga_flagged: set[str],
+        policies: dict[str, ApprovalPolicy], saga_flagged: set[str], awaiting_in: Callable[[TP, str], int],
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id
@@ -44,6 +45,8 @@ class ApprovalGate:
         self.policies = policies
         #: the agents whose saga has a step flagged for approval
         self.saga_flagged = saga_flagged
+        #: how many tasks of an agent await a decision on a partition (the scanner's index)
+        self.awaiting_in = awaiting_in
 
     def approval_for(self, task: TaskPayload) -> tuple[str, list[float]] | None:
         """(why, each level's timeout) when the agent's policy wants a human to approve this task first."""
@@ -80,20 +83,72 @@ class ApprovalGate:
             # Every app id reads the decisions; the one that has the task applies it.
             log.debug("Decision for %s is not for a task of this app; ignored", decision.task_id)
             return None
-        if record.state != AWAITING_APPROVAL:
+        signed = self.signed(decision)
+        problem = self._refusal(decision, record, signed)
+        if problem is not None:
             log.info(
-                "Decision %s by %s for %s ignored: the task is %s (decided before, or timed out)",
-                decision.decision, decision.by, decision.task_id, record.state,
+                "Decision %s by %r (via %s) for %s ignored: %s",
+                decision.decision, decision.by, decision.via, decision.task_id, problem,
             )
-            details = {"decision": decision.decision, "by": decision.by, "state": record.state}
+            details = {"decision": decision.decision, "by": decision.by, "via": decision.via, "signed": signed,
+                       "state": record.state, "reason": problem}
             self.outbox.control("approval.ignored", decision.task_id, record.agent, details)
             return None
+        if not signed:
+            log.warning(
+                "Decision %s by %r (via %s) for %s carries no valid signature; applied and recorded as signed: false "
+                "(set AGENTS_STREAM_APPROVAL_SECRET where decisions are made to sign them, and "
+                "AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED=1 to refuse unsigned ones)",
+                decision.decision, decision.by, decision.via, decision.task_id,
+            )
         new, effects = approvals.decide(
             record, decision=decision.decision, by=decision.by, via=decision.via, comment=decision.comment,
             now=time.time(), me=self.worker_id, ttl=self.settings.lease_ttl_s,
-            rejected_result=self._rejected_json(decision.task_id, record, decision.by),
+            rejected_result=self._rejected_json(decision.task_id, record, decision.by), signed=signed,
         )
         return decision.task_id, (record, new, effects)
+
+    def signed(self, decision: ApprovalDecision) -> bool:
+        """Whether the decision carries a valid signature made with this app's approval secret."""
+        return decision_signed(
+            self.settings.approval_secret, decision.sig, task_id=decision.task_id, decision=decision.decision,
+            by=decision.by, via=decision.via, comment=decision.comment, level=decision.level, parked=decision.parked,
+        )
+
+    def _refusal(self, decision: ApprovalDecision, record: TaskRecord, signed: bool) -> str | None:
+        """Why this decision does not decide the task, or None when it does."""
+        if record.state != AWAITING_APPROVAL:
+            return f"the task is {record.state} (decided before, or timed out)"
+        if not signed and self.settings.approval_require_signed:
+            return "the decision is not signed and AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED is set"
+        return approvals.binding_problem(record, level=decision.level, parked=decision.parked)
+
+    def admit(self, tp: TP, old: TaskRecord | None, new: TaskRecord | None, effects: list[leases.Effect]) -> Transition:
+        """A task about to be parked when its agent's share of the partition already waits: dead-lettered instead
+        (approval_backlog_full) — the cap keeps the timers table, the index and /approvals bounded."""
+        share = self.settings.approval_share()
+        newly_parked = new is not None and new.state == AWAITING_APPROVAL and (
+            old is None or old.state != AWAITING_APPROVAL
+        )
+        if not share or not newly_parked or new is None:
+            return old, new, effects
+        waiting = self.awaiting_in(tp, new.agent)
+        if waiting < share:
+            return old, new, effects
+        task_id = json.loads(new.payload).get("task_id", "")
+        log.warning(
+            "Task %s of agent %s not parked: %d tasks already await approval on %s[%d] (at most %d per partition); "
+            "dead-lettered as approval_backlog_full. Decide waiting ones, or raise AGENTS_STREAM_APPROVAL_MAX_AWAITING",
+            task_id, new.agent, waiting, tp.topic, tp.partition, share,
+        )
+        failed = self._failed_json(task_id, new, f"approval_backlog_full: {waiting} tasks already await approval")
+        ended, refused = approvals.overflow(
+            new, agent=new.agent, partition=tp.partition, waiting=waiting, share=share, now=time.time(),
+            failed_result=failed,
+        )
+        kept = [e for e in effects if not isinstance(e, leases.Notify)
+                and not (isinstance(e, leases.Control) and e.event == "approval.requested")]
+        return old, ended, [*kept, *refused]
 
     def on_timeout(self, task_id: str, record: TaskRecord | None, level: int) -> Transition | None:
         """A level's time ran out (an ``approval_timeout`` event): escalate, or reject after the last level."""
@@ -107,12 +162,14 @@ class ApprovalGate:
         return record, new, effects
 
     def _rejected_json(self, task_id: str, record: TaskRecord, by: str) -> str:
+        error = f"rejected by {by}" if by != "timeout" else "rejected: no approval before the last level's timeout"
+        return self._failed_json(task_id, record, error)
+
+    def _failed_json(self, task_id: str, record: TaskRecord, error: str) -> str:
         payload = json.loads(record.payload)
         return TaskResult(
             task_id=task_id, agent_name=record.agent, status="failed", output=None, confidence="failed",
-            source="approval", attempts=0, job_id=payload.get("job_id"),
-            error=f"rejected by {by}" if by != "timeout" else "rejected: no approval before the last level's timeout",
-            completed_at=utcnow_iso(),
+            source="approval", attempts=0, job_id=payload.get("job_id"), error=error, completed_at=utcnow_iso(),
         ).model_dump_json()
 
     def notify(self, task_id: str, record: TaskRecord, level: int) -> None:
@@ -134,7 +191,10 @@ class ApprovalGate:
         secret = self.settings.approval_secret
         if secret:
             base = self.settings.link_base()
-            links = {d: link(base, secret, task_id, d, level, rung.name, int(due)) for d in ("approve", "reject")}
+            parked = approvals.parked_ms_of(record)  # a requeued task parked again gets new links
+            links = {
+                d: link(base, secret, task_id, d, level, rung.name, int(due), parked) for d in ("approve", "reject")
+            }
         instruction = json.loads(record.payload).get("instruction", "")
         body = slack_message(
             task_id=task_id, agent=record.agent, reason=state.get("reason", ""), level=level, level_name=rung.name,

@@ -73,16 +73,16 @@ class Ledger:
         self.timers = tables.timers
         self.outcomes = topics.outcomes_topic(settings.app_id)
         self.answers_topic = topics.answers_topic(settings.app_id)
+        self.scanner = Scanner(settings, executor, tables.tasks, tables.timers)
         self.gate = ApprovalGate(
             settings, worker_id, tables.tasks, outbox, notifier, policies=policies or {},
-            saga_flagged=saga_flagged or set(),
+            saga_flagged=saga_flagged or set(), awaiting_in=self.scanner.awaiting_in,
         )
         self.cache = AnswerCache(
             tables.answers, outbox, answers_topic=self.answers_topic, outcomes_topic=self.outcomes,
             worker_id=worker_id, agents=cached_agents or set(),
         )
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
-        self.scanner = Scanner(settings, executor, tables.tasks, tables.timers)
         #: the job orchestrator when this app runs it; it shares this loop
         self.orchestrator = orchestrator
         #: the offsets held for each running task, with the watermark generation of each hold
@@ -212,6 +212,7 @@ class Ledger:
             approval=self.gate.approval_for(task),
             digest=digest,
         )
+        _, new, effects = self.gate.admit(tp, record, new, effects)  # the agent's share of parked tasks is bounded
         self._apply(tp, offset, task.task_id, record, new, effects, task=task)
 
     # -- outcome events ----------------------------------------------------------------

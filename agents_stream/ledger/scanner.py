@@ -1,7 +1,9 @@
-"""The ledger's index of open tasks on this worker's partitions, and the scans that turn lapsed time into events."""
+"""The ledger's index of open and parked tasks on this worker's partitions, and the scans that turn lapsed time
+into events (leases from memory; approval timeouts from a due-time index, not by rereading parked records)."""
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -25,38 +27,105 @@ class OpenTask:
     requested: float = 0.0  # when the scanner last asked for a re-dispatch
 
 
+@dataclass(frozen=True)
+class ParkedTask:
+    """A task awaiting a decision: where it is, and when its current level's time runs out."""
+
+    tp: TP
+    agent: str
+    level: int
+    due: float
+
+
+class DueIndex:
+    """Parked tasks by task id, their count per (partition, agent), and a heap of (when to look, task, level, due).
+
+    A heap entry is stale once the task moved on (decided, escalated: its level or due changed); stale entries
+    are dropped as they come up, so a scan costs the entries that are due, not every parked task.
+    """
+
+    def __init__(self) -> None:
+        self.parked: dict[str, ParkedTask] = {}
+        self.counts: dict[tuple[TP, str], int] = {}
+        self._heap: list[tuple[float, str, int, float]] = []
+
+    def put(self, task_id: str, entry: ParkedTask) -> None:
+        if self.parked.get(task_id) == entry:
+            return
+        self.drop(task_id)
+        self.parked[task_id] = entry
+        key = (entry.tp, entry.agent)
+        self.counts[key] = self.counts.get(key, 0) + 1
+        heapq.heappush(self._heap, (entry.due, task_id, entry.level, entry.due))
+
+    def drop(self, task_id: str) -> None:
+        entry = self.parked.pop(task_id, None)
+        if entry is not None:
+            key = (entry.tp, entry.agent)
+            self.counts[key] -= 1
+            if not self.counts[key]:
+                del self.counts[key]
+
+    def waiting(self, tp: TP, agent: str) -> int:
+        return self.counts.get((tp, agent), 0)
+
+    def due(self, now: float, retry_after: float) -> list[tuple[str, int]]:
+        """(task_id, level) of every parked task whose level ran out; each is asked again after ``retry_after``
+        seconds while it stays unanswered (its timeout event lost, or the ledger busy)."""
+        found = []
+        while self._heap and self._heap[0][0] <= now:
+            _, task_id, level, due = heapq.heappop(self._heap)
+            entry = self.parked.get(task_id)
+            if entry is None or (entry.level, entry.due) != (level, due):
+                continue  # decided or escalated since: a newer entry (or none) stands for it
+            found.append((task_id, level))
+            heapq.heappush(self._heap, (now + retry_after, task_id, level, due))
+        return found
+
+    def forget(self, tps: set[TP]) -> None:
+        for task_id in [t for t, entry in self.parked.items() if entry.tp in tps]:
+            self.drop(task_id)
+
+
 class Scanner:
-    """Open tasks and parked ones (from memory, kept by ``note``), and the lease and approval-timeout scans."""
+    """Open tasks and parked ones (in memory, kept by ``note``, made whole by ``reindex`` after each rebalance),
+    and the lease and approval-timeout scans."""
 
     def __init__(self, settings: Settings, executor: Executor, tasks: LedgerTable, timers: LedgerTable) -> None:
         self.settings = settings
         self.executor = executor
         self.tasks = tasks
-        #: tasks parked for a decision or running after one: their offsets are committed, so the
-        #: scanner finds them here (a small table) rather than through a redelivery
+        #: tasks parked for a decision or running after one: their offsets are committed, so no redelivery
+        #: brings them back; ``reindex`` finds them here (a small table)
         self.timers = timers
         self.open_tasks: dict[str, OpenTask] = {}
-        #: tasks awaiting a decision on this worker's partitions: task_id → (partition, agent), for the metrics;
-        #: kept by ``note`` and made whole again by every scan_parked (after a restart or a rebalance)
-        self.awaiting_approval: dict[str, tuple[TP, str]] = {}
-        self._timer_asked: dict[str, float] = {}
+        #: tasks awaiting a decision on this worker's partitions, with their due times
+        self.index = DueIndex()
 
     def note(self, task_id: str, record: TaskRecord) -> None:
         """The task's record as the ledger just wrote (or read) it."""
         if record.state == AWAITING_APPROVAL:
-            self.awaiting_approval[task_id] = (TP(record.topic, record.partition), record.agent)
+            approval = approvals.state(record)
+            self.index.put(task_id, ParkedTask(
+                TP(record.topic, record.partition), record.agent, int(approval.get("level", 0)),
+                float(approval.get("due", float("inf"))),
+            ))
         else:
-            self.awaiting_approval.pop(task_id, None)
+            self.index.drop(task_id)
         if record.terminal or record.state == AWAITING_APPROVAL:
             self.open_tasks.pop(task_id, None)
         else:
             self.open_tasks[task_id] = OpenTask(TP(record.topic, record.partition), record.dispatch, record.lease_until)
 
+    def awaiting_in(self, tp: TP, agent: str) -> int:
+        """How many tasks of ``agent`` await a decision on partition ``tp`` (from memory)."""
+        return self.index.waiting(tp, agent)
+
     def approvals_pending(self, agents: list[str]) -> dict[str, int]:
         """How many tasks of each agent await a decision on this worker's partitions (from memory: no table read)."""
         counts = dict.fromkeys(agents, 0)
-        for _, agent in self.awaiting_approval.values():
-            counts[agent] = counts.get(agent, 0) + 1
+        for (_, agent), n in self.index.counts.items():
+            counts[agent] = counts.get(agent, 0) + n
         return counts
 
     def scan(self, now: float) -> list[tuple[str, int]]:
@@ -72,34 +141,22 @@ class Scanner:
         return due
 
     def scan_parked(self, now: float) -> list[tuple[str, int]]:
-        """Tasks with a decision pending or made (their offsets are committed, so no redelivery finds them):
-        approvals whose level timed out, as (task_id, level); running ones join the lease scan."""
-        due = []
-        throttle = max(1.0, self.settings.lease_ttl_s / 4)
-        asked, self._timer_asked = self._timer_asked, {}
-        waiting: dict[str, tuple[TP, str]] = {}
+        """Approvals whose level timed out, as (task_id, level), from the due-time index (no table read)."""
+        return self.index.due(now, max(1.0, self.settings.lease_ttl_s / 4))
+
+    def reindex(self) -> int:
+        """Read the timers table once (after a rebalance, its partitions recovered): every parked task joins the
+        index, and tasks running after a decision join the lease scan. Returns how many tasks are parked."""
         for task_id, record in self._timed():
-            if record.terminal:
-                continue
-            if record.state != AWAITING_APPROVAL:
-                if task_id not in self.open_tasks:
-                    self.note(task_id, record)  # a restart or rebalance: lease recovery takes it from here
-                continue
-            waiting[task_id] = (TP(record.topic, record.partition), record.agent)
-            level = approvals.due(record, now)
-            if level is None:
-                continue
-            if now - asked.get(task_id, 0.0) >= throttle:
-                asked[task_id] = now
-                due.append((task_id, level))
-            self._timer_asked[task_id] = asked[task_id]  # kept only while the timeout is still unanswered
-        self.awaiting_approval = waiting  # the timers table is the truth: it has the parked tasks no redelivery brings
-        return due
+            if not record.terminal and (record.state == AWAITING_APPROVAL or task_id not in self.open_tasks):
+                self.note(task_id, record)
+        return len(self.index.parked)
 
     def parked(self) -> Iterator[tuple[str, TaskRecord]]:
-        """The tasks awaiting a decision on this worker's partitions, read from the tables."""
-        for task_id, record in self._timed():
-            if record.state == AWAITING_APPROVAL:
+        """The tasks awaiting a decision on this worker's partitions, read from the table (for /approvals)."""
+        for task_id in list(self.index.parked):
+            record = record_of(self.tasks, task_id)
+            if record is not None and record.state == AWAITING_APPROVAL:
                 yield task_id, record
 
     def _timed(self) -> Iterator[tuple[str, TaskRecord]]:
@@ -115,4 +172,4 @@ class Scanner:
     def forget(self, tps: set[TP]) -> None:
         """Partitions revoked: their open and parked tasks are the next owner's."""
         self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
-        self.awaiting_approval = {t: held for t, held in self.awaiting_approval.items() if held[0] not in tps}
+        self.index.forget(tps)

@@ -4,16 +4,37 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import sys
 from typing import Any, Callable
 
 from agents_stream.kafka import security as kafka_security
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = ["AddParser", "broker_call", "broker_unreachable", "send_one"]
+__all__ = ["AddParser", "broker_call", "broker_unreachable", "printable", "printable_tree", "send_one"]
 
 #: a command module's ``register(add_parser)`` gets the subparsers' ``add_parser``
 AddParser = Callable[..., argparse.ArgumentParser]
+
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print on a terminal: every control character (escape sequences, newlines, carriage
+    returns) shown as ``\\xNN``, so a task id, a name or a reason from a producer cannot rewrite the screen."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+def printable_tree(value: Any) -> Any:
+    """A JSON value with every string (keys too) made ``printable``, for views rendered as lines."""
+    if isinstance(value, str):
+        return printable(value)
+    if isinstance(value, dict):
+        return {printable(str(k)): printable_tree(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [printable_tree(v) for v in value]
+    return value
 
 
 async def send_one(settings: Settings, topic: str, key: bytes, value: bytes) -> None:

@@ -89,10 +89,10 @@ async def _dlq(args: argparse.Namespace, settings: Settings) -> int:
         return 2
     if args.dry_run:
         for d in chosen:
-            print(f"would requeue {d.ref} ({d.task_id}) to {d.headers.get('original_topic')}")
+            print(f"would requeue {d.ref} ({d.task_id}) to {dlq.requeue_target(d)}")
         return 0
     for d, requeue_id in await dlq.requeue(settings.broker, chosen, security=security):
-        print(f"requeued {d.ref} ({d.task_id}) to {d.headers.get('original_topic')} as {requeue_id}")
+        print(f"requeued {d.ref} ({d.task_id}) to {dlq.requeue_target(d)} as {requeue_id}")
     print(f"{len(chosen)} requeued", file=sys.stderr)
     return 0
 

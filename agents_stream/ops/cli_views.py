@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, Callable
 
-from agents_stream.ops.cli_common import AddParser
+from agents_stream.ops.cli_common import AddParser, printable, printable_tree
 from agents_stream.settings import Settings
 
 __all__ = ["get_view", "no_worker", "register", "render_job", "show"]
@@ -54,11 +54,11 @@ def show(args: argparse.Namespace, path: str, render: Callable[[Any], str]) -> i
     except (OSError, ValueError) as exc:
         return no_worker(settings, exc)
     if args.json:
-        print(json.dumps(body, indent=2))
+        print(json.dumps(body, indent=2))  # JSON escapes control characters itself
     elif status == 200:
-        print(render(body))
+        print(render(printable_tree(body)))  # what producers wrote cannot rewrite the terminal
     else:
-        print(body.get("error", f"HTTP {status}"), file=sys.stderr)
+        print(printable(str(body.get("error", f"HTTP {status}"))), file=sys.stderr)
     return 0 if status == 200 else 1
 
 
@@ -68,7 +68,9 @@ def _render_task(t: dict[str, Any]) -> str:
         a = t["approval"]
         made = a.get("decision")
         lines.append(f"approval: {a.get('reason')}; level {a.get('level', 0) + 1}"
-                     + (f"; {made['decision']} by {made['by']} via {made['via']}" if made else "; waiting"))
+                     + (f"; {made['decision']} by {made['by']} via {made['via']}" if made else "; waiting")
+                     + ("; UNSIGNED (no valid signature on the decision event)" if made and not made.get("signed", True)
+                        else ""))
     r = t.get("result")
     if r:
         lines.append(f"result: {r['status']}  confidence {r['confidence']}  source {r['source'] or '-'}"

@@ -16,7 +16,7 @@ from agents_stream.settings import bootstrap_servers
 # The reader (DeadLetter, read_dead_letters) lives in agents_stream.kafka.deadletters; listed here for the commands.
 __all__ = [
     "DeadLetter", "dlq_topics", "history_of", "matches", "parse_ref", "read_dead_letters", "requeue",
-    "requeue_headers_for", "summary",
+    "requeue_headers_for", "requeue_target", "summary",
 ]
 
 #: the contract's dead-letter headers (DESIGN.md), kept in the history of a requeued task
@@ -41,7 +41,7 @@ def parse_ref(ref: str) -> tuple[str, int, int]:
     """``agent.tasks.x.dlq:0:12`` → (topic, partition, offset); ValueError with the expected form."""
     try:
         topic, partition, offset = ref.rsplit(":", 2)
-        if not topic.endswith(".dlq"):
+        if not (topic.startswith(topics.TASK_PREFIX) and topic.endswith(".dlq")):
             raise ValueError
         return topic, int(partition), int(offset)
     except ValueError:
@@ -116,10 +116,20 @@ async def dlq_topics(
 
 
 
+def requeue_target(dl: DeadLetter) -> str:
+    """Where a dead letter goes back to: only ever its agent's own task topic, named by the dead-letter topic it
+    was read from. Its ``original_topic`` header is as its writer set it: a record planted on a dead-letter topic
+    must not reach agent.approvals or another agent's tasks."""
+    agent = topics.agent_of(dl.topic.removesuffix(".dlq")) if dl.topic.endswith(".dlq") else None
+    if not agent:
+        raise ValueError(f"{dl.ref} is not on an agent's dead-letter topic (agent.tasks.<agent>.dlq): not requeued")
+    return topics.task_topic(agent)
+
+
 async def requeue(
     broker: str, records: list[DeadLetter], timeout: float = 60.0, *, security: Mapping[str, Any] | None = None,
 ) -> list[tuple[DeadLetter, str]]:
-    """Send each record's original bytes back to its original topic; returns (record, requeue id).
+    """Send each record's original bytes back to its agent's task topic; returns (record, requeue id).
 
     Under the same key, with a fresh ``agents_stream.requeue_id`` (the ledger starts the task again with its
     attempt counter reset, even though it had finished) and every earlier failure's dead-letter headers in
@@ -133,7 +143,7 @@ async def requeue(
     try:
         futures = []
         for dl in records:
-            target = dl.headers.get("original_topic") or topics.task_topic(dl.agent)
+            target = requeue_target(dl)
             requeue_id = uuid.uuid4().hex
             headers = requeue_headers_for(dl, requeue_id)
             futures.append(await producer.send(target, dl.value, key=dl.key, headers=headers))

@@ -1,4 +1,5 @@
-"""Approval links and notifications: HMAC-signed, expiring approve/reject links and Slack-compatible webhooks."""
+"""Approval links, decision signatures and notifications: HMAC-signed approve/reject links bound to one parking
+at one level, signed decision events, and Slack-compatible webhooks posted at a bounded rate."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import hashlib
 import hmac
 import logging
 import time
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote, urlencode, urlsplit
 
 import aiohttp
@@ -22,38 +23,88 @@ class LinkError(ValueError):
     """A link that does not prove a decision: bad signature, expired, or malformed."""
 
 
-def _message(task_id: str, decision: str, level: int, by: str, exp: int) -> bytes:
-    return "\n".join((task_id, decision, str(level), by, str(exp))).encode("utf-8")
+class LinkClaim(NamedTuple):
+    """What a genuine link decides: the level it was sent to, its approver, and the parking it belongs to."""
+
+    level: int
+    by: str
+    #: when the task was parked, in milliseconds (``parked_ms``): a link decides only that parking
+    parked: int
 
 
-def sign(secret: str, task_id: str, decision: str, level: int, by: str, exp: int) -> str:
-    return hmac.new(secret.encode("utf-8"), _message(task_id, decision, level, by, exp), hashlib.sha256).hexdigest()
+def parked_ms(requested_at: float) -> int:
+    """A parking's identity in links and decisions: its ``requested_at`` in whole milliseconds."""
+    return int(round(requested_at * 1000))
 
 
-def link(public_url: str, secret: str, task_id: str, decision: str, level: int, by: str, exp: int) -> str:
-    """A signed link: task, decision, level, who it was sent to and its expiry, signed with the secret every worker
-    shares (any of them can check it). Opening it shows a confirmation page; only its button (a POST of the same
-    fields) decides, so a chat client that prefetches links decides nothing."""
-    query = urlencode({"level": level, "by": by, "exp": exp, "sig": sign(secret, task_id, decision, level, by, exp)})
+def _mac(secret: str, *parts: object) -> str:
+    message = "\n".join(str(p) for p in parts).encode("utf-8")
+    return hmac.new(secret.encode("utf-8"), message, hashlib.sha256).hexdigest()
+
+
+def sign(secret: str, task_id: str, decision: str, level: int, by: str, exp: int, parked: int) -> str:
+    """A link's signature (the "link" domain: a link's signature is never a valid decision signature)."""
+    return _mac(secret, "link", task_id, decision, level, by, exp, parked)
+
+
+def link(
+    public_url: str, secret: str, task_id: str, decision: str, level: int, by: str, exp: int, parked: int,
+) -> str:
+    """A signed link: task, decision, level, who it was sent to, its expiry and the parking it belongs to, signed
+    with the secret every worker shares (any of them can check it). Opening it shows a confirmation page; only its
+    button (a POST of the same fields) decides, so a chat client that prefetches links decides nothing."""
+    sig = sign(secret, task_id, decision, level, by, exp, parked)
+    query = urlencode({"level": level, "by": by, "exp": exp, "parked": parked, "sig": sig})
     return f"{public_url.rstrip('/')}/approvals/{quote(task_id, safe='')}/{decision}?{query}"
 
 
-def verify(secret: str, task_id: str, decision: str, fields: dict[str, str], now: float) -> tuple[int, str]:
-    """(level, by) of a genuine, unexpired link; LinkError otherwise."""
+def verify(secret: str, task_id: str, decision: str, fields: dict[str, str], now: float) -> LinkClaim:
+    """The claim of a genuine, unexpired link; LinkError otherwise. Whether the task is still parked at that level
+    and parking is the ledger's check (``tables.approvals.binding_problem``): only it has the record."""
     if not secret:
         raise LinkError("approval links are disabled on this worker (AGENTS_STREAM_APPROVAL_SECRET is not set)")
     if decision not in DECISIONS:
         raise LinkError(f"unknown decision {decision!r}; expected approve or reject")
     try:
-        level, by, exp, sig = int(fields["level"]), fields["by"], int(fields["exp"]), fields["sig"]
+        level, by, exp, parked = int(fields["level"]), fields["by"], int(fields["exp"]), int(fields["parked"])
+        sig = fields["sig"]
     except (KeyError, ValueError):
-        raise LinkError("the link is incomplete: it needs level, by, exp and sig") from None
-    expected = sign(secret, task_id, decision, level, by, exp).encode()
+        raise LinkError("the link is incomplete: it needs level, by, exp, parked and sig") from None
+    expected = sign(secret, task_id, decision, level, by, exp, parked).encode()
     if not hmac.compare_digest(expected, sig.encode("utf-8", "replace")):
         raise LinkError("the link's signature does not match (altered, or signed with another secret)")
     if now > exp:
         raise LinkError("the link has expired: this approval level's time ran out (it was escalated or rejected)")
-    return level, by
+    return LinkClaim(level, by, parked)
+
+
+def decision_signature(
+    secret: str, *, task_id: str, decision: str, by: str, via: str, comment: str | None, level: int | None,
+    parked: int | None,
+) -> str:
+    """The signature a worker or the CLI puts on a decision event it sends (the "decision" domain)."""
+    return _mac(
+        secret, "decision", task_id, decision, by, via, comment or "", "" if level is None else level,
+        "" if parked is None else parked,
+    )
+
+
+def with_signature(secret: str, decision: Any) -> Any:
+    """An ApprovalDecision signed with ``secret`` (unchanged without one: the ledger records it as unsigned)."""
+    if not secret:
+        return decision
+    sig = decision_signature(
+        secret, task_id=decision.task_id, decision=decision.decision, by=decision.by, via=decision.via,
+        comment=decision.comment, level=decision.level, parked=decision.parked,
+    )
+    return decision.model_copy(update={"sig": sig})
+
+
+def decision_signed(secret: str, sig: str | None, **fields: Any) -> bool:
+    """Whether a decision event carries a genuine signature (False without a secret to check it with)."""
+    if not secret or not sig:
+        return False
+    return hmac.compare_digest(decision_signature(secret, **fields).encode(), sig.encode("utf-8", "replace"))
 
 
 def slack_message(
@@ -99,25 +150,87 @@ def _where(url: str) -> str:
     return urlsplit(url).netloc or "<webhook>"
 
 
-class Notifier(mode.Service):
-    """Posts webhook notifications in the background; owns its session and its posts (stopping ends them)."""
+class Pacer:
+    """At most ``rate`` starts per second, on a clock passed in: ``wait(now)`` is how long until the next may start."""
 
-    def __init__(self, timeout_s: float = 10.0, attempts: int = 3, **kwargs: Any) -> None:
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.next_at = 0.0
+
+    def wait(self, now: float) -> float:
+        """Seconds to wait before the next start (0: now); the start is booked when this returns 0."""
+        if now < self.next_at:
+            return self.next_at - now
+        self.next_at = now + self.interval
+        return 0.0
+
+
+class Notifier(mode.Service):
+    """Posts webhook notifications in the background at a bounded rate, from a bounded queue.
+
+    At most ``rate_per_s`` posts start per second (retries included) and at most ``concurrency`` are in flight;
+    a notification that finds the queue full (``queue_max`` waiting) is dropped with a warning: the approval still
+    waits, times out and escalates as configured, and /approvals and the CLI still show it. The service owns its
+    session, its sender and its posts (stopping ends them).
+    """
+
+    def __init__(
+        self, timeout_s: float = 10.0, attempts: int = 3, *, rate_per_s: float = 5.0, queue_max: int = 1000,
+        concurrency: int = 4, **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.timeout_s = timeout_s
         self.attempts = attempts
+        self.pacer = Pacer(rate_per_s)
+        self.queue: asyncio.Queue[tuple[str, dict[str, Any], str]] = asyncio.Queue(maxsize=max(1, queue_max))
+        self.dropped = 0
+        self._slots = asyncio.Semaphore(max(1, concurrency))
+        self._dropped_logged_at = 0.0
         self._session: aiohttp.ClientSession | None = None
         self._posts: set[asyncio.Task[None]] = set()
 
     def notify(self, url: str, body: dict[str, Any], subject: str) -> None:
-        task = asyncio.ensure_future(self._post(url, body, subject))
-        self._posts.add(task)
-        task.add_done_callback(self._posts.discard)
+        try:
+            self.queue.put_nowait((url, body, subject))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            now = time.monotonic()
+            if now - self._dropped_logged_at >= 10.0:  # one line per 10 s however many are dropped
+                self._dropped_logged_at = now
+                log.warning(
+                    "Approval webhook queue is full (%d waiting, %d dropped so far); dropped the notification for %s: "
+                    "the approval still times out and escalates, and /approvals and the CLI list it. Raise "
+                    "AGENTS_STREAM_WEBHOOK_RATE_PER_S or AGENTS_STREAM_WEBHOOK_QUEUE_MAX if this is expected load",
+                    self.queue.qsize(), self.dropped, subject,
+                )
+
+    @mode.Service.task
+    async def _sender(self) -> None:
+        """Takes queued notifications in order and starts each when the rate and a slot allow."""
+        while not self.should_stop:
+            url, body, subject = await self.queue.get()
+            await self._slots.acquire()
+            await self._paced()  # here, not in the post: first attempts start in the order they were queued
+            task = asyncio.ensure_future(self._post(url, body, subject))
+            self._posts.add(task)
+            task.add_done_callback(self._posts.discard)
+
+    async def _paced(self) -> None:
+        while (delay := self.pacer.wait(time.monotonic())) > 0:
+            await asyncio.sleep(delay)
 
     async def _post(self, url: str, body: dict[str, Any], subject: str) -> None:
+        try:
+            await self._attempts(url, body, subject)
+        finally:
+            self._slots.release()
+
+    async def _attempts(self, url: str, body: dict[str, Any], subject: str) -> None:
         if self._session is None:
             self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout_s))
         for attempt in range(1, self.attempts + 1):
+            if attempt > 1:
+                await self._paced()  # a retry counts against the rate too
             try:
                 async with self._session.post(url, json=body) as resp:
                     if resp.status < 300:

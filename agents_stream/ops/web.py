@@ -26,14 +26,15 @@ from agents_stream.contract.models import ApprovalDecision
 from agents_stream.ops import access, metrics
 from agents_stream.ops.access import Refused, same_origin
 from agents_stream.ops.bodies import MAX_BODY, mutation_body
-from agents_stream.ops.notify import LinkError, verify
+from agents_stream.ops.notify import LinkClaim, LinkError, verify, with_signature
 from agents_stream.ops.pages import APPROVALS_LIMIT, limit_of, merge_approvals, page_approvals, parse_after
 from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather, routed
 from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
+from agents_stream.tables import approvals
 from agents_stream.tables.definitions import Tables
-from agents_stream.tables.leases import TaskRecord
+from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
 
 if TYPE_CHECKING:
     from agents_stream.execution.executor import Executor
@@ -82,9 +83,11 @@ async def send_event(app: Any, topic: str, key: str, value: bytes) -> None:
         ) from None
 
 
-async def publish_decision(app: Any, decision: ApprovalDecision) -> None:
-    """A decision becomes an event on agent.approvals; the ledger owning the task applies it."""
-    await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json().encode())
+async def publish_decision(app: Any, decision: ApprovalDecision, secret: str) -> None:
+    """A decision becomes an event on agent.approvals, signed with the approval secret when there is one (the
+    ledger records an unsigned one as ``signed: false``); the ledger owning the task applies it."""
+    decision = with_signature(secret, decision)
+    await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json(exclude_none=True).encode())
 
 
 def _page(title: str, body: str) -> str:
@@ -159,15 +162,17 @@ def _approval_views(app: Any, runtime: Worker) -> None:
                     "task_id": task_id, "decision": body.get("decision"), "by": body.get("by"), "via": "http",
                     "comment": body.get("comment"),
                 })
-            except Exception as exc:  # bad fields: the caller's mistake, said plainly
-                expected = '{"decision": "approve"|"reject", "by": "<who>"}'
+            except Exception as exc:  # bad fields (control characters too): the caller's mistake, said plainly
+                expected = '{"decision": "approve"|"reject", "by": "<who>", "comment": "<why>"}, no control characters'
                 return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
             try:
-                await publish_decision(app, decision)
+                await publish_decision(app, decision, settings.approval_secret)
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             accepted = {"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}
             return self.json(accepted, status=202)
+
+    _signed_link_views(app, runtime)
 
 
 def _cancel_and_link_views(app: Any, settings: Settings) -> None:
@@ -193,21 +198,31 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
 
+
+def _signed_link_views(app: Any, runtime: Worker) -> None:
+    settings = runtime.settings
+    table = runtime.tables.tasks
+
     @app.page("/approvals/{task_id}/{decision}")
     class SignedLink(View):
         """The approve/reject links of a notification: GET shows a confirmation, its button POSTs."""
 
-        def _check(self, request: Request, task_id: str, decision: str, fields: Any) -> tuple[int, str]:
+        def _check(self, request: Request, task_id: str, decision: str, fields: Any) -> LinkClaim:
             return verify(settings.approval_secret, task_id, decision, dict(fields), time.time())
 
+        @routed(app, table, "task_id", settings.partitions)  # the owner has the record: it can say "stale"
         async def get(self, request: Request, task_id: str, decision: str) -> Response:
             try:
-                level, by = self._check(request, task_id, decision, request.query)
+                claim = self._check(request, task_id, decision, request.query)
             except LinkError as exc:
                 return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
+            stale = _stale_link(table, task_id, claim)
+            if stale is not None:
+                return self.html(_page("Link not valid", f"<p>{html.escape(stale)}</p>"), status=409)
+            level, by = claim.level, claim.by
             hidden = "".join(
                 f"<input type='hidden' name='{k}' value='{html.escape(request.query[k], quote=True)}'>"
-                for k in ("level", "by", "exp", "sig")
+                for k in ("level", "by", "exp", "parked", "sig")
             )
             verb = "Approve" if decision == "approve" else "Reject"
             return self.html(_page(f"{verb} task {task_id}?", (
@@ -218,16 +233,36 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
         async def post(self, request: Request, task_id: str, decision: str) -> Response:
             form = await request.post()
             try:
-                level, by = self._check(request, task_id, decision, form)
+                claim = self._check(request, task_id, decision, form)
             except LinkError as exc:
                 return self.html(_page("Link not valid", f"<p>{html.escape(str(exc))}</p>"), status=403)
-            made = ApprovalDecision(task_id=task_id, decision=decision, by=by, via="link")  # type: ignore[arg-type]
+            # bound to the link's level and parking: the ledger ignores it (approval.ignored, with the reason) if
+            # the task has moved on to another level or was parked again since the link was sent
+            made = ApprovalDecision.model_validate({  # verify() refused any other decision
+                "task_id": task_id, "decision": decision, "by": claim.by, "via": "link", "level": claim.level,
+                "parked": claim.parked,
+            })
             try:
-                await publish_decision(app, made)
+                await publish_decision(app, made, settings.approval_secret)
             except Refused as exc:
                 return self.html(_page("Not recorded", f"<p>{html.escape(str(exc))}</p>"), status=exc.status)
-            recorded = f"<p>{html.escape(decision)} by {html.escape(by)} for task {html.escape(task_id)}.</p>"
+            recorded = (
+                f"<p>{html.escape(decision)} by {html.escape(claim.by)} for task {html.escape(task_id)} at level "
+                f"{claim.level + 1} was sent; the task's worker applies it if the task still awaits that level.</p>"
+            )
             return self.html(_page("Decision recorded", recorded), status=202)
+
+
+def _stale_link(table: Any, task_id: str, claim: LinkClaim) -> str | None:
+    """Why a genuine link no longer decides its task (decided, another level, another parking), or None. The
+    ledger makes the same check when the decision arrives; this one only spares a confirmation that would not count."""
+    data = table.get(task_id)
+    if not data:
+        return None
+    record = TaskRecord.from_json(data)
+    if record.state != AWAITING_APPROVAL:
+        return f"the task is {record.state}: it was decided before, or timed out"
+    return approvals.binding_problem(record, level=claim.level, parked=claim.parked)
 
 
 def _health_views(app: Any, runtime: Worker) -> None:

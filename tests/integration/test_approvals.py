@@ -19,6 +19,7 @@ from agents_stream.contract import topics
 from .harness import BOOTSTRAP, ROOT, encode, eventually, produce, read_topic, results_for, task, uncommitted, unique
 
 TOKEN = "t0ken-for-tests"
+LINK_SECRET = "link-secret-for-tests-of-32-characters-or-more"
 
 
 class Hooks:
@@ -96,7 +97,7 @@ async def test_approval_times_out_escalates_and_runs_once_when_approved_at_level
     async with Hooks() as hooks:
         agent = unique("refunds")
         c = cluster_factory([agent], fake_llm.url, toml=approval_toml(agent, fake_llm.url, hooks.url, 3, 120),
-                            AGENTS_STREAM_APPROVAL_SECRET="link-secret")
+                            AGENTS_STREAM_APPROVAL_SECRET=LINK_SECRET)
         w = await c.started()
         big = task(agent, instruction="refund order 7", context_data={"amount": 500})
         small = task(agent, instruction="refund order 8", context_data={"amount": 20})
@@ -134,7 +135,8 @@ async def test_approval_times_out_escalates_and_runs_once_when_approved_at_level
         controls = await controls_of({big["task_id"]}, "approval.decided")
         events = [json.loads(m.value) for m in controls]
         assert [e["event"] for e in events] == ["approval.requested", "approval.escalated", "approval.decided"]
-        assert events[-1]["details"] == {"decision": "approve", "by": "manager", "via": "link", "level": 1}
+        assert events[-1]["details"] == {"decision": "approve", "by": "manager", "via": "link", "level": 1,
+                                         "signed": True}
         await asyncio.sleep(3)  # any second run would show up here
         assert calls_for(fake_llm, big["task_id"]) == 1, "approved task ran exactly once"
         record = await w.get(f"/tasks/{big['task_id']}")
@@ -206,8 +208,9 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
         assert calls_for(fake_llm, rejected["task_id"]) == 0, "a rejected task never reaches a provider"
         assert calls_for(fake_llm, via_http["task_id"]) == 1 and calls_for(fake_llm, survivor["task_id"]) == 1
         events = [json.loads(m.value) for m in await controls_of({rejected["task_id"]}, "approval.decided")]
+        # no approval secret here: the CLI's decision is applied and recorded as unsigned
         assert events[-1]["details"] == {"decision": "reject", "by": "carol", "via": "cli", "level": 0,
-                                         "comment": "fraud"}
+                                         "comment": "fraud", "signed": False}
 
 
 async def test_last_level_timeout_rejects(cluster_factory, fake_llm):

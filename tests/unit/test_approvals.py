@@ -118,8 +118,8 @@ def test_approve_dispatches_once_and_records_who():
     assert (
         running.state == RUNNING and running.dispatch == 1 and running.owner == "w2" and running.lease_until == T0 + 31
     )
-    assert effects == [Control("approval.decided", {"decision": "approve", "by": "alice", "via": "http", "level": 0}),
-                       Dispatch(1)]
+    assert effects == [Control("approval.decided", {"decision": "approve", "by": "alice", "via": "http", "level": 0,
+                                                    "signed": True}), Dispatch(1)]
     assert approvals.state(running)["decision"]["by"] == "alice"
     # a second decision, either way, is ignored
     assert decide(running, "reject", "bob") == (running, [])
@@ -179,7 +179,7 @@ def test_approval_at_level_two_records_that_level():
 
 
 def test_a_non_ascii_signature_is_refused_not_an_error():
-    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000)), "sig": "é" * 64}
+    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED)), "sig": "é" * 64}
     with pytest.raises(links.LinkError, match="signature"):
         links.verify(SECRET, "r-1", "approve", fields, now=1_000)
 
@@ -211,7 +211,8 @@ def test_record_round_trips_with_its_approval():
 
 # -- signed links ----------------------------------------------------------------------------
 
-SECRET = "s3cret"
+SECRET = "s3cret-of-at-least-32-characters-x"
+PARKED = 1_000_000
 
 
 def fields_of(url: str) -> dict[str, str]:
@@ -221,9 +222,9 @@ def fields_of(url: str) -> dict[str, str]:
 
 
 def test_a_genuine_link_verifies_to_its_level_and_approver():
-    url = links.link("http://w:6066/", SECRET, "r/1 x", "approve", 1, "manager", 2_000)
+    url = links.link("http://w:6066/", SECRET, "r/1 x", "approve", 1, "manager", 2_000, PARKED)
     assert url.startswith("http://w:6066/approvals/r%2F1%20x/approve?")
-    assert links.verify(SECRET, "r/1 x", "approve", fields_of(url), now=1_999) == (1, "manager")
+    assert links.verify(SECRET, "r/1 x", "approve", fields_of(url), now=1_999) == (1, "manager", PARKED)
 
 
 @pytest.mark.parametrize("change, message", [
@@ -231,16 +232,17 @@ def test_a_genuine_link_verifies_to_its_level_and_approver():
     ({"by": "intern"}, "signature"),
     ({"exp": "9999999"}, "signature"),
     ({"sig": "0" * 64}, "signature"),
+    ({"parked": str(PARKED + 1)}, "signature"),
 ])
 def test_an_altered_link_is_refused(change, message):
-    """Changing any signed field (level, approver, expiry) breaks the signature."""
-    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 1, "manager", 2_000)), **change}
+    """Changing any signed field (level, approver, expiry, parking) breaks the signature."""
+    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 1, "manager", 2_000, PARKED)), **change}
     with pytest.raises(links.LinkError, match=message):
         links.verify(SECRET, "r-1", "approve", fields, now=1_000)
 
 
 def test_a_link_is_bound_to_its_task_decision_and_secret_and_expires():
-    fields = fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000))
+    fields = fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED))
     with pytest.raises(links.LinkError, match="signature"):
         links.verify(SECRET, "r-2", "approve", fields, now=1_000)
     with pytest.raises(links.LinkError, match="signature"):
