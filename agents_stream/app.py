@@ -342,14 +342,6 @@ class Runtime(Service):
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
-def _agents(settings: Settings, config: AppConfig) -> list[str]:
-    wanted = settings.agent_filter()
-    unknown = wanted - set(config.agents)
-    if unknown:
-        raise SystemExit(f"AGENTS_STREAM_AGENTS names agents not in the config: {sorted(unknown)}")
-    return [a for a in config.agents if not wanted or a in wanted]
-
-
 def _new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> AgentsStreamApp:
     try:
         credentials = kafka_security.broker_credentials(settings)
@@ -434,7 +426,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     if settings.approval_secret_problem():
         raise SystemExit(f"Refusing to start: {settings.approval_secret_problem()}")
     config = config or load_config(settings.config_path or None)
-    agents = _agents(settings, config)
+    agents = config.selected(settings.agent_filter())
     watermark = Watermark()
     app = _new_app(settings, input_topics(settings, agents), watermark)
     tables = define_tables(app, settings)

@@ -220,6 +220,13 @@ class AppConfig(BaseModel):
                 )
         return self
 
+    def selected(self, wanted: set[str]) -> list[str]:
+        """The agents a worker runs: all of them, or those of ``wanted`` (AGENTS_STREAM_AGENTS) in config order."""
+        unknown = wanted - set(self.agents)
+        if unknown:
+            raise SystemExit(f"AGENTS_STREAM_AGENTS names agents not in the config: {sorted(unknown)}")
+        return [a for a in self.agents if not wanted or a in wanted]
+
     def provider(self, name: str) -> ProviderConfig:
         """A configured provider, or the key-less ``local`` one ``chain`` falls back to."""
         return self.providers.get(name) or ProviderConfig(name=name, kind="local")

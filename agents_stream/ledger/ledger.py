@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from functools import partial
@@ -28,7 +27,7 @@ from agents_stream.contract.events import (
     TaskSucceeded,
     read_event,
 )
-from agents_stream.contract.models import Confidence, Status, TaskPayload, TaskResult, parse_task, utcnow_iso
+from agents_stream.contract.models import TaskPayload, parse_task
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
@@ -37,7 +36,7 @@ from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import HISTORY_HEADER, moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
-from agents_stream.ledger.records import job_of, parked, record_of, timer_key
+from agents_stream.ledger.records import job_of, parked, record_of, result_json, timer_key
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
 from agents_stream.ops import metrics
@@ -281,37 +280,13 @@ class Ledger:
         """The terminal transition of ``event``, or of its result_too_large failure when the record would not fit
         in a Kafka record (the event applied is returned: it is what spend and the cache account)."""
         reason = event.reason if isinstance(event, TaskFailed) else None
-        result = self._result_json(task_id, record, event)
+        result = result_json(task_id, record, event)
         new, effects = leases.finish(record, status=event.kind, result=result, reason=reason, now=now)
         failed = sizes.oversize(new, event, self.settings.record_max_bytes)
         if failed is None:
             return new, effects, event
         log.warning("Task %s fails: %s (dead-lettered; the answer is not kept)", task_id, failed.error)
         return self._finish(task_id, record, failed, now)  # a failure's record is its payload and a short result
-
-    def _result_json(self, task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed) -> str:
-        payload = json.loads(record.payload)
-        status: Status
-        confidence: Confidence
-        if isinstance(event, TaskFailed):  # a failure carries no answer: its result says "failed" throughout
-            status, output, confidence, partial_ = "failed", None, "failed", False
-        else:
-            status, output, confidence, partial_ = event.status, event.output, event.confidence, event.partial
-        result = TaskResult(
-            task_id=task_id,
-            agent_name=record.agent,
-            status=status,
-            output=output,
-            confidence=confidence,
-            source=event.source,
-            partial=partial_,
-            attempts=record.dispatch,
-            usage=event.usage.model_copy(),
-            job_id=payload.get("job_id"),
-            error=event.error,
-            completed_at=utcnow_iso(),
-        )
-        return result.model_dump_json()
 
     def _account(self, tp: TP, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float) -> list[Send]:
         """A finished task adds its cost to its partition's spend of the day, and a good answer feeds the cache;

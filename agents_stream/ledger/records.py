@@ -1,10 +1,13 @@
-"""The task table's records as the ledger reads them: a task's record, its job, its timer key, whether it is parked."""
+"""The task table's records as the ledger reads them: a task's record, its job, its timer key, whether it is parked, and
+the result JSON a finished task is answered with."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from agents_stream.contract.events import TaskFailed, TaskSucceeded
+from agents_stream.contract.models import Confidence, Status, TaskResult, utcnow_iso
 from agents_stream.tables.leases import TaskRecord
 
 
@@ -30,3 +33,29 @@ def timer_key(task_id: str) -> str:
 def parked(record: TaskRecord | None) -> bool:
     """Waiting for a decision, or running after one: found by the scanner, not by a redelivery."""
     return record is not None and record.approval is not None and not record.terminal
+
+
+def result_json(task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed) -> str:
+    """The TaskResult JSON a finished task is answered with (and stored), from its record and final outcome."""
+    payload = json.loads(record.payload)
+    status: Status
+    confidence: Confidence
+    if isinstance(event, TaskFailed):  # a failure carries no answer: its result says "failed" throughout
+        status, output, confidence, partial_ = "failed", None, "failed", False
+    else:
+        status, output, confidence, partial_ = event.status, event.output, event.confidence, event.partial
+    result = TaskResult(
+        task_id=task_id,
+        agent_name=record.agent,
+        status=status,
+        output=output,
+        confidence=confidence,
+        source=event.source,
+        partial=partial_,
+        attempts=record.dispatch,
+        usage=event.usage.model_copy(),
+        job_id=payload.get("job_id"),
+        error=event.error,
+        completed_at=utcnow_iso(),
+    )
+    return result.model_dump_json()
