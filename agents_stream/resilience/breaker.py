@@ -262,7 +262,9 @@ def run_needed(successes: int, failures: int, cfg: BreakerConfig) -> int:
     if calls < cfg.minimum_calls or failures == 0 or successes == 0:
         return cfg.failure_threshold
     by_chance = 1 + _ceil(math.log(CHANCE) / math.log(failures / calls))
-    return max(cfg.failure_threshold, by_chance)
+    # Never past the call bound's run: a rate at or over the rate threshold opens by the rate, and with
+    # failure_rate_threshold = 1 a window that is not all failures would otherwise need a run of any length.
+    return min(max(cfg.failure_threshold, by_chance), longest_run(cfg))
 
 
 def longest_run(cfg: BreakerConfig) -> int:
