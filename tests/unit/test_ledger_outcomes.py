@@ -33,7 +33,7 @@ from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Answer, Rejected, Run
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger import ledger as ledger_module
+from agents_stream.ledger import records as records_module
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
@@ -128,7 +128,7 @@ async def test_a_terminal_outcome_stores_and_emits_the_result_of_today(
 ) -> None:
     """The outcome crosses the topic as its JSON; the ledger's TaskResult for it is today's, byte for byte, and
     the job's fan-in carries the same result."""
-    monkeypatch.setattr(ledger_module, "utcnow_iso", lambda: AT)
+    monkeypatch.setattr(records_module, "utcnow_iso", lambda: AT)  # the result JSON is made in ledger/records.py
     outbox, sent = _outbox()
     tasks = Table()
     tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
