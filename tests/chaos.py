@@ -525,6 +525,11 @@ def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, s
             not_ok[body.get("status")] += 1
     if conflicting:
         problems.append(f"{len(conflicting)} tasks with more than one distinct result, e.g. {conflicting[:3]}")
+        for key in conflicting[:3]:  # what differs, so the report says which path answered twice
+            bodies = [json.loads(v) for v in dict.fromkeys(m.value for m in seen.results[key])]
+            fields = sorted({f for b in bodies for f in b if len({json.dumps(x.get(f)) for x in bodies}) > 1})
+            problems.append(f"  {key}: " + " | ".join(
+                ", ".join(f"{f}={str(b.get(f))[:80]}" for f in fields) for b in bodies))
     if not_ok:
         problems.append(f"valid tasks whose result is not succeeded: {dict(not_ok)}")
     with_result = set(poison) & seen.results.keys()
