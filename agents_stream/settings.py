@@ -177,7 +177,7 @@ class Settings:
     stall_after_s: float = _setting(
         "AGENTS_STREAM_STALL_AFTER_S", 15.0,
         "An assigned partition with unread records whose read position has not moved for this long is read again from "
-        "there (0: never).",
+        "there, and so is a table recovery's changelog partition (0: never).",
     )
     commit_interval_s: float = _setting(
         "AGENTS_STREAM_COMMIT_INTERVAL_S", 1.0,

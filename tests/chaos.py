@@ -508,6 +508,12 @@ async def _lag_is_zero(group: str, topic: str) -> bool:
     return await uncommitted(group, topic) == 0
 
 
+def _differences(bodies: list[dict[str, Any]]) -> str:
+    """The fields in which a task's distinct results differ, result by result."""
+    fields = sorted(f for f in set().union(*bodies) if len({json.dumps(b.get(f)) for b in bodies}) > 1)
+    return " | ".join(", ".join(f"{f}={str(b.get(f))[:80]}" for f in fields) for b in bodies)
+
+
 def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, str], fake: FakeLLM) -> None:
     problems = report.problems
     report.result_records = sum(len(v) for v in seen.results.values())
@@ -526,10 +532,7 @@ def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, s
     if conflicting:
         problems.append(f"{len(conflicting)} tasks with more than one distinct result, e.g. {conflicting[:3]}")
         for key in conflicting[:3]:  # what differs, so the report says which path answered twice
-            bodies = [json.loads(v) for v in dict.fromkeys(m.value for m in seen.results[key])]
-            fields = sorted({f for b in bodies for f in b if len({json.dumps(x.get(f)) for x in bodies}) > 1})
-            problems.append(f"  {key}: " + " | ".join(
-                ", ".join(f"{f}={str(b.get(f))[:80]}" for f in fields) for b in bodies))
+            problems.append(f"  {key}: {_differences([json.loads(v) for v in {m.value for m in seen.results[key]}])}")
     if not_ok:
         problems.append(f"valid tasks whose result is not succeeded: {dict(not_ok)}")
     with_result = set(poison) & seen.results.keys()

@@ -103,6 +103,10 @@ class WatermarkConsumer(AIOKafkaConsumer):
         """The partitions being fetched now (Faust's active set, which pauses and rebalances change)."""
         return set(self._get_active_partitions())
 
+    def paused_partitions(self) -> set[TP]:
+        """Partitions paused (by us or by Faust's rebalance), which a new assignment keeps out of the active set."""
+        return set(self._paused_partitions)
+
     def buffered_partitions(self) -> set[TP]:
         """Partitions Faust holds back because their stream buffer is full."""
         return set(self._buffered_partitions)

@@ -40,7 +40,6 @@ class RecoveryWatch(Service):
         self.app = app
         self.stall_after_s = stall_after_s
         self.stalls = StallDetector(stall_after_s)
-        self.rereads = 0  # seeks made since start (for the log and the tests' figures)
 
     @Service.task
     async def _watch(self) -> None:
@@ -57,7 +56,7 @@ class RecoveryWatch(Service):
     def stalled(self, recovery: Any, now: float) -> dict[TP, int]:
         """The active changelog partitions whose recovery stands still: partition → offset to read again from."""
         if not recovery.in_recovery:
-            self.stalls = StallDetector(self.stall_after_s)
+            self.stalls.clear()  # the next recovery starts its clocks again
             return {}
         found: dict[TP, int] = {}
         for tp, end in list(recovery.active_highwaters.items()):
@@ -76,11 +75,12 @@ class RecoveryWatch(Service):
                 position = await asyncio.wait_for(consumer.position(tp), timeout=5.0)
             except Exception:
                 position = None
+            if not recovery.in_recovery:
+                return  # it ended while we asked: the next rebalance's recovery seeks for itself
             log.warning(
                 "Table recovery of %s:%d has had no record for %.0fs at offset %d (last offset %s, fetch position "
                 "%s); reading it again from %d. If this repeats, report it with this log.",
                 tp.topic, tp.partition, self.stall_after_s, offset - 1, recovery.active_highwaters.get(tp), position,
                 offset,
             )
-            self.rereads += 1
             await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)

@@ -37,3 +37,6 @@ class StallDetector:
     def forget(self, tps: Iterable[Hashable]) -> None:
         for tp in tps:
             self._since.pop(tp, None)
+
+    def clear(self) -> None:
+        self._since.clear()

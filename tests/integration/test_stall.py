@@ -7,14 +7,12 @@ again. Without the progress check the task would wait until a restart.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 
 from agents_stream.contract import topics
 from agents_stream.kafka.consumer import FAULT_DROP_FETCHED
 
-from .harness import encode, end_offsets, produce, read_topic, results_for, task, uncommitted, unique
+from .harness import encode, end_offsets, eventually, produce, read_topic, results_for, task, uncommitted, unique
 
 
 async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_factory, fake_llm):
@@ -63,11 +61,12 @@ async def test_table_recovery_whose_changelog_records_were_dropped_reads_them_ag
 
     calls = len([r for r in fake_llm.requests if r.task_id in ids])
     await produce(topics.task_topic(agent), [encode(t) for t in first])
-    again = await results_for(ids, timeout=60)
-    deadline = time.monotonic() + 60  # every task has its first result already: wait for the second ones
-    while not all(len(again[t]) >= 2 for t in ids) and time.monotonic() < deadline:
-        await asyncio.sleep(0.5)
-        again = await results_for(ids, timeout=60)
+
+    async def replayed() -> dict | None:  # every task has its first result already: wait for the second ones
+        seen = await results_for(ids, timeout=60)
+        return seen if all(len(seen[t]) >= 2 for t in ids) else None
+
+    again = await eventually(replayed, timeout=60, what="a second result for every task")
     for task_id in ids:  # the stored result, byte for byte, and no second call
         assert {m.value for m in again[task_id]} == {before[task_id][0].value}, task_id
         assert len(again[task_id]) == 2, task_id

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from types import SimpleNamespace
+from typing import Callable
 
 from faust.types import TP
 
@@ -20,13 +21,15 @@ def recovery(offsets: dict[TP, int], highwaters: dict[TP, int], in_recovery: boo
 
 
 class Consumer:
-    def __init__(self) -> None:
+    def __init__(self, on_position: Callable[[], None] = lambda: None) -> None:
         self.seeks: list[tuple[TP, int]] = []
+        self.on_position = on_position
 
     async def seek(self, tp: TP, offset: int) -> None:
         self.seeks.append((tp, offset))
 
     async def position(self, tp: TP) -> int:
+        self.on_position()
         return 99
 
 
@@ -65,4 +68,17 @@ def test_check_seeks_the_stalled_partitions_through_the_consumer():
     asyncio.run(watch.check(now=0))
     asyncio.run(watch.check(now=10))
     assert consumer.seeks == [(A, 13)]
-    assert watch.rereads == 1
+
+
+def test_a_recovery_that_ends_while_the_watch_asks_is_not_sought():
+    r = recovery({A: 12}, {A: 98})
+
+    def records_came_after_all() -> None:  # while the watch asked for the fetch position
+        r.in_recovery = False
+
+    consumer = Consumer(on_position=records_came_after_all)
+    app = SimpleNamespace(tables=SimpleNamespace(recovery=r), consumer=consumer)
+    watch = RecoveryWatch(app=app, stall_after_s=10)
+    asyncio.run(watch.check(now=0))
+    asyncio.run(watch.check(now=10))
+    assert consumer.seeks == []
