@@ -196,16 +196,17 @@ def _closed(b: Breaker, event: _Call, cfg: BreakerConfig) -> tuple[Breaker, Tran
     latest = event.at if b.latest_at is None else max(b.latest_at, event.at)
     horizon = latest - cfg.window_s
     if isinstance(event, Success):
-        # A success ends the run: the failures before it were no dead provider.
+        # A success ends the run: the failures before it were no dead provider. At the same time the log's
+        # order decides (the broker gives a whole batch one time): a failure folded before it is before it.
         last = event.at if b.last_success_at is None else max(b.last_success_at, event.at)
-        run = tuple(t for t in b.failures if t > last and t > horizon)
+        run = tuple(t for t in b.failures if t > event.at and t > horizon)
         window = _count_in(b.window, event.at, latest, cfg, successes=event.count)
         return replace(
             b, failures=run, last_success_at=last, window=window, latest_at=latest,
             total_successes=b.total_successes + event.count,
         ), None
     run = tuple(t for t in b.failures if t > horizon)
-    if event.at > horizon and (b.last_success_at is None or event.at > b.last_success_at):
+    if event.at > horizon and (b.last_success_at is None or event.at >= b.last_success_at):
         run = tuple(sorted((*run, event.at)))
     window = _count_in(b.window, event.at, latest, cfg, failures=1)
     b = replace(b, failures=run, window=window, latest_at=latest, total_failures=b.total_failures + 1)

@@ -52,6 +52,9 @@ class Circuit:
     #: for the latest Retry-After another worker reported: seconds from its event to this worker's fold
     retry_after_propagation_s: float | None = None
     probe_waiters: dict[str, asyncio.Future[bool]] = field(default_factory=dict)
+    #: each sender's latest report of this circuit's successes (a failure or a count), at the log's time: the
+    #: floor for the successes its next report counts; entries older than the window are dropped
+    reported_at: dict[str, float] = field(default_factory=dict)
     unreported: int = 0  # this worker's closed-state successes not yet on the log
     last_success: float = 0.0  # this worker's clock, of the latest of them
 

@@ -36,6 +36,8 @@ _UNFOLDED_WAIT_S = 2.0
 _PROBE_VERDICT_S = 3.0
 #: Retry-After assumed for a 429 that did not say
 _DEFAULT_RETRY_AFTER_S = 1.0
+#: senders' report times kept per circuit before the ones older than the window are dropped
+_REPORTERS_KEPT = 64
 #: the longest a Retry-After (a provider's, or one read from the log) keeps a provider shut: after it, one call
 #: asks again, and a provider still busy says so with a new Retry-After
 MAX_RETRY_AFTER_S = 300.0
@@ -156,8 +158,10 @@ class Circuits:
             if ev.cause >= self._start_offset or ev.to == c.breaker.state:
                 return False
         changed = False
-        for event in circuit_events.breaker_events(ev, at):
+        for event in circuit_events.breaker_events(ev, at, c.reported_at.get(ev.worker)):
             changed |= self._step(c, event, ev, mine, record.offset)
+        if circuit_events.resets_count(ev):
+            _reported(c, ev.worker, at)
         return changed or woke_gate
 
     def _step(self, c: Circuit, event: breaker.Event, ev: events.CircuitsEvent, mine: bool, offset: int) -> bool:
@@ -421,6 +425,15 @@ class Circuits:
                 "config": c.breaker_config.model_dump(),
             }
         return out
+
+
+def _reported(c: Circuit, worker: str, at: float) -> None:
+    """Remember ``worker``'s latest report of ``c``; a floor older than the window dates nothing the breaker
+    still counts, so those are dropped (workers come and go under new ids)."""
+    c.reported_at[worker] = at
+    if len(c.reported_at) > _REPORTERS_KEPT:
+        horizon = at - c.breaker_config.window_s
+        c.reported_at = {w: t for w, t in c.reported_at.items() if t > horizon}
 
 
 async def _wait(event: asyncio.Event, timeout: float) -> None:

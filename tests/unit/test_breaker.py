@@ -79,6 +79,16 @@ def test_a_success_ends_the_run_of_failures() -> None:
     assert moved == []
 
 
+def test_at_one_time_the_order_of_the_log_decides_what_ends_a_run() -> None:
+    """The broker dates a whole batch with one time: a success folded after failures of that time ends their run,
+    and a failure folded after a success of its time starts a new one (not a run with the failures before)."""
+    same = 5.0
+    b, moved = fold([Failure(same), Success(same), Failure(same), Success(same), Failure(same)])
+    assert b.state == CLOSED and b.failures == (same,) and moved == []
+    late, _ = fold([Failure(same), Success(same), Failure(same), Success(4.0)])
+    assert late.failures == (same,), "a success of an earlier time ends no run of later failures"
+
+
 def test_success_when_closed_counts_and_ends_the_run() -> None:
     """A success on a closed breaker ends the run and counts in the rate window; nothing opens or closes."""
     b, _ = fold([Failure(1.0)])

@@ -263,12 +263,16 @@ class Reference:
         return max(t for t, _, _ in self.reports)
 
     def in_window(self) -> int:
-        """The run: failures inside the window newer than every success reported since it closed."""
+        """The run: failures inside the window newer than every success reported since it closed; at the same
+        time, the one reported later is the newer (the broker gives a whole batch one time)."""
         if not self.reports:
             return 0
         horizon = self.latest() - self.cfg.window_s
-        last_ok = max((t for t, ok, _ in self.reports if ok), default=None)
-        return sum(1 for t, ok, _ in self.reports if not ok and t > horizon and (last_ok is None or t > last_ok))
+        last_ok = max(((t, i) for i, (t, ok, _) in enumerate(self.reports) if ok), default=None)
+        return sum(
+            1 for i, (t, ok, _) in enumerate(self.reports)
+            if not ok and t > horizon and (last_ok is None or (t, i) > last_ok)
+        )
 
     def counts(self) -> tuple[int, int]:
         """Successes and failures in the rate window: every report whose bucket is not older than the window."""

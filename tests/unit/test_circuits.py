@@ -238,6 +238,30 @@ async def test_successes_are_shared_in_counts_and_a_one_in_ten_failing_provider_
     assert failure["successes"] >= 1 and failure["success_age"] == 0.0
 
 
+async def test_failures_sent_in_one_producer_batch_are_no_run_when_successes_came_between_them() -> None:
+    """The broker gives every record of one batch the same append time. A worker's calls in flight that fail a few
+    milliseconds apart, with successes between them, reach the log in one batch: they are no run of failures (the
+    flake of test_breaker_health's 10% test, where six such failures opened a healthy breaker)."""
+    cl = Cluster(1, config(minimum_calls=20), paused=False)
+    c = cl.workers[0]
+    for _ in range(100):  # a healthy history: the window knows the provider, no failure in it
+        c.release(await c.acquire("p"), "success")
+    cl.clock[0] += 1.0
+    c.report_successes()
+    await asyncio.sleep(0)
+    permits = [await asyncio.wait_for(c.acquire("p"), 1) for _ in range(60)]  # in flight together
+    batch = cl.clock[0]
+    cl.log.clock = lambda: batch  # one producer batch: one broker time for all that follows
+    for n, permit in enumerate(permits):
+        cl.clock[0] += 0.001  # the worker's own clock moves between the answers
+        c.release(permit, "failure" if n % 10 == 9 else "success")
+    await asyncio.sleep(0.01)
+    d = c.describe()["p"]
+    assert cl.kinds().count("failure") == 6
+    assert d["state"] == "closed" and d["opens"] == 0, "six failures, each after a success, are not six in a row"
+    assert d["failures_in_window"] == 1
+
+
 async def test_a_dead_provider_after_shared_successes_still_opens_at_the_threshold() -> None:
     """Successes reported before a provider dies do not stretch the bound: the threshold-th failure in a row opens
     it, whichever worker reports the failures."""
