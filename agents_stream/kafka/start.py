@@ -12,24 +12,33 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from agents_stream.contract import topics as contract_topics
 from agents_stream.kafka import security as kafka_security
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = ["Start", "StartFrom", "decide", "parse_start_from", "refusal", "settle_starts", "settle_task_topics"]
+__all__ = [
+    "Start", "StartFrom", "decide", "parse_start_from", "refusal", "retried", "settle_starts", "settle_task_topics",
+]
 
 log = logging.getLogger(__name__)
 
 _TIMEOUT_S = 30.0
 #: offsets of other groups asked at once (a shared broker may have many groups)
 _CONCURRENCY = 8
+#: the first and the longest pause before asking the cluster again after a retriable error
+_BACKOFF_S = (0.2, 2.0)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -125,9 +134,9 @@ async def settle_starts(
     await asyncio.wait_for(admin.start(), _TIMEOUT_S)
     try:
         await asyncio.wait_for(consumer.start(), _TIMEOUT_S)
-        own = await _committed(admin, group, topics)
+        own = await retried(f"the commits of group {group}", lambda: _committed(admin, group, topics))
         fresh = [t for t in topics if not own.get(t)]
-        begin, end = await _bounds(admin, consumer, fresh)
+        begin, end = await retried("the task topics' offsets", lambda: _bounds(admin, consumer, fresh))
         # Only a topic holding records can have a history to re-run: the other groups are asked about those.
         held = [t for t in fresh if any(o > begin.get(tp, 0) for tp, o in end.items() if tp.topic == t)]
         others = await _others(admin, group, held) if held else {}
@@ -141,7 +150,7 @@ async def settle_starts(
             raise SystemExit(message)
         chosen = [s for s in starts if s.commit is not None]
         if chosen:
-            await _commit(consumer, group, chosen)
+            await retried(f"committing the starts of group {group}", lambda: _commit(consumer, group, chosen))
     finally:
         await admin.close()
         await consumer.stop()
@@ -176,14 +185,14 @@ async def _committed(admin: AIOKafkaAdminClient, group: str, topics: list[str]) 
 
 async def _others(admin: AIOKafkaAdminClient, group: str, topics: list[str]) -> dict[str, dict[str, dict[int, int]]]:
     """topic → other group → its commits on the topic."""
-    listed = await asyncio.wait_for(admin.list_consumer_groups(), _TIMEOUT_S)
+    listed = await retried("the consumer groups", admin.list_consumer_groups)
     groups = sorted({g[0] for g in listed if g[0] != group})
     gate = asyncio.Semaphore(_CONCURRENCY)
 
     async def one(g: str) -> tuple[str, dict[str, dict[int, int]]]:
         async with gate:
             try:
-                return g, await _committed(admin, g, topics)
+                return g, await retried(f"the commits of group {g}", lambda: _committed(admin, g, topics))
             except Exception as exc:  # a group we may not describe (ACLs) cannot be one we follow
                 log.info("Offsets of consumer group %s not readable (%r); not counted as a reader", g, exc)
                 return g, {}
@@ -206,3 +215,23 @@ async def _commit(consumer: AIOKafkaConsumer, group: str, starts: list[Start]) -
             "App id %s starts %s where AGENTS_STREAM_START_FROM said (other readers: %s): committed %s",
             group, s.topic, ", ".join(s.readers), dict(sorted((s.commit or {}).items())),
         )
+
+
+async def retried(what: str, call: Callable[[], Awaitable[T]], *, timeout: float = _TIMEOUT_S) -> T:
+    """``call()``, asked again while the cluster answers with a retriable error, for at most ``timeout``.
+
+    A fresh cluster names no group coordinator until it has made its offsets topic, and may name one and refuse
+    the next request a moment later (seen on the three-broker cluster: the worker died at start with
+    GroupCoordinatorNotAvailableError). A refusal that is not retriable (an ACL) is raised at once.
+    """
+    deadline = time.monotonic() + timeout
+    delay = _BACKOFF_S[0]
+    while True:
+        try:
+            return await asyncio.wait_for(call(), max(0.1, deadline - time.monotonic()))
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() + delay > deadline:
+                raise
+            log.info("Reading %s: the cluster answered %r (retriable); asking again in %.1fs", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _BACKOFF_S[1])

@@ -4,8 +4,13 @@ when another group read it (AGENTS_STREAM_START_FROM); never silently the whole 
 from __future__ import annotations
 
 import pytest
+from aiokafka.errors import (
+    CoordinatorLoadInProgressError,
+    GroupAuthorizationFailedError,
+    GroupCoordinatorNotAvailableError,
+)
 
-from agents_stream.kafka.start import Start, StartFrom, decide, parse_start_from, refusal
+from agents_stream.kafka.start import Start, StartFrom, decide, parse_start_from, refusal, retried
 
 T = "agent.tasks.a"
 BEGIN = {0: 0, 1: 5}
@@ -61,3 +66,46 @@ def test_the_refusal_says_what_and_how() -> None:
     for way in ("AGENTS_STREAM_START_FROM=earliest", "=latest", "=group:old-app"):
         assert way in text
     assert "names an app id that has not read them" in refusal("new-app", [start], StartFrom("group", "idle"))
+
+
+async def test_a_retriable_refusal_is_asked_again_until_it_answers() -> None:
+    """A fresh cluster names no group coordinator for a moment: the start asks again instead of dying (seen on the
+    three-broker cluster)."""
+    answers: list[BaseException | str] = [
+        GroupCoordinatorNotAvailableError("not yet"), CoordinatorLoadInProgressError(), "the commits",
+    ]
+
+    async def call() -> str:
+        answer = answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    assert await retried("the commits of group g", call, timeout=5) == "the commits"
+    assert answers == []
+
+
+async def test_a_refusal_that_is_not_retriable_is_raised_at_once() -> None:
+    calls = 0
+
+    async def call() -> str:
+        nonlocal calls
+        calls += 1
+        raise GroupAuthorizationFailedError("no ACL")
+
+    with pytest.raises(GroupAuthorizationFailedError):
+        await retried("the commits of group g", call, timeout=5)
+    assert calls == 1
+
+
+async def test_a_cluster_that_stays_unready_fails_after_the_timeout() -> None:
+    calls = 0
+
+    async def call() -> str:
+        nonlocal calls
+        calls += 1
+        raise GroupCoordinatorNotAvailableError("never")
+
+    with pytest.raises(GroupCoordinatorNotAvailableError):
+        await retried("the commits of group g", call, timeout=0.5)
+    assert 2 <= calls <= 4, "asked again with backoff, then gave up"
