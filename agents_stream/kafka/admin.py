@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import faust
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -20,6 +21,11 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.settings import Settings, bootstrap_servers
 
 log = logging.getLogger(__name__)
+
+#: the first and the longest pause before asking the cluster again after a retriable error
+_BACKOFF_S = (0.2, 2.0)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -285,15 +291,27 @@ async def _described(
 async def _coordinator(admin: AIOKafkaAdminClient, group: str, timeout: float) -> None:
     """Wait until the broker names ``group``'s coordinator. On a fresh broker the first ask creates the offsets
     topic and is refused for a moment, which the consumer would log at ERROR; asked here, it is expected."""
+    try:
+        await retried(f"the coordinator of group {group}", lambda: admin.find_coordinator(group), timeout=timeout)
+    except (KafkaError, asyncio.TimeoutError) as exc:  # no ACL to describe the group, or none yet: the consumer
+        log.info("No coordinator for group %s (%r); the consumer keeps asking", group, exc)  # asks by itself
+
+
+async def retried(what: str, call: Callable[[], Awaitable[T]], *, timeout: float = 30.0) -> T:
+    """``call()``, asked again while the cluster answers with a retriable error, for at most ``timeout``.
+
+    A fresh cluster names no group coordinator until it has made its offsets topic, and may name one and refuse
+    the next request a moment later (seen on the three-broker cluster: the worker died at start with
+    GroupCoordinatorNotAvailableError). A refusal that is not retriable (an ACL) is raised at once.
+    """
     deadline = time.monotonic() + timeout
+    delay = _BACKOFF_S[0]
     while True:
         try:
-            await asyncio.wait_for(admin.find_coordinator(group), timeout=30.0)
-            return
-        except (KafkaError, asyncio.TimeoutError) as exc:
-            if not getattr(exc, "retriable", True):  # e.g. no ACL to describe the group: the consumer will say
-                return
-            if time.monotonic() > deadline:  # the consumer keeps asking by itself
-                log.info("No coordinator for group %s after %.0fs (%r); the consumer keeps asking", group, timeout, exc)
-                return
-        await asyncio.sleep(0.2)
+            return await asyncio.wait_for(call(), max(0.1, deadline - time.monotonic()))
+        except KafkaError as exc:
+            if not exc.retriable or time.monotonic() + delay > deadline:
+                raise
+            log.info("Reading %s: the cluster answered %r (retriable); asking again in %.1fs", what, exc, delay)
+        await asyncio.sleep(delay)
+        delay = min(delay * 2, _BACKOFF_S[1])

@@ -12,22 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from aiokafka.errors import KafkaError
 from aiokafka.structs import OffsetAndMetadata
 
 from agents_stream.contract import topics as contract_topics
 from agents_stream.kafka import security as kafka_security
+from agents_stream.kafka.admin import retried
 from agents_stream.settings import Settings, bootstrap_servers
 
 __all__ = [
-    "Start", "StartFrom", "decide", "parse_start_from", "refusal", "retried", "settle_starts", "settle_task_topics",
+    "Start", "StartFrom", "decide", "parse_start_from", "refusal", "settle_starts", "settle_task_topics",
 ]
 
 log = logging.getLogger(__name__)
@@ -35,10 +33,6 @@ log = logging.getLogger(__name__)
 _TIMEOUT_S = 30.0
 #: offsets of other groups asked at once (a shared broker may have many groups)
 _CONCURRENCY = 8
-#: the first and the longest pause before asking the cluster again after a retriable error
-_BACKOFF_S = (0.2, 2.0)
-
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -163,10 +157,10 @@ async def _bounds(
     """The first and next offsets of every partition of ``topics``."""
     if not topics:
         return {}, {}
-    described = await asyncio.wait_for(admin.describe_topics(topics), _TIMEOUT_S)
+    described = await admin.describe_topics(topics)
     parts = [TopicPartition(t["topic"], p["partition"]) for t in described for p in t.get("partitions") or ()]
-    begin = await asyncio.wait_for(consumer.beginning_offsets(parts), _TIMEOUT_S)
-    end = await asyncio.wait_for(consumer.end_offsets(parts), _TIMEOUT_S)
+    begin = await consumer.beginning_offsets(parts)
+    end = await consumer.end_offsets(parts)
     return begin, end
 
 
@@ -175,7 +169,7 @@ def _of(offsets: dict[TopicPartition, int], topic: str) -> dict[int, int]:
 
 
 async def _committed(admin: AIOKafkaAdminClient, group: str, topics: list[str]) -> dict[str, dict[int, int]]:
-    offsets = await asyncio.wait_for(admin.list_consumer_group_offsets(group), _TIMEOUT_S)
+    offsets = await admin.list_consumer_group_offsets(group)
     out: dict[str, dict[int, int]] = {}
     for tp, meta in offsets.items():
         if tp.topic in topics and meta.offset >= 0:
@@ -209,29 +203,10 @@ async def _commit(consumer: AIOKafkaConsumer, group: str, starts: list[Start]) -
         TopicPartition(s.topic, p): OffsetAndMetadata(o, "") for s in starts for p, o in (s.commit or {}).items()
     }
     consumer.assign(list(offsets))
-    await asyncio.wait_for(consumer.commit(offsets), _TIMEOUT_S)
+    await consumer.commit(offsets)
     for s in starts:
         log.warning(
             "App id %s starts %s where AGENTS_STREAM_START_FROM said (other readers: %s): committed %s",
             group, s.topic, ", ".join(s.readers), dict(sorted((s.commit or {}).items())),
         )
 
-
-async def retried(what: str, call: Callable[[], Awaitable[T]], *, timeout: float = _TIMEOUT_S) -> T:
-    """``call()``, asked again while the cluster answers with a retriable error, for at most ``timeout``.
-
-    A fresh cluster names no group coordinator until it has made its offsets topic, and may name one and refuse
-    the next request a moment later (seen on the three-broker cluster: the worker died at start with
-    GroupCoordinatorNotAvailableError). A refusal that is not retriable (an ACL) is raised at once.
-    """
-    deadline = time.monotonic() + timeout
-    delay = _BACKOFF_S[0]
-    while True:
-        try:
-            return await asyncio.wait_for(call(), max(0.1, deadline - time.monotonic()))
-        except KafkaError as exc:
-            if not exc.retriable or time.monotonic() + delay > deadline:
-                raise
-            log.info("Reading %s: the cluster answered %r (retriable); asking again in %.1fs", what, exc, delay)
-        await asyncio.sleep(delay)
-        delay = min(delay * 2, _BACKOFF_S[1])

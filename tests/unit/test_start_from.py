@@ -10,7 +10,8 @@ from aiokafka.errors import (
     GroupCoordinatorNotAvailableError,
 )
 
-from agents_stream.kafka.start import Start, StartFrom, decide, parse_start_from, refusal, retried
+from agents_stream.kafka.admin import retried
+from agents_stream.kafka.start import Start, StartFrom, decide, parse_start_from, refusal
 
 T = "agent.tasks.a"
 BEGIN = {0: 0, 1: 5}
@@ -85,27 +86,26 @@ async def test_a_retriable_refusal_is_asked_again_until_it_answers() -> None:
     assert answers == []
 
 
+class Refusing:
+    """A call the cluster always refuses with ``error``; it counts how often it was asked."""
+
+    def __init__(self, error: Exception) -> None:
+        self.error, self.calls = error, 0
+
+    async def __call__(self) -> str:
+        self.calls += 1
+        raise self.error
+
+
 async def test_a_refusal_that_is_not_retriable_is_raised_at_once() -> None:
-    calls = 0
-
-    async def call() -> str:
-        nonlocal calls
-        calls += 1
-        raise GroupAuthorizationFailedError("no ACL")
-
+    call = Refusing(GroupAuthorizationFailedError("no ACL"))
     with pytest.raises(GroupAuthorizationFailedError):
         await retried("the commits of group g", call, timeout=5)
-    assert calls == 1
+    assert call.calls == 1
 
 
 async def test_a_cluster_that_stays_unready_fails_after_the_timeout() -> None:
-    calls = 0
-
-    async def call() -> str:
-        nonlocal calls
-        calls += 1
-        raise GroupCoordinatorNotAvailableError("never")
-
+    call = Refusing(GroupCoordinatorNotAvailableError("never"))
     with pytest.raises(GroupCoordinatorNotAvailableError):
         await retried("the commits of group g", call, timeout=0.5)
-    assert 2 <= calls <= 4, "asked again with backoff, then gave up"
+    assert 2 <= call.calls <= 4, "asked again with backoff, then gave up"
