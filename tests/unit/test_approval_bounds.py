@@ -28,6 +28,7 @@ from agents_stream.ops import cli_common, dlq
 from agents_stream.ops import notify as links
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import Table
 
 SECRET = "a-secret-of-at-least-thirty-two-characters"
 AGENT = "refunds"
@@ -276,21 +277,6 @@ def _query(url: str) -> list[tuple[str, str]]:
 
     return parse_qsl(urlsplit(url).query)
 
-
-class Table(dict):  # type: ignore[type-arg]
-    """A table as the ledger writes it: each write leaves a changelog future, confirmed at once."""
-
-    last_changelog: asyncio.Future[Any] | None = None
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.last_changelog = asyncio.get_running_loop().create_future()
-        self.last_changelog.set_result("ok")
-
-    def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        self.last_changelog = asyncio.get_running_loop().create_future()
-        self.last_changelog.set_result("ok")
 
 
 def _ledger(settings: Settings) -> tuple[Ledger, Table, list[tuple[str, bytes | None, Any]]]:

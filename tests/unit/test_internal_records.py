@@ -22,7 +22,6 @@ from agents_stream.contract.jsonsafe import MAX_ANSWER_DEPTH, MAX_DEPTH
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.outputs import FormatError, OutputSpec
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.spend import add_spend, spend_key
 from agents_stream.ops.notify import Notifier
@@ -30,6 +29,7 @@ from agents_stream.orchestrator import Orchestrator
 from agents_stream.resilience.circuits import MAX_RETRY_AFTER_S
 from agents_stream.resilience.presence import MAX_WORKERS, Presence
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import Table, recording_outbox
 
 SETTINGS = Settings()
 OUTCOMES = topics.outcomes_topic(SETTINGS.app_id)
@@ -37,23 +37,6 @@ ANSWERS = topics.answers_topic(SETTINGS.app_id)
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.", job_id="j1")
 NOON = 1_795_953_600.0  # 2026-11-29 12:00 UTC
 
-
-class Table(dict):  # type: ignore[type-arg]
-    """A table as the ledger writes it: each write or delete leaves a changelog future, confirmed at once."""
-
-    last_changelog: asyncio.Future[Any] | None = None
-
-    def _changed(self) -> None:
-        self.last_changelog = asyncio.get_running_loop().create_future()
-        self.last_changelog.set_result("ok")
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self._changed()
-
-    def __delitem__(self, key: Any) -> None:
-        super().__delitem__(key)
-        self._changed()
 
 
 class Executor:
@@ -69,21 +52,7 @@ class Executor:
 
 def outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
     """An outbox whose sends are kept as (topic, value) and confirmed at once."""
-    sent: list[tuple[str, bytes | None]] = []
-
-    def channel(topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            sent.append((topic, value))
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result("ok")
-            return fut
-
-        return SimpleNamespace(send_soon=send_soon)
-
-    async def no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
-        return None
-
-    return Outbox(channel, Watermark(), "w1", find_dead_letter=no_lookup), sent
+    return recording_outbox()
 
 
 def ledger() -> tuple[Ledger, Outbox, list[tuple[str, bytes | None]]]:

@@ -32,12 +32,12 @@ from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Answer, Rejected, Run
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import records as records_module
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import Table, recording_outbox
 
 OUTCOMES = topics.outcomes_topic(Settings().app_id)
 ANSWERS = topics.answers_topic(Settings().app_id)
@@ -45,34 +45,14 @@ AT = "2026-12-01T10:00:00.000Z"
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.", job_id="j1")
 
 
-class Table(dict):  # type: ignore[type-arg]
-    """A table as the ledger writes it: each write leaves a changelog future, confirmed at once."""
 
-    last_changelog: asyncio.Future[Any] | None = None
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.last_changelog = asyncio.get_running_loop().create_future()
-        self.last_changelog.set_result("ok")
+async def _no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
+    raise AssertionError("a first dead letter looks nothing up")
 
 
 def _outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
     """An outbox whose sends are kept as (topic, value) and confirmed at once."""
-    sent: list[tuple[str, bytes | None]] = []
-
-    def channel(topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            sent.append((topic, value))
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result("ok")
-            return fut
-
-        return SimpleNamespace(send_soon=send_soon)
-
-    async def no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
-        raise AssertionError("a first dead letter looks nothing up")
-
-    return Outbox(channel, Watermark(), "w1", find_dead_letter=no_lookup), sent
+    return recording_outbox(_no_lookup)
 
 
 def _event(tp: TP, offset: int, key: bytes, value: bytes) -> SimpleNamespace:

@@ -24,20 +24,11 @@ from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.poison import DEAD_LETTER_REQUEST
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import Table
 
 SETTINGS = Settings(partitions=1)
 OUTCOMES = topics.outcomes_topic(SETTINGS.app_id)
 
-
-class Table(dict):  # type: ignore[type-arg]
-    """A table as the ledger writes it: each write leaves a changelog future, confirmed at once."""
-
-    last_changelog: asyncio.Future[Any] | None = None
-
-    def __setitem__(self, key: Any, value: Any) -> None:
-        super().__setitem__(key, value)
-        self.last_changelog = asyncio.get_running_loop().create_future()
-        self.last_changelog.set_result("ok")
 
 
 class World:
