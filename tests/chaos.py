@@ -359,10 +359,22 @@ class Chaos:
         for name, w in list(self.workers.items()):
             if w.proc is not None and w.proc.poll() is not None:
                 self.report.problems.append(
-                    f"worker {name} exited by itself with code {w.proc.returncode} (log {w.log_path})"
+                    f"worker {name} exited by itself with code {w.proc.returncode} (log {w.log_path}); its last "
+                    f"ERROR lines and the end of its log:\n{_why_it_ended(w)}"
                 )
                 w.close()
                 self.workers[name] = self.cluster.worker(name).start()
+
+
+def _why_it_ended(worker: Worker) -> str:
+    """What a CI report needs when a worker died by itself: its last ERROR/CRITICAL lines and the log's end
+    (pytest keeps only three basetemps, so the log file itself is often gone by the time anyone reads it)."""
+    try:
+        lines = worker.log_path.read_text(errors="replace").splitlines()
+    except OSError as exc:
+        return f"  (log unreadable: {exc})"
+    errors = [line for line in lines if "ERROR" in line or "CRITICAL" in line][-10:]
+    return "\n".join(f"  {line[:400]}" for line in [*errors, "  ...", *lines[-40:]])
 
 
 # -- the run ----------------------------------------------------------------------------
