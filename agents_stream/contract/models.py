@@ -22,6 +22,11 @@ def utcnow_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def iso_utc(epoch_s: float) -> str:
+    """``epoch_s`` (seconds since the epoch) in utcnow_iso's format."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 class TaskPayload(BaseModel):
     """A task for one sub-agent. Strict: no coercion; unknown fields are ignored (evolution)."""
 

@@ -154,7 +154,7 @@ class Ledger:
 
     def _route(self, tp: TP, message: Any, key: bytes | None, value: bytes | None) -> None:
         if message.topic == self.outcomes:
-            self._on_outcome(tp, message.offset, key, value)
+            self._on_outcome(tp, message.offset, key, value, getattr(message, "timestamp", None))
         elif message.topic == self.answers_topic:
             self.cache.on_event(tp, message.offset, key, value)
         elif message.topic == topics.APPROVALS:
@@ -216,7 +216,10 @@ class Ledger:
 
     # -- outcome events ----------------------------------------------------------------
 
-    def _on_outcome(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+    def _on_outcome(
+        self, tp: TP, offset: int, key: bytes | None, value: bytes | None, at: float | None = None,
+    ) -> None:
+        """An outcome event; ``at`` is its record's Kafka timestamp (seconds), the completed_at of its result."""
         parsed = read_event(tp, offset, key, value, OUTCOMES)  # logs and skips malformed and unknown kinds
         if parsed is None:
             return
@@ -237,13 +240,13 @@ class Ledger:
             if timed_out is not None:
                 self._apply(tp, offset, task_id, *timed_out)
             return
-        changed = self._lease_change(tp, task_id, record, event)
+        changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:
             new, effects, extra = changed
             self._apply(tp, offset, task_id, record, new, effects, extra=extra)
 
     def _lease_change(
-        self, tp: TP, task_id: str, record: TaskRecord | None, event: OutcomeEvent,
+        self, tp: TP, task_id: str, record: TaskRecord | None, event: OutcomeEvent, at: float | None = None,
     ) -> tuple[TaskRecord | None, list[leases.Effect], list[Send]] | None:
         """The lease transition of an outcome event (and the sends of a finished task's spend and cache)."""
         now = time.time()
@@ -258,13 +261,13 @@ class Ledger:
             case TaskSucceeded() | TaskFailed():
                 if record is None or record.terminal:
                     return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
-                new, effects, event = self._finish(task_id, record, event, now)
+                new, effects, event = self._finish(task_id, record, event, now, at)
                 extra = self._account(tp, record, event, now)
             case StepDone(index=index, output=output):
                 new, effects = leases.checkpoint(record, index=index, output=output)
                 failed = sizes.oversize(new, event, self.settings.record_max_bytes) if new is not record else None
                 if failed is not None and record is not None:  # a checkpoint past Kafka's record limit ends it
-                    new, effects, _ = self._finish(task_id, record, failed, now)
+                    new, effects, _ = self._finish(task_id, record, failed, now, at)
             case LeaseExpired(dispatch=dispatch):
                 new, effects = leases.expire(
                     record, dispatch=dispatch, now=now, me=self.worker_id, ttl=ttl,
@@ -275,18 +278,18 @@ class Ledger:
         return new, effects, extra
 
     def _finish(
-        self, task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float,
+        self, task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float, at: float | None,
     ) -> tuple[TaskRecord | None, list[leases.Effect], TaskSucceeded | TaskFailed]:
         """The terminal transition of ``event``, or of its result_too_large failure when the record would not fit
         in a Kafka record (the event applied is returned: it is what spend and the cache account)."""
         reason = event.reason if isinstance(event, TaskFailed) else None
-        result = result_json(task_id, record, event)
+        result = result_json(task_id, record, event, at)
         new, effects = leases.finish(record, status=event.kind, result=result, reason=reason, now=now)
         failed = sizes.oversize(new, event, self.settings.record_max_bytes)
         if failed is None:
             return new, effects, event
         log.warning("Task %s fails: %s (dead-lettered; the answer is not kept)", task_id, failed.error)
-        return self._finish(task_id, record, failed, now)  # a failure's record is its payload and a short result
+        return self._finish(task_id, record, failed, now, at)  # a failure's record is its payload and a short result
 
     def _account(self, tp: TP, record: TaskRecord, event: TaskSucceeded | TaskFailed, now: float) -> list[Send]:
         """A finished task adds its cost to its partition's spend of the day, and a good answer feeds the cache;

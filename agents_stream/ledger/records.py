@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from agents_stream.contract.events import TaskFailed, TaskSucceeded
-from agents_stream.contract.models import Confidence, Status, TaskResult, utcnow_iso
+from agents_stream.contract.models import Confidence, Status, TaskResult, iso_utc, utcnow_iso
 from agents_stream.tables.leases import TaskRecord
 
 
@@ -35,8 +35,14 @@ def parked(record: TaskRecord | None) -> bool:
     return record is not None and record.approval is not None and not record.terminal
 
 
-def result_json(task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed) -> str:
-    """The TaskResult JSON a finished task is answered with (and stored), from its record and final outcome."""
+def result_json(
+    task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed, outcome_at: float | None = None,
+) -> str:
+    """The TaskResult JSON a finished task is answered with (and stored), from its record and final outcome.
+
+    ``completed_at`` is ``outcome_at``, the outcome record's Kafka timestamp, when there is one: every ledger
+    that applies that outcome (a new owner after a rebalance, an old one that has not yet noticed it lost the
+    partition) then answers with the same bytes, a duplicate and never a second distinct result."""
     payload = json.loads(record.payload)
     status: Status
     confidence: Confidence
@@ -56,6 +62,6 @@ def result_json(task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFai
         usage=event.usage.model_copy(),
         job_id=payload.get("job_id"),
         error=event.error,
-        completed_at=utcnow_iso(),
+        completed_at=iso_utc(outcome_at) if outcome_at else utcnow_iso(),
     )
     return result.model_dump_json()

@@ -42,6 +42,7 @@ from tests.unit.ledger_fakes import Table, recording_outbox
 OUTCOMES = topics.outcomes_topic(Settings().app_id)
 ANSWERS = topics.answers_topic(Settings().app_id)
 AT = "2026-12-01T10:00:00.000Z"
+AT_S = 1796119200.0  # AT in seconds since the epoch: the outcome record's Kafka timestamp
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.", job_id="j1")
 
 
@@ -55,8 +56,8 @@ def _outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
     return recording_outbox(_no_lookup)
 
 
-def _event(tp: TP, offset: int, key: bytes, value: bytes) -> SimpleNamespace:
-    message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[])
+def _event(tp: TP, offset: int, key: bytes, value: bytes, timestamp: float | None = AT_S) -> SimpleNamespace:
+    message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[], timestamp=timestamp)
     return SimpleNamespace(message=message, key=key, value=value)
 
 
@@ -106,9 +107,23 @@ RESULTS = [
 async def test_a_terminal_outcome_stores_and_emits_the_result_of_today(
     make: Any, expected: str, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The outcome crosses the topic as its JSON; the ledger's TaskResult for it is today's, byte for byte, and
-    the job's fan-in carries the same result."""
-    monkeypatch.setattr(records_module, "utcnow_iso", lambda: AT)  # the result JSON is made in ledger/records.py
+    """The outcome crosses the topic as its JSON; the ledger's TaskResult for it is today's, byte for byte (its
+    completed_at is the outcome record's timestamp), and the job's fan-in carries the same result."""
+    monkeypatch.setattr(records_module, "utcnow_iso", lambda: "never the wall clock")
+    ledger, tasks, outbox, sent = _running_ledger()
+    value = encode(make())
+    tp = TP(OUTCOMES, 0)
+    ledger.handle(_event(tp, 9, b"t1", value))
+    await _spin()
+    assert tasks["t1"]["result"] == expected
+    assert [v for t, v in sent if t == topics.RESULTS] == [expected.encode()]
+    fanned = [decode(v, JOB_EVENTS) for t, v in sent if t == topics.JOB_EVENTS]
+    assert len(fanned) == 1 and isinstance(fanned[0], JobTaskResult)
+    assert fanned[0].result.model_dump(mode="json") == json.loads(expected)
+
+
+def _running_ledger() -> tuple[Ledger, Table, Outbox, list[tuple[str, bytes | None]]]:
+    """A ledger whose table holds task t1 running under dispatch 1 (owner w2)."""
     outbox, sent = _outbox()
     tasks = Table()
     tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
@@ -121,15 +136,35 @@ async def test_a_terminal_outcome_stores_and_emits_the_result_of_today(
         topic="agent.tasks.a", partition=0, offset=4, received_at=0.0,
     )
     tasks["t1"] = record.to_json()
-    value = encode(make())
-    tp = TP(OUTCOMES, 0)
-    ledger.handle(_event(tp, 9, b"t1", value))
+    return ledger, tasks, outbox, sent
+
+
+async def test_two_ledgers_that_apply_one_outcome_at_different_times_answer_with_the_same_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A partition's new owner and an old one that has not yet noticed it lost it both apply the same outcome
+    record: the results they send are one result (a duplicate of the same bytes), whatever their clocks say."""
+    clock = iter(["2026-12-01T10:00:01.000Z", "2026-12-01T10:00:09.000Z"])
+    monkeypatch.setattr(records_module, "utcnow_iso", lambda: next(clock))
+    value = encode(_succeeded())
+    results = []
+    for _ in range(2):
+        ledger, _, _, sent = _running_ledger()
+        ledger.handle(_event(TP(OUTCOMES, 0), 9, b"t1", value))
+        await _spin()
+        results += [v for t, v in sent if t == topics.RESULTS]
+    assert len(results) == 2 and results[0] == results[1]
+    assert json.loads(results[0])["completed_at"] == AT
+
+
+async def test_an_outcome_record_without_a_timestamp_completes_at_the_time_it_is_applied(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(records_module, "utcnow_iso", lambda: "2026-12-01T11:11:11.111Z")
+    ledger, tasks, _, _ = _running_ledger()
+    ledger.handle(_event(TP(OUTCOMES, 0), 9, b"t1", encode(_succeeded()), timestamp=None))
     await _spin()
-    assert tasks["t1"]["result"] == expected
-    assert [v for t, v in sent if t == topics.RESULTS] == [expected.encode()]
-    fanned = [decode(v, JOB_EVENTS) for t, v in sent if t == topics.JOB_EVENTS]
-    assert len(fanned) == 1 and isinstance(fanned[0], JobTaskResult)
-    assert fanned[0].result.model_dump(mode="json") == json.loads(expected)
+    assert json.loads(tasks["t1"]["result"])["completed_at"] == "2026-12-01T11:11:11.111Z"
 
 
 async def test_the_cache_stores_a_good_answer_and_replies_to_a_lookup_with_it() -> None:
