@@ -3,11 +3,17 @@ the task's result_too_large failure on the executor (execution/run.within) — p
 
 from __future__ import annotations
 
+from agents_stream.tables import leases
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from agents_stream.contract.events import TaskFailed
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Answer, Run
 from agents_stream.kafka.admin import size_problems
+from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
+from agents_stream.ledger import sizes
 from agents_stream.settings import Settings
 
 
@@ -40,3 +46,25 @@ def test_an_outcome_too_big_for_one_record_is_sent_as_result_too_large() -> None
     failed = outcome.within(run, big, 100_000)
     assert isinstance(failed, TaskFailed) and failed.reason.startswith("result_too_large: ")
     assert failed.source == "primary:p:m"
+
+
+_TEXT = st.text(alphabet=st.characters(codec="utf-8"), max_size=300)
+
+
+@settings(max_examples=300, deadline=None)
+@given(payload=_TEXT, answer=_TEXT, steps=st.one_of(st.none(), _TEXT), room=st.integers(-600, 600))
+def test_a_record_is_result_too_large_exactly_when_its_changelog_record_would_not_fit(
+    payload: str, answer: str, steps: str | None, room: int,
+) -> None:
+    """Whatever its characters (quotes, control characters, emoji: JSON escapes them), a finished task's record
+    is refused exactly when its bytes pass the limit; the quick bound that skips the count never lets one through."""
+    record = leases.TaskRecord(
+        state=leases.SUCCEEDED, agent="a", dispatch=1, owner="w", lease_until=0.0, payload=payload,
+        topic="agent.tasks.a", partition=0, offset=0, received_at=0.0, result=answer, steps_done=steps,
+    )
+    event = outcome.succeeded(Run(TaskPayload(task_id="t", agent_name="a", instruction="i"), 1, "w"),
+                              Answer(answer, "high", "primary:p"))
+    exact = sizes.record_bytes(record) + RECORD_OVERHEAD_BYTES
+    for limit in (exact + room, 12 * (len(payload) + len(answer) + len(steps or "")) + room + RECORD_OVERHEAD_BYTES):
+        refused = sizes.oversize(record, event, limit)
+        assert (refused is not None) == (exact > limit)
