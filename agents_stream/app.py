@@ -399,6 +399,8 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
                 log.warning("Progress check failed (%r); the next tick tries again", exc)
 
     # mode's SignalHandlerT (mypy_extensions argument types) admits no def mypy accepts: hence the ignores.
+    # An exception in these signals crashes the worker (Faust calls crash()): what reads the broker or a table
+    # contains its own failures (seed_starts, after_rebalance); the rest changes memory only.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def _revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
         (revoked,) = args  # Faust sends the revoked partitions positionally
@@ -413,7 +415,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))
-        runtime.ledger.scanner.reindex()  # the tables are recovered: parked tasks join the due-time index, once
+        runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
 
     @app.task
     async def _start_runtime() -> None:

@@ -4,6 +4,7 @@ into events (leases from memory; approval timeouts from a due-time index, not by
 from __future__ import annotations
 
 import heapq
+import logging
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -15,6 +16,8 @@ from agents_stream.settings import Settings
 from agents_stream.tables import approvals
 from agents_stream.tables.definitions import LedgerTable
 from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -101,6 +104,8 @@ class Scanner:
         self.open_tasks: dict[str, OpenTask] = {}
         #: tasks awaiting a decision on this worker's partitions, with their due times
         self.index = DueIndex()
+        #: a rebalance's reindex has not read the timers table yet (it failed): the next scan tries again
+        self.reindex_due = False
 
     def note(self, task_id: str, record: TaskRecord) -> None:
         """The task's record as the ledger just wrote (or read) it."""
@@ -142,6 +147,8 @@ class Scanner:
 
     def scan_parked(self, now: float) -> list[tuple[str, int]]:
         """Approvals whose level timed out, as (task_id, level), from the due-time index (no table read)."""
+        if self.reindex_due:
+            self.after_rebalance()
         return self.index.due(now, max(1.0, self.settings.lease_ttl_s / 4))
 
     def reindex(self) -> int:
@@ -151,6 +158,18 @@ class Scanner:
             if not record.terminal and (record.state == AWAITING_APPROVAL or task_id not in self.open_tasks):
                 self.note(task_id, record)
         return len(self.index.parked)
+
+    def after_rebalance(self) -> None:
+        """The tables are recovered: ``reindex``. It runs inside Faust's recovery, where an exception crashes the
+        worker; a table that cannot be read now (a store the next rebalance closed) is read by the next scan."""
+        self.reindex_due = True
+        try:
+            self.reindex()
+        except Exception as exc:
+            log.warning("Reading the timers table after a rebalance failed (%r); parked tasks join the approval "
+                        "scan on its next tick, which reads it again. Report it with this log if it repeats", exc)
+            return
+        self.reindex_due = False
 
     def parked(self) -> Iterator[tuple[str, TaskRecord]]:
         """The tasks awaiting a decision on this worker's partitions, read from the table (for /approvals)."""

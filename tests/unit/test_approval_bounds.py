@@ -189,6 +189,31 @@ def test_scanning_parked_tasks_reads_no_table_after_the_reindex():
     assert scanner.approvals_pending([AGENT]) == {AGENT: 50} and scanner.awaiting_in(TP0, AGENT) == 50
 
 
+class ClosedOnce(Table):
+    """A timers table whose first listing fails, as a store the next rebalance closed does."""
+
+    failures = 1
+
+    def keys(self) -> Any:
+        if self.failures:
+            self.failures -= 1
+            raise RuntimeError("the store of this partition is closed")
+        return super().keys()
+
+
+async def test_a_reindex_that_cannot_read_the_table_does_not_raise_and_the_next_scan_reads_it():
+    """after_rebalance runs inside Faust's recovery, where an exception would crash the worker: it logs, and the
+    parked tasks join the index at the next scan, whose timeouts then come due as before."""
+    tasks, timers = Table(), ClosedOnce()
+    tasks["r-0"] = parked_record(T0).to_json()
+    timers["task/r-0"] = {"kind": "task"}
+    scanner = scanning.Scanner(Settings(), SimpleNamespace(has=lambda task_id: False), tasks, timers)  # type: ignore[arg-type]
+    scanner.after_rebalance()
+    assert scanner.reindex_due and scanner.approvals_pending([AGENT]) == {AGENT: 0}
+    assert scanner.scan_parked(T0 + 12) == [("r-0", 0)]
+    assert not scanner.reindex_due and scanner.approvals_pending([AGENT]) == {AGENT: 1}
+
+
 # -- the cap: the agent's share of a partition -----------------------------------------------------
 
 def test_the_cap_is_split_evenly_over_the_partitions():
