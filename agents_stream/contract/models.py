@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -18,13 +19,13 @@ Status = Literal["succeeded", "partial", "failed"]
 Confidence = Literal["high", "medium", "low", "failed"]
 
 
-def utcnow_iso() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def iso_utc(epoch_s: float) -> str:
-    """``epoch_s`` (seconds since the epoch) in utcnow_iso's format."""
+    """``epoch_s`` (seconds since the epoch) as ISO-8601 UTC with milliseconds, e.g. 2026-12-01T10:00:00.000Z."""
     return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def utcnow_iso() -> str:
+    return iso_utc(time.time())
 
 
 class TaskPayload(BaseModel):

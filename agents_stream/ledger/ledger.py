@@ -154,7 +154,7 @@ class Ledger:
 
     def _route(self, tp: TP, message: Any, key: bytes | None, value: bytes | None) -> None:
         if message.topic == self.outcomes:
-            self._on_outcome(tp, message.offset, key, value, getattr(message, "timestamp", None))
+            self._on_outcome(tp, message.offset, key, value, message.timestamp)
         elif message.topic == self.answers_topic:
             self.cache.on_event(tp, message.offset, key, value)
         elif message.topic == topics.APPROVALS:
@@ -216,9 +216,7 @@ class Ledger:
 
     # -- outcome events ----------------------------------------------------------------
 
-    def _on_outcome(
-        self, tp: TP, offset: int, key: bytes | None, value: bytes | None, at: float | None = None,
-    ) -> None:
+    def _on_outcome(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, at: float | None) -> None:
         """An outcome event; ``at`` is its record's Kafka timestamp (seconds), the completed_at of its result."""
         parsed = read_event(tp, offset, key, value, OUTCOMES)  # logs and skips malformed and unknown kinds
         if parsed is None:
@@ -246,7 +244,7 @@ class Ledger:
             self._apply(tp, offset, task_id, record, new, effects, extra=extra)
 
     def _lease_change(
-        self, tp: TP, task_id: str, record: TaskRecord | None, event: OutcomeEvent, at: float | None = None,
+        self, tp: TP, task_id: str, record: TaskRecord | None, event: OutcomeEvent, at: float | None,
     ) -> tuple[TaskRecord | None, list[leases.Effect], list[Send]] | None:
         """The lease transition of an outcome event (and the sends of a finished task's spend and cache)."""
         now = time.time()

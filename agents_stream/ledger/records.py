@@ -36,11 +36,11 @@ def parked(record: TaskRecord | None) -> bool:
 
 
 def result_json(
-    task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed, outcome_at: float | None = None,
+    task_id: str, record: TaskRecord, event: TaskSucceeded | TaskFailed, outcome_at: float | None,
 ) -> str:
     """The TaskResult JSON a finished task is answered with (and stored), from its record and final outcome.
 
-    ``completed_at`` is ``outcome_at``, the outcome record's Kafka timestamp, when there is one: every ledger
+    ``completed_at`` is ``outcome_at``, the outcome record's Kafka timestamp, when it has one (> 0): every ledger
     that applies that outcome (a new owner after a rebalance, an old one that has not yet noticed it lost the
     partition) then answers with the same bytes, a duplicate and never a second distinct result."""
     payload = json.loads(record.payload)
@@ -62,6 +62,6 @@ def result_json(
         usage=event.usage.model_copy(),
         job_id=payload.get("job_id"),
         error=event.error,
-        completed_at=iso_utc(outcome_at) if outcome_at else utcnow_iso(),
+        completed_at=iso_utc(outcome_at) if outcome_at is not None and outcome_at > 0 else utcnow_iso(),
     )
     return result.model_dump_json()

@@ -1,5 +1,5 @@
-"""The stand-ins the ledger's unit tests share: a table whose writes are confirmed at once, and an outbox whose
-sends are kept and confirmed at once."""
+"""The stand-ins the ledger's unit tests share: a table whose writes are confirmed at once, an outbox whose
+sends are kept and confirmed at once, and the Faust event the ledger handles."""
 
 from __future__ import annotations
 
@@ -8,10 +8,24 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
+from faust.types import TP
+
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 
 Lookup = Callable[[str, tuple[str, int, int], float], Awaitable[Any]]
+
+#: the Kafka timestamp (seconds) of every record ``event`` makes unless told: 2026-12-01T10:00:00Z
+EVENT_TIMESTAMP = 1796119200.0
+
+
+def faust_event(
+    tp: TP, offset: int, key: bytes | None, value: bytes | None, *, timestamp: float | None = EVENT_TIMESTAMP,
+    headers: Any = (),
+) -> SimpleNamespace:
+    """A Faust event of the record at ``tp``@``offset``, with what of it the ledger reads."""
+    message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=list(headers), timestamp=timestamp)
+    return SimpleNamespace(message=message, key=key, value=value)
 
 
 class Table(dict):  # type: ignore[type-arg]

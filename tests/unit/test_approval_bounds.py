@@ -28,7 +28,7 @@ from agents_stream.ops import cli_common, dlq
 from agents_stream.ops import notify as links
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table
+from tests.unit.ledger_fakes import Table, faust_event
 
 SECRET = "a-secret-of-at-least-thirty-two-characters"
 AGENT = "refunds"
@@ -333,8 +333,7 @@ def _ledger(settings: Settings) -> tuple[Ledger, Table, list[tuple[str, bytes | 
 
 
 def _event(tp: TP, offset: int, key: bytes, value: bytes) -> SimpleNamespace:
-    message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[])
-    return SimpleNamespace(message=message, key=key, value=value)
+    return faust_event(tp, offset, key, value)
 
 
 def _task_event(offset: int, task_id: str) -> SimpleNamespace:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -29,7 +28,7 @@ from agents_stream.orchestrator import Orchestrator
 from agents_stream.resilience.circuits import MAX_RETRY_AFTER_S
 from agents_stream.resilience.presence import MAX_WORKERS, Presence
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, recording_outbox
+from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
 
 SETTINGS = Settings()
 OUTCOMES = topics.outcomes_topic(SETTINGS.app_id)
@@ -104,8 +103,7 @@ async def test_a_bad_internal_record_is_skipped_and_its_offset_is_committed(topi
     led, box, sent = ledger()
     tp = TP(topic, 0)
     before = dict(led.table)
-    message = SimpleNamespace(tp=tp, topic=topic, offset=9, headers=[])
-    led.handle(SimpleNamespace(message=message, key=key, value=value.encode()))
+    led.handle(faust_event(tp, 9, key, value.encode()))
     for _ in range(10):
         await asyncio.sleep(0)
     assert box.watermark.open_count(tp) == 0
@@ -126,8 +124,7 @@ async def test_a_record_an_internal_topic_cannot_apply_is_skipped_with_an_alert(
 
     monkeypatch.setattr(led.cache, "on_event", broken)
     tp = TP(ANSWERS, 2)
-    message = SimpleNamespace(tp=tp, topic=ANSWERS, offset=5, headers=[])
-    led.handle(SimpleNamespace(message=message, key=b"fp", value=(STORE % "1").encode()))
+    led.handle(faust_event(tp, 5, b"fp", (STORE % "1").encode()))
     for _ in range(10):
         await asyncio.sleep(0)
     assert box.watermark.commit_offset(tp) == 6

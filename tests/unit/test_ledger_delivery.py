@@ -22,6 +22,7 @@ from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.poison import DEAD_LETTER_REQUEST, MARK_EVENT, poison_key
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import faust_event
 
 TP0 = TP("agent.tasks.a", 0)
 OUTCOMES = topics.outcomes_topic(Settings().app_id)
@@ -253,8 +254,7 @@ async def test_a_delivery_confirmed_after_a_revoke_does_not_release_the_hold_of_
 
 
 def _event(tp: TP, offset: int, value: bytes, key: bytes = b"k") -> SimpleNamespace:
-    return SimpleNamespace(message=SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[]), key=key,
-                           value=value)
+    return faust_event(tp, offset, key, value)
 
 
 async def test_a_record_past_a_gap_is_not_applied_before_the_records_it_skipped():

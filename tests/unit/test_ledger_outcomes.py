@@ -37,12 +37,12 @@ from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, recording_outbox
+from tests.unit.ledger_fakes import EVENT_TIMESTAMP, Table, faust_event, recording_outbox
 
 OUTCOMES = topics.outcomes_topic(Settings().app_id)
 ANSWERS = topics.answers_topic(Settings().app_id)
 AT = "2026-12-01T10:00:00.000Z"
-AT_S = 1796119200.0  # AT in seconds since the epoch: the outcome record's Kafka timestamp
+AT_S = EVENT_TIMESTAMP  # AT in seconds since the epoch: the outcome record's Kafka timestamp
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.", job_id="j1")
 
 
@@ -57,8 +57,7 @@ def _outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
 
 
 def _event(tp: TP, offset: int, key: bytes, value: bytes, timestamp: float | None = AT_S) -> SimpleNamespace:
-    message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=[], timestamp=timestamp)
-    return SimpleNamespace(message=message, key=key, value=value)
+    return faust_event(tp, offset, key, value, timestamp=timestamp)
 
 
 async def _spin() -> None:

@@ -24,7 +24,7 @@ from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.poison import DEAD_LETTER_REQUEST
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table
+from tests.unit.ledger_fakes import Table, faust_event
 
 SETTINGS = Settings(partitions=1)
 OUTCOMES = topics.outcomes_topic(SETTINGS.app_id)
@@ -60,8 +60,7 @@ class World:
 
     async def deliver(self, topic: str, key: bytes, value: bytes) -> None:
         offset = self.offsets[topic] = self.offsets.get(topic, -1) + 1
-        message = SimpleNamespace(tp=TP(topic, 0), topic=topic, offset=offset, headers=[])
-        self.ledger.handle(SimpleNamespace(message=message, key=key, value=value))
+        self.ledger.handle(faust_event(TP(topic, 0), offset, key, value))
         for _ in range(10):
             await asyncio.sleep(0)
 
