@@ -18,12 +18,10 @@ from aiokafka.errors import KafkaConnectionError, KafkaError, TopicAlreadyExists
 from agents_stream.config import AppConfig
 from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
+from agents_stream.resilience.backoff import backoff
 from agents_stream.settings import Settings, bootstrap_servers
 
 log = logging.getLogger(__name__)
-
-#: the first and the longest pause before asking the cluster again after a retriable error
-_BACKOFF_S = (0.2, 2.0)
 
 T = TypeVar("T")
 
@@ -305,13 +303,14 @@ async def retried(what: str, call: Callable[[], Awaitable[T]], *, timeout: float
     GroupCoordinatorNotAvailableError). A refusal that is not retriable (an ACL) is raised at once.
     """
     deadline = time.monotonic() + timeout
-    delay = _BACKOFF_S[0]
+    attempt = 0
     while True:
         try:
             return await asyncio.wait_for(call(), max(0.1, deadline - time.monotonic()))
         except KafkaError as exc:
+            attempt += 1
+            delay = backoff(attempt, base=0.2, cap=2.0)
             if not exc.retriable or time.monotonic() + delay > deadline:
                 raise
             log.info("Reading %s: the cluster answered %r (retriable); asking again in %.1fs", what, exc, delay)
         await asyncio.sleep(delay)
-        delay = min(delay * 2, _BACKOFF_S[1])

@@ -24,9 +24,7 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import retried
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = [
-    "Start", "StartFrom", "decide", "parse_start_from", "refusal", "settle_starts", "settle_task_topics",
-]
+__all__ = ["Start", "StartFrom", "decide", "parse_start_from", "refusal", "settle_starts", "settle_task_topics"]
 
 log = logging.getLogger(__name__)
 
@@ -209,4 +207,3 @@ async def _commit(consumer: AIOKafkaConsumer, group: str, starts: list[Start]) -
             "App id %s starts %s where AGENTS_STREAM_START_FROM said (other readers: %s): committed %s",
             group, s.topic, ", ".join(s.readers), dict(sorted((s.commit or {}).items())),
         )
-
