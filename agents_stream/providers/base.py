@@ -5,8 +5,12 @@ from __future__ import annotations
 import abc
 import json
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from agents_stream.config import ProviderConfig
+
+if TYPE_CHECKING:
+    from agents_stream.providers.conversation import Conversation, Turn
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,10 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def complete(self, prompt: Prompt) -> Completion:
         """One call; bounded by ``config.timeout_s``."""
+
+    @abc.abstractmethod
+    async def converse(self, conversation: Conversation) -> Turn:
+        """One turn of a tool-calling conversation (the history translated to this API); raises as ``complete``."""
 
     async def probe(self) -> bool:
         """True when the endpoint answers at all (any HTTP answer, even a 503: reachability, not health)."""

@@ -8,6 +8,7 @@ import json
 
 from agents_stream.config import ProviderConfig
 from agents_stream.providers.base import Completion, Prompt, Provider, Usage, render_prompt
+from agents_stream.providers.conversation import Conversation, Turn, UserText
 
 __all__ = ["LocalProvider"]
 
@@ -27,6 +28,12 @@ class LocalProvider(Provider):
         sent = f"{prompt.system}\n{render_prompt(prompt)}"
         usage = Usage(input_tokens=len(sent.split()), output_tokens=len(text.split()))
         return Completion(text=text, usage=usage, provider=self.name, model=self.model)
+
+    async def converse(self, conversation: Conversation) -> Turn:
+        """Calls no tool: answers the task (the first user message) as ``complete`` would."""
+        first = next((m.text for m in conversation.messages if isinstance(m, UserText)), "")
+        completion = await self.complete(Prompt(instruction=first, system=conversation.system))
+        return Turn(completion.text, (), completion.usage, self.name, self.model)
 
 
 def _digest(prompt: Prompt) -> str:

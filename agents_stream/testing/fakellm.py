@@ -21,7 +21,18 @@ import logging
 import signal
 from typing import Any
 
-from agents_stream.testing.script import SCRIPT_RAN_OUT, Mode, Reply, hang, malformed, ok, refusal, status
+from agents_stream.testing.script import (
+    SCRIPT_RAN_OUT,
+    Mode,
+    Reply,
+    call,
+    hang,
+    malformed,
+    ok,
+    refusal,
+    status,
+    tool_calls,
+)
 from agents_stream.testing.server import FakeLLM, RecordedRequest
 
 __all__ = [
@@ -30,6 +41,7 @@ __all__ = [
     "Mode",
     "RecordedRequest",
     "Reply",
+    "call",
     "hang",
     "main",
     "malformed",
@@ -37,6 +49,7 @@ __all__ = [
     "refusal",
     "serve_forever",
     "status",
+    "tool_calls",
 ]
 
 

@@ -5,7 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-__all__ = ["ECHO", "SCRIPT_RAN_OUT", "Mode", "Reply", "hang", "malformed", "ok", "refusal", "status", "validate_mode"]
+__all__ = [
+    "ECHO", "SCRIPT_RAN_OUT", "Mode", "Reply", "call", "hang", "malformed", "ok", "refusal", "status", "tool_calls",
+    "validate_mode",
+]
 
 SCRIPT_RAN_OUT = "fake LLM script ran out"
 
@@ -22,6 +25,8 @@ class Reply:
     latency: float = 0.0
     input_tokens: int | None = None
     output_tokens: int | None = None
+    #: tool calls the answer asks for, each {"name", "arguments", optional "id"}, in the API's own format
+    calls: tuple[dict[str, Any], ...] = ()
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Reply:
@@ -30,7 +35,10 @@ class Reply:
         unknown = set(data) - names
         if unknown:
             raise ValueError(f"unknown reply fields {sorted(unknown)}; known: {sorted(names)}")
-        reply = cls(**data)
+        calls = data.get("calls", ())
+        if not isinstance(calls, list | tuple) or not all(isinstance(c, dict) and "name" in c for c in calls):
+            raise ValueError('calls must be a list of {"name": ..., "arguments": {...}}')
+        reply = cls(**{**data, "calls": tuple(calls)})
         if reply.kind not in {"ok", "status", "malformed", "refusal"}:
             raise ValueError(f"unknown reply kind {reply.kind!r}")
         return reply
@@ -45,6 +53,19 @@ def ok(
 ) -> Reply:
     """A normal answer; ``text=None`` echoes the prompt, token counts default to word counts."""
     return Reply("ok", text=text, latency=latency, input_tokens=input_tokens, output_tokens=output_tokens)
+
+
+def call(name: str, arguments: dict[str, Any] | str | None = None, *, id: str | None = None) -> dict[str, Any]:
+    """One tool call of a ``tool_calls`` reply; ``arguments`` a str is sent as is (OpenAI's is a JSON string)."""
+    made: dict[str, Any] = {"name": name, "arguments": {} if arguments is None else arguments}
+    if id is not None:
+        made["id"] = id
+    return made
+
+
+def tool_calls(*calls: dict[str, Any], text: str = "", latency: float = 0.0) -> Reply:
+    """An answer that asks for tool calls (``call(...)`` each), with optional text, in the API's own format."""
+    return Reply("ok", text=text, latency=latency, calls=tuple(calls))
 
 
 def status(code: int, *, retry_after: float | str | None = None, body: Any = None, latency: float = 0.0) -> Reply:

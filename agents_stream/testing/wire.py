@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from typing import Any
@@ -99,7 +100,47 @@ def render(api: str, reply: Reply, *, model: str, system: str, instruction: str)
     text = reply.text if reply.text is not None else f"[fake:{api}] {instruction[:200]}"
     used_in = reply.input_tokens if reply.input_tokens is not None else prompt_words
     used_out = reply.output_tokens if reply.output_tokens is not None else len(text.split())
-    return web.json_response(_ok_body(api, model, text, used_in, used_out))
+    body = _ok_body(api, model, text, used_in, used_out)
+    if reply.calls:
+        _add_calls(api, body, reply)
+    return web.json_response(body)
+
+
+def _add_calls(api: str, body: dict[str, Any], reply: Reply) -> None:
+    """The scripted tool calls, in the API's own shape (an id the script gave, else one as the API makes them)."""
+    text = reply.text or ""
+    if api == "gemini":
+        parts: list[dict[str, Any]] = [{"text": text}] if text else []
+        for c in reply.calls:
+            function: dict[str, Any] = {"name": c["name"], "args": c.get("arguments", {})}
+            if "id" in c:  # Gemini's ids are optional: none unless the script gives one
+                function["id"] = c["id"]
+            parts.append({"functionCall": function})
+        body["candidates"][0]["content"]["parts"] = parts
+    elif api == "anthropic":
+        blocks: list[dict[str, Any]] = [{"type": "text", "text": text}] if text else []
+        blocks += [
+            {"type": "tool_use", "id": c.get("id", f"toolu_{random.getrandbits(48):012x}"), "name": c["name"],
+             "input": c.get("arguments", {})}
+            for c in reply.calls
+        ]
+        body["content"], body["stop_reason"] = blocks, "tool_use"
+    else:
+        choice = body["choices"][0]
+        choice["message"] = {
+            "role": "assistant",
+            "content": text or None,
+            "tool_calls": [
+                {"id": c.get("id", f"call_{random.getrandbits(48):012x}"), "type": "function",
+                 "function": {"name": c["name"], "arguments": _json_text(c.get("arguments", {}))}}
+                for c in reply.calls
+            ],
+        }
+        choice["finish_reason"] = "tool_calls"
+
+
+def _json_text(arguments: Any) -> str:
+    return arguments if isinstance(arguments, str) else json.dumps(arguments)
 
 
 def _ok_body(api: str, model: str, text: str, used_in: int, used_out: int) -> dict[str, Any]:
