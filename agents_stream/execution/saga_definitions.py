@@ -16,11 +16,11 @@ idempotency key to hand to the service they call.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
 from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.named import load_named
 from agents_stream.tables import sagas as machine
 
 __all__ = ["SagaDefinition", "SagaStep", "StepContext", "load_saga"]
@@ -76,13 +76,4 @@ class SagaDefinition:
 
 def load_saga(path: str) -> SagaDefinition:
     """``package.module:NAME`` → the SagaDefinition; ValueError saying what is wrong."""
-    module_name, _, attr = path.partition(":")
-    if not module_name or not attr:
-        raise ValueError(f"saga {path!r}: expected 'package.module:NAME'")
-    try:
-        obj = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ValueError(f"saga {path!r} cannot be loaded: {exc}") from None
-    if not isinstance(obj, SagaDefinition):
-        raise ValueError(f"saga {path!r} is not a SagaDefinition")
-    return obj
+    return load_named(path, SagaDefinition, "saga")

@@ -1,0 +1,68 @@
+"""Agents that act, written in Python: instructions, tools and limits (the API users write agents with).
+
+    SUPPORT = Agent(
+        "support",
+        instructions="You resolve customer issues. Look the order up before you act.",
+        tools=[lookup_order, create_label, refund, notify_customer],
+        max_turns=8,
+    )
+
+An agent whose config names a definition (``agent = "package.module:SUPPORT"``)
+runs every task as a tool-calling loop: the model decides which tool to call
+next, each model turn and each tool result is journaled in the task's ledger
+record before the next action (``tables/journal.py``), and the loop resumes from
+the journal after a crash, a rebalance or a hold. Providers, the ladder,
+breakers, budgets and approvals still come from the config.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pydantic import BaseModel
+
+from agents_stream.execution.named import load_named
+from agents_stream.execution.tools import Tool
+from agents_stream.tables.journal import Limits
+
+__all__ = ["Agent", "load_agent"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    name: str
+    instructions: str
+    tools: tuple[Tool, ...] | list[Tool] = ()
+    #: the final answer must validate as this model (its JSON is the task's output); None: the text is
+    output_model: type[BaseModel] | None = None
+    max_turns: int = 10
+    max_tool_calls: int = 25
+    #: failed tool calls (errors, invalid arguments) told to the model before the task fails
+    max_tool_errors: int = 5
+    #: corrections of a final answer that did not match ``output_model``
+    format_retries: int = 2
+    #: the largest tool result kept in the journal (bytes of its text)
+    tool_result_max_bytes: int = 65_536
+    #: a larger one: "fail" ends the task (journal_too_large), "truncate" keeps its start with a marker
+    on_large_result: Literal["fail", "truncate"] = "fail"
+    by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        tools = tuple(self.tools)
+        object.__setattr__(self, "tools", tools)
+        names = [t.name for t in tools]
+        if len(set(names)) != len(names):
+            raise ValueError(f"agent {self.name!r}: two tools share a name in {names}")
+        if min(self.max_turns, self.max_tool_calls, self.tool_result_max_bytes) < 1:
+            raise ValueError(f"agent {self.name!r}: max_turns, max_tool_calls and tool_result_max_bytes must be >= 1")
+        object.__setattr__(self, "by_name", {t.name: t for t in tools})
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(self.max_turns, self.max_tool_calls, self.max_tool_errors, self.format_retries)
+
+
+def load_agent(path: str) -> Agent:
+    """``package.module:NAME`` → the Agent; ValueError saying what is wrong."""
+    return load_named(path, Agent, "agent")

@@ -1,0 +1,313 @@
+"""The durable agent loop: replay the journal, ask the model, run the tools it asks for, journal each result.
+
+Each model turn and each tool result is journaled (``record``: durable before it
+returns) before the loop acts on it, so a loop started again on the same journal
+(after a crash, a rebalance or a hold) asks no journaled turn again and runs no
+journaled call again. What the next action is comes from the pure
+``tables/journal.py``; this module does the asking and the calling. It has no
+I/O of its own: the model is ``ask`` and the journal ``record``, so it is tested
+without a broker or a provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable
+
+import aiohttp
+
+from agents_stream.contract.errors import TransientError
+from agents_stream.contract.models import Confidence, TaskPayload
+from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
+from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
+from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, deadline, result_text
+from agents_stream.providers.conversation import (
+    AssistantTurn,
+    Conversation,
+    Message,
+    ToolCall,
+    ToolResult,
+    UserText,
+)
+from agents_stream.resilience.backoff import backoff
+from agents_stream.tables import journal
+from agents_stream.tables.journal import AskModel, Fail, Finish, RunTools
+
+__all__ = ["Ask", "Done", "Failed", "JournalBroken", "Loop", "Record", "conversation", "transcript"]
+
+log = logging.getLogger(__name__)
+
+#: how a tool failure that is worth retrying looks (the tool's own TransientError, a timeout, a lost connection)
+_TRANSIENT = (TransientError, TimeoutError, ConnectionError, aiohttp.ClientConnectionError)
+_CONFIDENCE = ("high", "medium", "low")
+
+
+#: asks the model for the next turn of the conversation: an answer, no provider available (hold), or the task's fault
+Ask = Callable[[Conversation], Awaitable[TurnAnswer | Unavailable | Rejected]]
+#: journals entry number ``index``; returns once it is durable
+Record = Callable[[int, dict[str, Any]], Awaitable[None]]
+
+
+class JournalBroken(Exception):
+    """A journal write failed before this one: the run stops, the next dispatch resumes from the checkpoint."""
+
+
+@dataclass(frozen=True)
+class Done:
+    output: Any
+    confidence: Confidence
+    source: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    reason: str
+    error: str
+    source: str
+
+
+class Loop:
+    """One task's loop over its journal (``entries``, appended as each entry is durable)."""
+
+    def __init__(
+        self,
+        agent: Agent,
+        task: TaskPayload,
+        entries: list[Any],
+        *,
+        ask: Ask,
+        record: Record,
+        spec: OutputSpec | None = None,
+        system: str = "",
+        journal_fits: Callable[[list[Any]], bool] = lambda _: True,
+        check_budget_s: float = 1.0,
+        backoff_base_s: float = 0.2,
+        backoff_cap_s: float = 5.0,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.agent = agent
+        self.task = task
+        self.entries = entries
+        self._ask = ask
+        self._record = record
+        self.spec = spec
+        self.system = "\n\n".join(filter(None, [system, agent.instructions]))
+        self._fits = journal_fits
+        self._check_budget_s = check_budget_s
+        self._backoff = (backoff_base_s, backoff_cap_s)
+        self._rng = rng or random.Random()
+        self._lock = asyncio.Lock()
+        self._broken = False
+
+    async def run(self) -> Done | Failed | Unavailable:
+        """The task's end, or Unavailable when no model may be asked now (the caller holds the task)."""
+        while True:
+            state = journal.replay(self.entries)
+            action = journal.next_action(state, self.agent.limits)
+            match action:
+                case AskModel(turn=turn):
+                    answer = await self._ask(conversation(self.task, self.agent, self.system, self.entries, self.spec))
+                    if isinstance(answer, Unavailable):
+                        return answer
+                    if isinstance(answer, Rejected):
+                        return Failed(answer.reason, answer.error, answer.source)
+                    failed = await self._journal(_turn_entry(turn, answer))
+                    if failed is not None:
+                        return failed
+                case RunTools(turn=turn, calls=calls):
+                    failed = await self._run_tools(turn, calls)
+                    if failed is not None:
+                        return failed
+                case Finish(text=text, turn=turn):
+                    ended = await self._finish(text, turn, state)
+                    if ended is not None:
+                        return ended
+                case Fail(reason=reason, error=error):
+                    return Failed(f"{reason}: {error}", error, _source(state))
+
+    async def _finish(self, text: str, turn: int, state: journal.LoopState) -> Done | Failed | None:
+        """The final answer, checked against the output spec; None: a correction was journaled, ask again."""
+        source = _source(state)
+        confidence = _lowest(t["confidence"] for t in state.turns)
+        if self.spec is None:
+            return Done(text, confidence, source)
+        try:
+            output = await self.spec.check_async(text, budget_s=self._check_budget_s)
+        except FormatError as exc:
+            note = (f"Your final answer was rejected: {exc}. Answer again with only JSON (no prose, no code "
+                    f"fence) matching this JSON Schema: {self.spec.describe()}")
+            return await self._journal({"kind": "note", "turn": turn, "text": note})
+        except CheckAborted as exc:
+            return Failed(f"output_check_aborted: {exc}", f"the answer could not be checked: {exc}", source)
+        return Done(output, confidence, source)
+
+    async def _run_tools(self, turn: int, calls: tuple[dict[str, Any], ...]) -> Failed | None:
+        """The calls of one turn, concurrently; each result is journaled on its own as it comes."""
+        results: list[Failed | None] = [None] * len(calls)
+
+        async def one(i: int, call: dict[str, Any]) -> None:
+            entry = await self._call(turn, call)
+            results[i] = self._bounded(entry)
+            if results[i] is None:
+                results[i] = await self._journal(entry)
+
+        async with asyncio.TaskGroup() as group:
+            for i, call in enumerate(calls):
+                group.create_task(one(i, call))
+        return next((r for r in results if r is not None), None)
+
+    def _bounded(self, entry: dict[str, Any]) -> Failed | None:
+        """A tool result larger than the agent keeps: truncated in place, or the task's journal_too_large."""
+        content = entry["content"]
+        limit = self.agent.tool_result_max_bytes
+        size = len(content.encode("utf-8"))
+        if size <= limit:
+            return None
+        if self.agent.on_large_result == "truncate":
+            kept = content.encode("utf-8")[:limit].decode("utf-8", "ignore")
+            entry["content"] = f"{kept}\n[truncated: {len(kept.encode('utf-8'))} of {size} bytes kept]"
+            return None
+        error = (f"journal_too_large: tool {entry['name']} returned {size} bytes > the agent's "
+                 f"tool_result_max_bytes {limit}")
+        return Failed(error, error, f"tool:{entry['name']}")
+
+    async def _journal(self, entry: dict[str, Any]) -> Failed | None:
+        """Make ``entry`` durable and add it to the journal (one at a time: indexes follow the order of records)."""
+        async with self._lock:
+            if self._broken:  # an earlier record failed: whether it became durable is unknown, so stop here
+                raise JournalBroken(f"task {self.task.task_id}: a journal write failed; the task resumes from "
+                                    "its checkpoint when it is dispatched again")
+            grown = [*self.entries, entry]
+            if not self._fits(grown):
+                error = (f"journal_too_large: with {entry['kind']} entry {len(self.entries) + 1} the agent's "
+                         f"journal would not fit in the task's record")
+                return Failed(error, error, f"journal:{entry['kind']}")
+            try:
+                await self._record(len(self.entries), entry)
+            except BaseException:
+                self._broken = True
+                raise
+            self.entries.append(entry)
+        return None
+
+    async def _call(self, turn: int, call: dict[str, Any]) -> dict[str, Any]:
+        """One tool call to its journal entry: the result, or the error the model is told of."""
+        entry = {"kind": "tool", "turn": turn, "id": call["id"], "name": call["name"], "error": True,
+                 "fatal": False, "attempts": 0}
+        tool = self.agent.by_name.get(call["name"])
+        if tool is None:
+            known = ", ".join(self.agent.by_name) or "none"
+            return {**entry, "content": f"there is no tool {call['name']!r}; the tools are: {known}"}
+        if call.get("error"):
+            return {**entry, "content": f"invalid arguments for {tool.name}: {call['error']}"}
+        try:
+            arguments = tool.validate(call["arguments"])
+        except ToolError as exc:
+            return {**entry, "content": str(exc)}
+        return await self._attempts(tool, turn, call["id"], arguments, entry)
+
+    async def _attempts(self, tool: Tool, turn: int, call_id: str, arguments: Any, entry: dict[str, Any]) -> dict:
+        key = journal.call_key(self.task.task_id, turn, call_id)
+        attempt = 1
+        while True:
+            ctx = ToolContext(
+                task=self.task, turn=turn, call_id=call_id, key=key, attempt=attempt,
+                deadline=deadline(tool.timeout_s),
+                log=logging.LoggerAdapter(log, {"task_id": self.task.task_id, "tool": tool.name}),
+            )
+            try:
+                value = await tool.invoke(ctx, arguments)
+            except ToolError as exc:
+                return {**entry, "attempts": attempt, "content": str(exc)}
+            except FatalToolError as exc:
+                return {**entry, "attempts": attempt, "fatal": True, "content": str(exc)}
+            except _TRANSIENT as exc:
+                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+                if attempt > tool.retries:
+                    log.warning("Task %s: tool %s failed %d times (%s); the model is told", self.task.task_id,
+                                tool.name, attempt, why)
+                    return {**entry, "attempts": attempt,
+                            "content": f"{tool.name} is unavailable (failed {attempt} times, last: {why})"}
+                base, cap = self._backoff
+                await asyncio.sleep(backoff(attempt, base=base, cap=cap, rng=self._rng))
+                attempt += 1
+                continue
+            except Exception as exc:  # the tool's own bug or refusal: the model hears of it, the loop goes on
+                log.warning("Task %s: tool %s raised %r; the model is told", self.task.task_id, tool.name, exc)
+                return {**entry, "attempts": attempt, "content": f"{tool.name} failed: {type(exc).__name__}: {exc}"}
+            return {**entry, "attempts": attempt, "error": False, "content": result_text(value)}
+
+
+def _turn_entry(turn: int, answer: TurnAnswer) -> dict[str, Any]:
+    calls, seen = [], set()
+    for i, c in enumerate(answer.turn.calls):
+        call_id = c.id or f"call_{turn}_{i}"
+        while call_id in seen:  # a model that gives two calls one id: each must be journaled on its own
+            call_id += "_"
+        seen.add(call_id)
+        made: dict[str, Any] = {"id": call_id, "name": c.name, "arguments": c.arguments}
+        if c.error:
+            made["error"] = c.error
+        if c.signature:
+            made["signature"] = c.signature
+        calls.append(made)
+    usage = answer.turn.usage
+    return {
+        "kind": "turn", "turn": turn, "text": answer.turn.text, "calls": calls, "source": answer.source,
+        "confidence": answer.confidence, "provider_calls": answer.provider_calls,
+        "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens, "cost": answer.cost},
+    }
+
+
+def conversation(
+    task: TaskPayload, agent: Agent, system: str, entries: list[Any], spec: OutputSpec | None = None,
+) -> Conversation:
+    """The conversation the journal stands for: the task, then each turn, its calls' results (in the model's
+    order, however they finished) and any correction, as the next turn's request sends it."""
+    state = journal.replay(entries)
+    instruction = f"[task_id={task.task_id}]\n{task.instruction}"
+    if task.context_data:
+        instruction += "\n\nContext (JSON):\n" + result_text(task.context_data)
+    if spec is not None:
+        instruction += f"\n\nThe final answer: only JSON matching this JSON Schema: {spec.describe()}"
+    messages: list[Message] = [UserText(instruction)]
+    for t in state.turns:
+        n = t["turn"]
+        calls = tuple(
+            ToolCall(c["id"], c["name"], c["arguments"], c.get("error"), c.get("signature")) for c in t["calls"]
+        )
+        messages.append(AssistantTurn(t["text"], calls))
+        for c in t["calls"]:
+            r = state.results.get((n, c["id"]))
+            if r is not None:
+                messages.append(ToolResult(c["id"], c["name"], r["content"], r["error"]))
+        messages += [UserText(note) for note in state.notes.get(n, [])]
+    return Conversation(system, tuple(messages), tuple(t.spec for t in agent.tools))
+
+
+def transcript(entries: list[Any]) -> dict[str, Any]:
+    """What a result says of the loop: its turns and tool calls, with the usage and cost of every model call."""
+    state = journal.replay(entries)
+    turns = [
+        {"turn": t["turn"], "source": t["source"], "provider_calls": t["provider_calls"], "usage": t["usage"],
+         "tool_calls": [c["name"] for c in t["calls"]]}
+        for t in state.turns
+    ]
+    calls = [
+        {"turn": r["turn"], "id": r["id"], "name": r["name"], "error": r["error"], "attempts": r["attempts"]}
+        for r in sorted(state.results.values(), key=lambda r: (r["turn"], r["id"]))
+    ]
+    return {"turns": turns, "tool_calls": calls}
+
+
+def _source(state: journal.LoopState) -> str:
+    return state.turns[-1]["source"] if state.turns else "none"
+
+
+def _lowest(confidences: Any) -> Confidence:
+    worst = max((_CONFIDENCE.index(c) for c in confidences if c in _CONFIDENCE), default=0)
+    return _CONFIDENCE[worst]  # type: ignore[return-value]

@@ -1,0 +1,145 @@
+"""An agent loop's journal: every model turn and tool result, in the order they became durable (pure).
+
+The journal is the task's step checkpoint (``steps_done`` of its ledger record):
+a list of JSON entries, each confirmed in the changelog before the loop takes
+its next action. ``replay`` reads it back and ``next_action`` says what the loop
+does now, so a loop that crashed, was held or waited for an approval resumes
+where it was: no journaled model turn is asked again and no journaled tool call
+runs again. A call that was running when the worker died has no entry; it runs
+again under the same idempotency key, ``call_key``, which a side-effecting tool
+must pass to the service it calls.
+
+Entries (dicts, so they are stored and shipped as they are):
+
+    {"kind": "turn", "turn": 0, "text": "...", "calls": [{"id", "name", "arguments", "error"}],
+     "source": "primary:openai:gpt-4o", "confidence": "high", "usage": {...}, "provider_calls": 1}
+    {"kind": "tool", "turn": 0, "id": "call_1", "name": "refund", "content": "...", "error": false,
+     "fatal": false, "attempts": 1}
+    {"kind": "note", "turn": 1, "text": "..."}     (a correction the loop told the model: an off-format answer)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "AskModel", "Fail", "Finish", "Limits", "LoopState", "RunTools", "call_key", "next_action", "replay",
+]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_turns: int
+    max_tool_calls: int
+    #: tool calls that may fail (an error or invalid arguments sent back to the model) before the task fails
+    max_tool_errors: int
+    #: corrections of a final answer that did not match the output model
+    format_retries: int
+
+
+@dataclass
+class LoopState:
+    """The journal read back: the turns in order, and the results each turn's calls got so far."""
+
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    #: (turn, call id) → the tool entry
+    results: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    #: turn → the notes told to the model after it
+    notes: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def tool_calls(self) -> int:
+        return sum(len(t["calls"]) for t in self.turns)
+
+    @property
+    def tool_errors(self) -> int:
+        return sum(1 for r in self.results.values() if r["error"])
+
+
+# What the loop does next.
+@dataclass(frozen=True)
+class AskModel:
+    turn: int  # the number of the turn to ask for
+
+
+@dataclass(frozen=True)
+class RunTools:
+    turn: int
+    calls: tuple[dict[str, Any], ...]  # the calls of that turn without a result yet, in the model's order
+
+
+@dataclass(frozen=True)
+class Finish:
+    text: str
+    turn: int
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str  # a short word: max_turns, max_tool_calls, tool_errors, tool_failed
+    error: str
+
+
+Action = AskModel | RunTools | Finish | Fail
+
+
+def call_key(task_id: str, turn: int, call_id: str) -> str:
+    """The idempotency key of one tool call: the same for every attempt and every worker that runs it."""
+    return f"{task_id}:{turn}:{call_id}"
+
+
+def replay(entries: list[Any]) -> LoopState:
+    """The journal read back. Entries of a turn not yet journaled, and duplicates, change nothing."""
+    state = LoopState()
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        kind, turn = entry.get("kind"), entry.get("turn")
+        if kind == "turn" and turn == len(state.turns):
+            state.turns.append(entry)
+        elif kind == "tool" and isinstance(turn, int) and turn < len(state.turns):
+            state.results.setdefault((turn, entry["id"]), entry)
+        elif kind == "note" and isinstance(turn, int):
+            state.notes.setdefault(turn, []).append(entry["text"])
+    return state
+
+
+def next_action(state: LoopState, limits: Limits) -> Action:
+    """What the loop does now, given what is journaled."""
+    fatal = next((r for r in state.results.values() if r.get("fatal")), None)
+    if fatal is not None:
+        return Fail("tool_failed", f"tool {fatal['name']} failed and ends the task: {fatal['content']}")
+    if state.tool_errors > limits.max_tool_errors:
+        return Fail("tool_errors", f"{state.tool_errors} tool calls failed (more than max_tool_errors "
+                                   f"{limits.max_tool_errors}); the last: {_last_error(state)}")
+    if not state.turns:
+        return AskModel(0)
+    last_turn = len(state.turns) - 1
+    last = state.turns[last_turn]
+    if not last["calls"]:
+        if last_turn not in state.notes:  # a final answer; the loop checks it and may journal a note on it
+            return Finish(last["text"], last_turn)
+        corrections = sum(len(n) for n in state.notes.values())
+        if corrections > limits.format_retries:
+            why = state.notes[last_turn][-1]
+            return Fail("invalid_output", f"the final answer never matched the output model: {why}")
+        return _ask(state, limits)
+    if state.tool_calls > limits.max_tool_calls:
+        return Fail("max_tool_calls", f"the model asked for {state.tool_calls} tool calls "
+                                      f"(more than max_tool_calls {limits.max_tool_calls})")
+    missing = tuple(c for c in last["calls"] if (last_turn, c["id"]) not in state.results)
+    if missing:
+        return RunTools(last_turn, missing)
+    return _ask(state, limits)
+
+
+def _ask(state: LoopState, limits: Limits) -> Action:
+    if len(state.turns) >= limits.max_turns:
+        return Fail("max_turns", f"no final answer within max_turns {limits.max_turns}")
+    return AskModel(len(state.turns))
+
+
+def _last_error(state: LoopState) -> str:
+    errors = [r for r in state.results.values() if r["error"]]
+    return f"{errors[-1]['name']}: {errors[-1]['content'][:200]}" if errors else ""

@@ -1,0 +1,444 @@
+"""The durable agent loop without I/O: a scripted model, tools on an idempotent in-memory service, crashes anywhere."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from pydantic import BaseModel
+
+from agents_stream.contract.errors import TransientError
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.agent_loop import Done, Failed, JournalBroken, Loop, conversation, transcript
+from agents_stream.execution.outputs import OutputSpec
+from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
+from agents_stream.execution.tools import FatalToolError, ToolContext, ToolError, tool
+from agents_stream.providers.base import Usage
+from agents_stream.providers.conversation import AssistantTurn, Conversation, ToolCall, ToolResult, Turn, UserText
+
+
+class Crash(BaseException):
+    """The worker dies here (SIGKILL): nothing catches it, the loop ends without a word."""
+
+
+@dataclass
+class Service:
+    """A payment-like service: applies each idempotency key once, counts every request."""
+
+    effects: dict[str, tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    requests: list[str] = field(default_factory=list)
+
+    def apply(self, operation: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        self.requests.append(key)
+        self.effects.setdefault(key, (operation, body))
+        return {"operation": operation, "id": f"{operation}-{sorted(self.effects).index(key)}"}
+
+
+@dataclass
+class World:
+    """The service, the crash plan and what happened, shared by the tools and the model of one test."""
+
+    service: Service = field(default_factory=Service)
+    crash_at: set[int] = field(default_factory=set)  # crash opportunities (numbered as they come) that crash
+    chances: int = 0
+    asks: dict[int, int] = field(default_factory=dict)  # turn → times the model was asked for it
+
+    def maybe_crash(self) -> None:
+        self.chances += 1
+        if self.chances in self.crash_at:
+            raise Crash(f"crash at opportunity {self.chances}")
+
+
+WORLD = World()
+
+
+@tool
+async def lookup_order(ctx: ToolContext, order_id: str) -> dict:
+    """Look an order up."""
+    await asyncio.sleep(0)
+    return {"order_id": order_id, "amount": 42.5, "email": "a@example.com"}
+
+
+@tool
+async def refund(ctx: ToolContext, order_id: str, amount: float) -> dict:
+    """Refund an order (moves money: idempotent by key)."""
+    answer = WORLD.service.apply("refund", ctx.key, {"order_id": order_id, "amount": amount})
+    WORLD.maybe_crash()  # the money left; the worker dies before the result is journaled
+    return answer
+
+
+@tool
+def notify(ctx: ToolContext, email: str, text: str = "Your refund is on its way") -> str:
+    """Write to the customer (a synchronous tool runs in a thread)."""
+    WORLD.service.apply("notify", ctx.key, {"email": email, "text": text})
+    return "sent"
+
+
+SUPPORT = Agent("support", "Resolve the customer's issue.", tools=[lookup_order, refund, notify], max_turns=6)
+
+
+def turns_in(conv: Conversation) -> int:
+    return sum(1 for m in conv.messages if isinstance(m, AssistantTurn))
+
+
+def results_in(conv: Conversation) -> dict[str, str]:
+    return {m.name: m.content for m in conv.messages if isinstance(m, ToolResult)}
+
+
+def support_model(conv: Conversation) -> Turn:
+    """The scripted model: look up → refund the looked-up amount → notify → final answer. Fresh call ids every
+    time it is asked, as a real model's."""
+    n = turns_in(conv)
+    ids = [f"c{random.getrandbits(32):08x}" for _ in range(2)]
+    usage = Usage(10 * (n + 1), 5)
+    if n == 0:
+        calls = (ToolCall(ids[0], "lookup_order", {"order_id": "o-1"}),)
+    elif n == 1:
+        order = json.loads(results_in(conv)["lookup_order"])
+        calls = (ToolCall(ids[0], "refund", {"order_id": order["order_id"], "amount": order["amount"]}),)
+    elif n == 2:
+        calls = (ToolCall(ids[0], "notify", {"email": "a@example.com"}),
+                 ToolCall(ids[1], "lookup_order", {"order_id": "o-1"}))
+    else:
+        return Turn(f"refunded: {json.loads(results_in(conv)['refund'])['id']}", (), usage, "fake", "m")
+    return Turn("", calls, usage, "fake", "m")
+
+
+def make_ask(world: World, model: Any = support_model) -> Any:
+    async def ask(conv: Conversation) -> TurnAnswer:
+        n = turns_in(conv)
+        world.asks[n] = world.asks.get(n, 0) + 1
+        turn = model(conv)
+        world.maybe_crash()  # the model answered; the worker dies before the turn is journaled
+        return TurnAnswer(turn, "primary:fake:m", "high", 1, 0.001)
+    return ask
+
+
+def make_record(world: World, durable: list[Any]) -> Any:
+    async def record(index: int, entry: dict[str, Any]) -> None:
+        world.maybe_crash()  # dies before the entry is durable
+        assert index == len(durable), "entries are journaled in order, one index each"
+        durable.append(json.loads(json.dumps(entry)))  # what the changelog keeps: JSON
+        world.maybe_crash()  # dies after it is durable, before the loop goes on
+    return record
+
+
+TASK = TaskPayload(task_id="t-1", agent_name="support", instruction="Refund order o-1")
+
+
+async def run_to_end(world: World, agent: Agent = SUPPORT, max_restarts: int = 50, **kw: Any) -> tuple[Any, list]:
+    """Run the loop; on a crash start a new one on what is durable (as a new worker would)."""
+    durable: list[Any] = []
+    for _ in range(max_restarts):
+        loop = Loop(agent, TASK, list(durable), ask=make_ask(world, kw.get("model", support_model)),
+                    record=make_record(world, durable), backoff_base_s=0.001, backoff_cap_s=0.002)
+        try:
+            return await loop.run(), durable
+        except BaseException as exc:  # a crash, possibly inside the tools' task group
+            crashes = exc.exceptions if isinstance(exc, BaseExceptionGroup) else [exc]
+            # a sibling call that finishes after the crash meets the broken journal and stops too
+            assert all(isinstance(c, Crash | JournalBroken) for c in crashes), crashes
+            assert any(isinstance(c, Crash) for c in crashes), crashes
+    raise AssertionError("too many restarts")
+
+
+def shape(entries: list[Any]) -> list[Any]:
+    """The conversation a journal stands for, without the call ids (a re-asked model picks new ones)."""
+    conv = conversation(TASK, SUPPORT, "", entries)
+    out: list[Any] = []
+    for m in conv.messages:
+        if isinstance(m, AssistantTurn):
+            out.append(("assistant", m.text, [(c.name, c.arguments) for c in m.calls]))
+        elif isinstance(m, ToolResult):
+            out.append(("tool", m.name, m.content, m.error))
+        else:
+            out.append(("user", m.text))
+    return out
+
+
+async def test_a_crash_free_run_calls_the_tools_in_order_and_answers() -> None:
+    global WORLD
+    WORLD = World()
+    end, journal_ = await run_to_end(WORLD)
+    assert isinstance(end, Done) and end.output == "refunded: refund-0" and end.confidence == "high"
+    ops = [op for op, _ in WORLD.service.effects.values()]
+    assert sorted(ops) == ["notify", "refund"]
+    assert WORLD.asks == {0: 1, 1: 1, 2: 1, 3: 1}
+    summary = transcript(journal_)
+    assert [t["tool_calls"] for t in summary["turns"]] == [["lookup_order"], ["refund"], ["notify", "lookup_order"], []]
+    assert len(summary["tool_calls"]) == 4 and not any(c["error"] for c in summary["tool_calls"])
+    key = next(k for k, (op, _) in WORLD.service.effects.items() if op == "refund")
+    assert key.startswith("t-1:1:c"), "the key is <task_id>:<turn>:<call_id>"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.sets(st.integers(min_value=1, max_value=40), max_size=6))
+def test_crashes_anywhere_repeat_no_side_effect_and_end_as_a_crash_free_run(crash_at: set[int]) -> None:
+    """Random crash points (after the model answered, after a refund took effect, before and after an entry is
+    durable): every key has one effect, each operation ran under one key, a journaled turn is never asked again,
+    and the final transcript is the crash-free one."""
+    global WORLD
+    WORLD = World()
+    baseline, base_journal = asyncio.run(run_to_end(WORLD))
+    WORLD = World(crash_at=set(crash_at))
+    end, journal_ = asyncio.run(run_to_end(WORLD))
+    assert end == baseline
+    assert shape(journal_) == shape(base_journal)
+    ops = sorted(op for op, _ in WORLD.service.effects.values())
+    assert ops == ["notify", "refund"], f"one effect per operation, whatever crashed: {WORLD.service.effects}"
+    refund_keys = {k for k in WORLD.service.requests if k in WORLD.service.effects
+                   and WORLD.service.effects[k][0] == "refund"}
+    assert len(refund_keys) == 1, "a repeated refund call carries the key of the first"
+    crashes = len(crash_at & set(range(1, WORLD.chances + 1)))
+    assert sum(WORLD.asks.values()) <= 4 + crashes, "only a turn lost in a crash is asked again"
+
+
+async def test_a_resumed_loop_asks_no_journaled_turn_and_runs_no_journaled_call() -> None:
+    global WORLD
+    WORLD = World()
+    _, journal_ = await run_to_end(WORLD)
+    WORLD = World()
+    durable = journal_[:4]  # turn 0, lookup, turn 1, the refund's result: the next action is turn 2
+    loop = Loop(SUPPORT, TASK, list(durable), ask=make_ask(WORLD), record=make_record(WORLD, durable))
+    end = await loop.run()
+    assert isinstance(end, Done)
+    assert set(WORLD.asks) == {2, 3}, "turns 0 and 1 come from the journal"
+    assert [op for op, _ in WORLD.service.effects.values()] == ["notify"], "the journaled refund does not run again"
+
+
+async def test_a_call_interrupted_mid_flight_runs_again_with_the_same_key() -> None:
+    """A crash right after the refund took effect (before its result is journaled): the refund is requested
+    again with the same key and has no second effect."""
+    global WORLD
+    WORLD = World()
+    await run_to_end(WORLD)
+    refund_key = next(k for k, (op, _) in WORLD.service.effects.items() if op == "refund")
+    refund_chance = 1 + sum(1 for _ in WORLD.service.requests[: WORLD.service.requests.index(refund_key)])
+    # the opportunities before the refund's: 3 per journaled entry and 1 per ask; count them on a spy run
+    spy = World()
+    seen: list[int] = []
+
+    def count() -> None:
+        spy.chances += 1
+        if any(op == "refund" for op, _ in spy.service.effects.values()) and not seen:
+            seen.append(spy.chances)
+    spy.maybe_crash = count  # type: ignore[method-assign]
+    WORLD = spy
+    await run_to_end(spy)
+    assert seen and refund_chance >= 1
+    WORLD = World(crash_at={seen[0]})
+    end, _ = await run_to_end(WORLD)
+    assert isinstance(end, Done)
+    refunds = [k for k in WORLD.service.requests if WORLD.service.effects.get(k, ("",))[0] == "refund"]
+    assert len(refunds) == 2 and len(set(refunds)) == 1, f"asked twice, one key: {refunds}"
+
+
+def scripted(*turns: Turn) -> Any:
+    queue = list(turns)
+
+    def model(conv: Conversation) -> Turn:
+        return queue.pop(0)
+    return model
+
+
+def t(text: str = "", *calls: ToolCall) -> Turn:
+    return Turn(text, calls, Usage(1, 1), "fake", "m")
+
+
+async def test_tool_errors_and_invalid_arguments_go_back_to_the_model() -> None:
+    global WORLD
+    WORLD = World()
+    model = scripted(
+        t("", ToolCall("a", "refund", {"order_id": "o-1"}),  # amount missing
+          ToolCall("b", "nope", {}), ToolCall("c", "refund", {}, error="arguments are not valid JSON: x")),
+        t("gave up"),
+    )
+    end, journal_ = await run_to_end(WORLD, model=model)
+    assert isinstance(end, Done) and end.output == "gave up"
+    results = {e["id"]: e for e in journal_ if e["kind"] == "tool"}
+    assert results["a"]["error"] and "amount" in results["a"]["content"] and "Field required" in results["a"]["content"]
+    assert results["b"]["error"] and "no tool 'nope'" in results["b"]["content"]
+    assert results["c"]["error"] and "not valid JSON" in results["c"]["content"]
+    assert not WORLD.service.effects, "no call with bad arguments ran"
+
+
+async def test_more_tool_errors_than_allowed_fail_the_task() -> None:
+    agent = Agent("a", "x", tools=[refund], max_tool_errors=1)
+    model = scripted(t("", ToolCall("a", "refund", {})), t("", ToolCall("b", "refund", {})), t("never"))
+    end, _ = await run_to_end(World(), agent=agent, model=model)
+    assert isinstance(end, Failed) and end.reason.startswith("tool_errors")
+
+
+@tool(retries=2, timeout_s=5)
+async def flaky(ctx: ToolContext) -> str:
+    """Fails with a transient error on the first two attempts."""
+    if ctx.attempt <= 2:
+        raise TransientError("503 from the carrier")
+    return f"ok after {ctx.attempt} with {ctx.key}"
+
+
+@tool(retries=1)
+async def down(ctx: ToolContext) -> str:
+    """Always transiently down."""
+    raise TransientError("connection refused")
+
+
+@tool
+async def broken(ctx: ToolContext) -> str:
+    """Refuses, fatally."""
+    raise FatalToolError("the account is closed")
+
+
+@tool
+async def complains(ctx: ToolContext) -> str:
+    """Tells the model something went wrong."""
+    raise ToolError("order o-9 does not exist")
+
+
+async def test_transient_tool_errors_retry_with_one_key_and_then_tell_the_model() -> None:
+    agent = Agent("a", "x", tools=[flaky, down, complains])
+    model = scripted(t("", ToolCall("f", "flaky", {}), ToolCall("d", "down", {}), ToolCall("c", "complains", {})),
+                     t("done"))
+    end, journal_ = await run_to_end(World(), agent=agent, model=model)
+    results = {e["id"]: e for e in journal_ if e["kind"] == "tool"}
+    assert results["f"] == {**results["f"], "error": False, "attempts": 3, "content": "ok after 3 with t-1:0:f"}
+    assert results["d"]["error"] and results["d"]["attempts"] == 2 and "unavailable" in results["d"]["content"]
+    assert results["c"]["error"] and results["c"]["content"] == "order o-9 does not exist"
+    assert isinstance(end, Done)
+
+
+async def test_a_fatal_tool_error_ends_the_task_without_another_turn() -> None:
+    world = World()
+    agent = Agent("a", "x", tools=[broken])
+    end, _ = await run_to_end(world, agent=agent, model=scripted(t("", ToolCall("x", "broken", {}))))
+    assert isinstance(end, Failed) and end.reason.startswith("tool_failed") and "account is closed" in end.error
+    assert world.asks == {0: 1}
+
+
+async def test_max_turns_and_max_tool_calls_end_the_loop() -> None:
+    endless = Agent("a", "x", tools=[lookup_order], max_turns=3)
+
+    def model(conv: Conversation) -> Turn:
+        return t("", ToolCall(f"c{turns_in(conv)}", "lookup_order", {"order_id": "o"}))
+    end, _ = await run_to_end(World(), agent=endless, model=model)
+    assert isinstance(end, Failed) and end.reason.startswith("max_turns")
+    greedy = Agent("a", "x", tools=[lookup_order], max_tool_calls=2)
+    many = tuple(ToolCall(f"c{i}", "lookup_order", {"order_id": "o"}) for i in range(3))
+    end, journal_ = await run_to_end(World(), agent=greedy, model=scripted(t("", *many)))
+    assert isinstance(end, Failed) and end.reason.startswith("max_tool_calls")
+    assert not [e for e in journal_ if e["kind"] == "tool"], "no call of a turn over the limit runs"
+
+
+@tool
+async def huge(ctx: ToolContext) -> str:
+    """Returns 2 MB."""
+    return "x" * 2_000_000
+
+
+async def test_a_huge_tool_result_fails_the_task_or_is_truncated_as_configured() -> None:
+    failing = Agent("a", "x", tools=[huge])
+    end, journal_ = await run_to_end(World(), agent=failing, model=scripted(t("", ToolCall("h", "huge", {}))))
+    assert isinstance(end, Failed) and end.reason.startswith("journal_too_large")
+    assert [e["kind"] for e in journal_] == ["turn"], "the result that does not fit is not journaled"
+    cutting = Agent("a", "x", tools=[huge], on_large_result="truncate", tool_result_max_bytes=1000)
+    end, journal_ = await run_to_end(World(), agent=cutting,
+                                     model=scripted(t("", ToolCall("h", "huge", {})), t("fine")))
+    assert isinstance(end, Done)
+    kept = next(e for e in journal_ if e["kind"] == "tool")["content"]
+    assert kept.startswith("x" * 1000) and kept.endswith("[truncated: 1000 of 2000000 bytes kept]")
+
+
+async def test_a_journal_that_would_not_fit_the_record_ends_the_task() -> None:
+    durable: list[Any] = []
+    loop = Loop(SUPPORT, TASK, [], ask=make_ask(World()), record=make_record(World(), durable),
+                journal_fits=lambda entries: len(entries) < 3)
+    end = await loop.run()
+    assert isinstance(end, Failed) and end.reason.startswith("journal_too_large") and len(durable) == 2
+
+
+class Refund(BaseModel):
+    refunded: bool
+    amount: float
+
+
+async def test_an_off_format_final_answer_is_corrected_within_format_retries() -> None:
+    agent = Agent("a", "x", output_model=Refund, format_retries=1)
+    spec = OutputSpec.from_model(Refund)
+    good = scripted(t("refunded it"), t('{"refunded": true, "amount": 42.5}'))
+    durable: list[Any] = []
+    loop = Loop(agent, TASK, durable, ask=make_ask(World(), good), record=make_record(World(), []), spec=spec)
+    end = await loop.run()
+    assert end == Done({"refunded": True, "amount": 42.5}, "high", "primary:fake:m")
+    notes = [e for e in durable if e["kind"] == "note"]
+    assert len(notes) == 1 and "rejected" in notes[0]["text"]
+    assert isinstance(conversation(TASK, agent, "", durable).messages[2], UserText), "the model is told why"
+    bad = scripted(t("no"), t("still no"))
+    loop = Loop(agent, TASK, [], ask=make_ask(World(), bad), record=make_record(World(), []), spec=spec)
+    end = await loop.run()
+    assert isinstance(end, Failed) and end.reason.startswith("invalid_output")
+
+
+async def test_no_model_available_returns_unavailable_and_a_rejection_fails() -> None:
+    async def down_ask(conv: Conversation) -> Unavailable:
+        return Unavailable(123.0, "circuit open")
+    loop = Loop(SUPPORT, TASK, [], ask=down_ask, record=make_record(World(), []))
+    assert await loop.run() == Unavailable(123.0, "circuit open")
+
+    async def refused(conv: Conversation) -> Rejected:
+        return Rejected("permanent_error: 400", "bad request", "primary:x")
+    loop = Loop(SUPPORT, TASK, [], ask=refused, record=make_record(World(), []))
+    assert await loop.run() == Failed("permanent_error: 400", "bad request", "primary:x")
+
+
+async def test_the_calls_of_one_turn_run_concurrently_each_journaled_on_its_own() -> None:
+    started: list[str] = []
+    gate = asyncio.Event()
+
+    @tool
+    async def slow(ctx: ToolContext, name: str) -> str:
+        """Waits until both calls have started."""
+        started.append(name)
+        if len(started) == 2:
+            gate.set()
+        await asyncio.wait_for(gate.wait(), 2)
+        return name
+
+    agent = Agent("a", "x", tools=[slow])
+    model = scripted(t("", ToolCall("1", "slow", {"name": "one"}), ToolCall("2", "slow", {"name": "two"})), t("ok"))
+    end, journal_ = await run_to_end(World(), agent=agent, model=model)
+    assert isinstance(end, Done) and sorted(started) == ["one", "two"]
+    assert sorted(e["id"] for e in journal_ if e["kind"] == "tool") == ["1", "2"]
+
+
+def test_the_conversation_keeps_the_models_order_whatever_order_the_calls_finished_in() -> None:
+    entries = [
+        {"kind": "turn", "turn": 0, "text": "", "calls": [{"id": "a", "name": "x", "arguments": {}},
+                                                          {"id": "b", "name": "y", "arguments": {}}],
+         "source": "s", "confidence": "high", "provider_calls": 1, "usage": {}},
+        {"kind": "tool", "turn": 0, "id": "b", "name": "y", "content": "B", "error": False, "fatal": False,
+         "attempts": 1},
+        {"kind": "tool", "turn": 0, "id": "a", "name": "x", "content": "A", "error": False, "fatal": False,
+         "attempts": 1},
+    ]
+    conv = conversation(TASK, SUPPORT, "sys", entries)
+    assert [type(m).__name__ for m in conv.messages] == ["UserText", "AssistantTurn", "ToolResult", "ToolResult"]
+    assert [m.call_id for m in conv.messages if isinstance(m, ToolResult)] == ["a", "b"]
+    assert conv.messages[0].text.startswith("[task_id=t-1]\n")  # type: ignore[union-attr]
+    assert {s.name for s in conv.tools} == {"lookup_order", "refund", "notify"}
+
+
+@pytest.mark.parametrize("dup", [True, False])
+async def test_calls_without_or_with_repeated_ids_get_ids_of_their_own(dup: bool) -> None:
+    calls = (ToolCall("same" if dup else "", "lookup_order", {"order_id": "1"}),
+             ToolCall("same" if dup else "", "lookup_order", {"order_id": "2"}))
+    end, journal_ = await run_to_end(World(), model=scripted(t("", *calls), t("ok")))
+    ids = [c["id"] for c in journal_[0]["calls"]]
+    assert len(set(ids)) == 2 and ids == (["same", "same_"] if dup else ["call_0_0", "call_0_1"])
+    assert isinstance(end, Done)
