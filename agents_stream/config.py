@@ -169,6 +169,9 @@ class AgentConfig(BaseModel):
     #: run every task of this agent as a saga:
     #: "package.module:NAME" of an agents_stream.execution.saga_definitions.SagaDefinition
     saga: str | None = None
+    #: run every task of this agent as a tool-calling loop:
+    #: "package.module:NAME" of an agents_stream.execution.agent_definitions.Agent
+    agent: str | None = None
     #: human approval before a task runs (tables/approvals.py)
     approval: ApprovalPolicy | None = None
 
@@ -207,6 +210,8 @@ class AppConfig(BaseModel):
                 raise ValueError(f"agent {agent.name!r}: router = \"classifier\" needs classifier = \"<provider>\"")
             if agent.output_schema is not None and agent.output_model is not None:
                 raise ValueError(f"agent {agent.name!r}: give output_schema or output_model, not both")
+            if agent.saga is not None and agent.agent is not None:
+                raise ValueError(f"agent {agent.name!r}: give saga or agent, not both")
         for provider in self.providers.values():
             try:
                 breaker = self.breaker_for(provider.name)

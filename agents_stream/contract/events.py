@@ -68,7 +68,7 @@ class _Versioned(InternalEvent):
 class TaskSucceeded(_Versioned):
     """A task's answer (``status`` "partial" is the explicit no-provider answer, with ``error``)."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"error", "cached_at"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"error", "cached_at", "transcript"})
 
     kind: Literal["succeeded"] = "succeeded"
     worker: str
@@ -83,11 +83,14 @@ class TaskSucceeded(_Versioned):
     partial: bool
     error: str | None = None  # only a partial answer says why
     cached_at: float | None = None  # only an answer from the last-good-answer cache
+    transcript: dict[str, Any] | None = None  # only an agent loop's: its turns and tool calls
 
 
 class TaskFailed(_Versioned):
     """A task no provider can answer (rejected, invalid output, compensated saga): it is dead-lettered.
     It has no status, output or confidence on the wire: the ledger's result says "failed" for all three."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"transcript"})
 
     kind: Literal["failed"] = "failed"
     worker: str
@@ -98,6 +101,7 @@ class TaskFailed(_Versioned):
     error: str
     reason: str
     source: str
+    transcript: dict[str, Any] | None = None  # only an agent loop's: its turns and tool calls
 
 
 class Heartbeat(_Versioned):

@@ -81,6 +81,12 @@ class TaskResult(BaseModel):
     job_id: str | None = None
     error: str | None = None
     completed_at: str = Field(default_factory=utcnow_iso)
+    #: an agent loop's turns and tool calls, with the usage of every model call (absent for other tasks)
+    transcript: dict[str, Any] | None = None
+
+    def to_json(self) -> str:
+        """The record's JSON: ``transcript`` only when there is one, so other results keep their bytes."""
+        return self.model_dump_json(exclude=None if self.transcript is not None else {"transcript"})
 
 
 class ControlEvent(BaseModel):

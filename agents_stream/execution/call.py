@@ -7,7 +7,8 @@ import logging
 import random
 import time
 from dataclasses import replace
-from typing import Any, Callable
+from functools import partial
+from typing import Any, Awaitable, Callable
 
 from agents_stream.config import CONFIDENCE_ORDER, AppConfig
 from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLarge, TransientError, classify
@@ -23,9 +24,10 @@ from agents_stream.execution.outputs import (
     with_format,
 )
 from agents_stream.execution.plan import AgentPlan, Tier
-from agents_stream.execution.run import Answer, Rejected, Run, Unavailable
+from agents_stream.execution.run import Answer, Rejected, Run, TurnAnswer, Unavailable
 from agents_stream.ops import metrics
 from agents_stream.providers.base import Completion, Prompt, Provider
+from agents_stream.providers.conversation import Conversation, Turn
 from agents_stream.resilience.backoff import backoff
 from agents_stream.resilience.circuits import Circuits, Permit
 from agents_stream.settings import Settings
@@ -71,21 +73,13 @@ class Caller:
             instruction=tag + with_format(instruction, spec), system=plan.config.system, context=context,
             max_tokens=max_tokens,
         )
-        retries = format_retries = 0
+        retries = [0]  # transient retries, counted across the format retries of this rung
+        format_retries = 0
         while True:
-            try:
-                permit = await self.circuits.acquire(provider.name)
-            except CircuitOpen as exc:
-                return Unavailable(exc.retry_at, str(exc))
-            completion = await self.call(run, provider, prompt, permit)
-            if isinstance(completion, BaseException):
-                verdict = self._given_up(task, tier, completion, retries + 1)
-                if verdict is not None:
-                    return verdict
-                retries += 1
-                await self._pause(task, provider, completion, retries)
-                continue
-            self._systemic.discard(provider.name)
+            completion = await self._answered(run, task, tier, partial(provider.complete, prompt), retries)
+            if not isinstance(completion, Completion):
+                assert not isinstance(completion, Turn)
+                return completion
             try:
                 output = await self._output(completion, tier, spec)
             except FormatError as exc:  # only a schema's check raises it: spec is set
@@ -164,8 +158,56 @@ class Caller:
         )
         await asyncio.sleep(delay)
 
+    async def converse_tier(
+        self, run: Run, tier: Tier, conversation: Conversation,
+    ) -> TurnAnswer | Unavailable | Rejected:
+        """One turn of an agent loop on one rung: transient errors retry with backoff, as ``call_tier``'s do."""
+        provider = tier.provider
+        calls, cost = run.calls, run.cost or 0.0
+        turn = await self._answered(run, run.task, tier, lambda: provider.converse(conversation), [0])
+        if not isinstance(turn, Turn):
+            assert not isinstance(turn, Completion)
+            return turn
+        size = len(turn.text.encode("utf-8"))
+        if size > self.settings.answer_max_bytes:
+            error = (f"result_too_large: {provider.name} answered {size} bytes > AGENTS_STREAM_ANSWER_MAX_BYTES "
+                     f"{self.settings.answer_max_bytes}")
+            return Rejected(error, error, f"{tier.role}:{provider.name}")
+        spent = None if run.cost is None else run.cost - cost
+        return TurnAnswer(turn, f"{tier.role}:{provider.name}:{turn.model}", tier.confidence, run.calls - calls, spent)
+
+    async def _answered(
+        self, run: Run, task: TaskPayload, tier: Tier, send: Callable[[], Awaitable[Completion | Turn]],
+        retries: list[int],
+    ) -> Completion | Turn | Unavailable | Rejected:
+        """Calls of ``send`` through the circuits until one answers; transient errors retry with backoff
+        (``retries`` counts them, across calls of this method for one rung)."""
+        provider = tier.provider
+        while True:
+            try:
+                permit = await self.circuits.acquire(provider.name)
+            except CircuitOpen as exc:
+                return Unavailable(exc.retry_at, str(exc))
+            answer = await self.admitted(run, provider, permit, send)
+            if not isinstance(answer, BaseException):
+                self._systemic.discard(provider.name)
+                return answer
+            verdict = self._given_up(task, tier, answer, retries[0] + 1)
+            if verdict is not None:
+                return verdict
+            retries[0] += 1
+            await self._pause(task, provider, answer, retries[0])
+
     async def call(self, run: Run, provider: Provider, prompt: Prompt, permit: Permit) -> Completion | BaseException:
         """One admitted call: its result goes back to the circuits and its usage onto the run."""
+        result = await self.admitted(run, provider, permit, lambda: provider.complete(prompt))
+        assert not isinstance(result, Turn)
+        return result
+
+    async def admitted(
+        self, run: Run, provider: Provider, permit: Permit, send: Callable[[], Awaitable[Completion | Turn]],
+    ) -> Completion | Turn | BaseException:
+        """One admitted call (``send``): its result goes back to the circuits and its usage onto the run."""
         run.calls += 1
         result, outcome = "failure", "failure"
         retry_after = None
@@ -174,7 +216,7 @@ class Caller:
         in_flight.inc()
         try:
             async with asyncio.timeout(provider.config.timeout_s + 5.0):  # no task per call, unlike wait_for
-                completion = await provider.complete(prompt)
+                completion = await send()
         except asyncio.CancelledError:
             result = outcome = "cancelled"
             raise
@@ -196,7 +238,7 @@ class Caller:
             metrics.provider_calls.labels(provider.name, outcome).inc()
             metrics.provider_latency.labels(provider.name).observe(time.monotonic() - started)
 
-    def _count_usage(self, run: Run, provider: Provider, completion: Completion) -> None:
+    def _count_usage(self, run: Run, provider: Provider, completion: Completion | Turn) -> None:
         used_in, used_out = completion.usage.input_tokens, completion.usage.output_tokens
         run.input_tokens += used_in
         run.output_tokens += used_out

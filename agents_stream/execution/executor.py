@@ -23,6 +23,7 @@ from agents_stream.config import AppConfig
 from agents_stream.contract.events import CachedAnswer, Heartbeat, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as run_outcome
+from agents_stream.execution.acting import AgentRunner
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.plan import AgentPlan
@@ -75,6 +76,7 @@ class Executor(Service):
         self.caller = Caller(settings, config, circuits, send_control, rng)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
+        self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, rng)
         self.prober = Prober(circuits, self._providers())
         self.runs: dict[str, Run] = {}  # task_id → its run, queued, running or held
         self._queue: asyncio.Queue[str] = asyncio.Queue()
@@ -236,6 +238,8 @@ class Executor(Service):
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
+        if plan.agent is not None:
+            return await self.agent_runner.run(run, plan, plan.agent)
         if not run.task.steps:
             return await self.ladder.answer(run, run.task)
         return await self.step_runner.run_steps(run)

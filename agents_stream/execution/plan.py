@@ -7,6 +7,7 @@ from typing import Callable
 
 from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
 from agents_stream.contract.models import Confidence
+from agents_stream.execution.agent_definitions import Agent, load_agent
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.saga_definitions import SagaDefinition, load_saga
 from agents_stream.providers.base import Provider
@@ -37,6 +38,7 @@ class AgentPlan:
     cache: bool  # may answer from the last good answer
     partial: bool  # may answer with the explicit partial result
     saga: SagaDefinition | None = None  # every task of the agent runs as this saga
+    agent: Agent | None = None  # every task of the agent runs as this tool-calling loop
 
     @classmethod
     def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
@@ -64,10 +66,12 @@ class AgentPlan:
             raise ValueError(f"agent {agent!r}: {exc}") from None
         try:
             saga = load_saga(cfg.saga) if cfg.saga else None
+            acting = load_agent(cfg.agent) if cfg.agent else None
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
         return cls(
             saga=saga,
+            agent=acting,
             config=cfg,
             tiers=tiers,
             light=light,

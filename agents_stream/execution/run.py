@@ -10,9 +10,11 @@ from typing import Any
 from agents_stream.contract.events import TaskFailed, TaskSucceeded, encode
 from agents_stream.contract.models import Confidence, TaskPayload, Usage
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
+from agents_stream.providers.conversation import Turn
 
 __all__ = [
-    "Answer", "Rejected", "Run", "Unavailable", "common", "partial", "rejected", "succeeded", "too_large", "within",
+    "Answer", "Rejected", "Run", "TurnAnswer", "Unavailable", "common", "partial", "rejected", "succeeded", "too_large",
+    "within",
 ]
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,17 @@ class Answer:
     output: Any
     confidence: Confidence
     source: str
+
+
+@dataclass(frozen=True)
+class TurnAnswer:
+    """One model turn of an agent loop and where it came from (``source`` its rung: "primary:openai:gpt-4o")."""
+
+    turn: Turn
+    source: str
+    confidence: Confidence
+    provider_calls: int
+    cost: float | None
 
 
 @dataclass

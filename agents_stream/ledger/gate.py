@@ -170,7 +170,7 @@ class ApprovalGate:
         return TaskResult(
             task_id=task_id, agent_name=record.agent, status="failed", output=None, confidence="failed",
             source="approval", attempts=0, job_id=payload.get("job_id"), error=error, completed_at=utcnow_iso(),
-        ).model_dump_json()
+        ).to_json()
 
     def notify(self, task_id: str, record: TaskRecord, level: int) -> None:
         """Tell the level's webhook (best effort: a lost notification still times out and escalates)."""

@@ -63,5 +63,6 @@ def result_json(
         job_id=payload.get("job_id"),
         error=event.error,
         completed_at=iso_utc(outcome_at) if outcome_at is not None and outcome_at > 0 else utcnow_iso(),
+        transcript=event.transcript,
     )
-    return result.model_dump_json()
+    return result.to_json()

@@ -1,0 +1,199 @@
+"""Agents that act, on the real broker: the support agent's tool-calling loop in worker processes, the fake LLM
+and the example services over HTTP; SIGKILLs after a refund and during one."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from agents_stream.contract import topics
+from agents_stream.examples.services import FakeServices
+from agents_stream.testing.fakellm import FakeLLM, call, hang, ok, tool_calls
+
+from .harness import encode, eventually, produce, results_for, task, unique
+
+SUPPORT = "agents_stream.examples.support:SUPPORT"
+APIS = ("openai", "anthropic", "gemini")
+
+
+def providers_toml(url: str, apis: tuple[str, ...] = APIS, *, prefix: str = "p") -> str:
+    out = []
+    for api in apis:
+        base = f"{url}/v1" if api == "openai" else url
+        out += [f"[providers.{prefix}_{api}]", f'kind = "{api}"', f'base_url = "{base}"', 'model = "fake-model"',
+                "timeout_s = 10", ""]
+    return "\n".join(out)
+
+
+def agent_toml(agent: str, providers: list[str]) -> str:
+    listed = ", ".join(f'"{p}"' for p in providers)
+    return f'[agents.{agent}]\nproviders = [{listed}]\nagent = "{SUPPORT}"\n'
+
+
+def support_script(order_id: str) -> list[Any]:
+    """Look up → label and refund (two calls in one turn) → notify → the answer."""
+    return [
+        tool_calls(call("lookup_order", {"order_id": order_id})),
+        tool_calls(call("create_label", {"order_id": order_id}),
+                   call("refund", {"order_id": order_id, "amount": 42.5})),
+        tool_calls(call("notify_customer", {"email": "customer@example.com", "text": "Refunded 42.50"})),
+        ok("Refunded 42.50 and sent a return label."),
+    ]
+
+
+def turn_of(request: Any) -> int:
+    """Which turn a model request asks for: the number of the model's own turns it carries."""
+    body = request.body or {}
+    if request.api == "gemini":
+        return sum(1 for c in body.get("contents", []) if c.get("role") == "model")
+    return sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
+
+
+def turns_asked(fake: FakeLLM, task_id: str) -> list[int]:
+    return [turn_of(r) for r in fake.requests if r.task_id == task_id]
+
+
+def order_task(agent: str) -> dict[str, Any]:
+    t = task(agent, instruction="The customer wants a refund for their order.")
+    t["context_data"] = {"order_id": unique("o")}
+    return t
+
+
+async def result_of(t: dict[str, Any], timeout: float = 90) -> dict[str, Any]:
+    return json.loads((await results_for({t["task_id"]}, timeout=timeout))[t["task_id"]][0].value)
+
+
+async def test_the_support_loop_calls_the_right_tools_in_order_in_each_wire_format(cluster_factory, fake_llm):
+    """The same scripted conversation through OpenAI, Anthropic and Gemini wire formats: each task calls lookup →
+    label + refund → notify with the model's arguments, answers once, and carries its transcript."""
+    async with FakeServices() as services:
+        agents = {api: unique(f"support_{api}") for api in APIS}
+        toml = providers_toml(fake_llm.url) + "\n".join(agent_toml(a, [f"p_{api}"]) for api, a in agents.items())
+        c = cluster_factory(list(agents.values()), None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
+        await c.started()
+        for api, agent in agents.items():
+            t = order_task(agent)
+            order_id = t["context_data"]["order_id"]
+            fake_llm.enqueue(*support_script(order_id))
+            await produce(topics.task_topic(agent), [encode(t)])
+            result = await result_of(t)
+            mine = [x for x in services.calls if x.key.startswith(t["task_id"] + ":")]
+            assert [x.operation for x in mine][:1] == ["orders.lookup"], api
+            assert sorted(x.operation for x in mine[1:3]) == ["carrier.label", "payment.refund"], api
+            assert [x.operation for x in mine[3:]] == ["mail.send"], api
+            refund = next(x for x in mine if x.operation == "payment.refund")
+            assert refund.key.startswith(f"{t['task_id']}:1:"), "the key is <task_id>:<turn>:<call_id>"
+            assert result["status"] == "succeeded" and result["output"] == "Refunded 42.50 and sent a return label."
+            assert result["confidence"] == "high" and result["source"].startswith(f"primary:p_{api}:")
+            summary = result["transcript"]
+            assert [tt["tool_calls"] for tt in summary["turns"]] == [
+                ["lookup_order"], ["create_label", "refund"], ["notify_customer"], []]
+            assert not any(x["error"] for x in summary["tool_calls"]) and result["usage"]["input_tokens"] > 0
+            assert turns_asked(fake_llm, t["task_id"]) == [0, 1, 2, 3], api
+            last = [r for r in fake_llm.requests if r.task_id == t["task_id"]][-1]
+            assert "Refunded 42.50" in json.dumps(last.body) and "mail.send" in json.dumps(last.body), (
+                "the last turn sees every tool result")
+            print(f"\nagents: {api}: {[x.operation for x in mine]} → {result['output']!r}")
+
+
+async def test_a_worker_killed_after_the_refund_resumes_without_a_second_refund(cluster_factory, fake_llm):
+    """SIGKILL after `refund` succeeded and its result was journaled, while the next model turn is in flight: the
+    restarted worker asks only that turn again (turns 0 and 1 are not requested again), the payment service saw one
+    refund, and the task finishes once."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
+        await c.started("a")
+        t = order_task(agent)
+        script = support_script(t["context_data"]["order_id"])
+        fake_llm.enqueue(script[0], script[1], hang(60))
+        await produce(topics.task_topic(agent), [encode(t)])
+        await eventually(lambda: 2 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 2 in flight")
+        assert services.executed("payment.refund"), "the refund took effect before the kill"
+        c.workers[0].kill()
+        fake_llm.enqueue(*script[2:])
+        await c.started("a")  # the same worker restarted: it takes the task over once the lease lapses
+        result = await result_of(t)
+        asked = turns_asked(fake_llm, t["task_id"])
+        refunds = [x for x in services.calls if x.operation == "payment.refund" and x.key.startswith(t["task_id"])]
+        print(f"\nagents: turns asked {asked}; refund calls {[(x.key, x.replay) for x in refunds]}")
+        assert result["status"] == "succeeded"
+        assert asked == [0, 1, 2, 2, 3], "only the turn in flight at the kill is asked again"
+        assert len(refunds) == 1 and len(services.executed("payment.refund")) == 1
+
+
+async def test_a_tool_call_cut_by_a_kill_runs_again_with_its_key_and_applies_once(cluster_factory, fake_llm):
+    """SIGKILL while `refund` is in flight (it took effect, its answer is slow): the restarted worker calls it again
+    with the same idempotency key; the service answers the replay and applies nothing twice."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("anthropic",)) + agent_toml(agent, ["p_anthropic"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
+        await c.started("a")
+        t = order_task(agent)
+        script = support_script(t["context_data"]["order_id"])
+        fake_llm.enqueue(*script)
+        services.delay("payment.refund", 30.0)
+        await produce(topics.task_topic(agent), [encode(t)])
+        await eventually(lambda: services.executed("payment.refund"), timeout=60, what="refund in flight")
+        c.workers[0].kill()
+        services.delay("payment.refund", 0)
+        await c.started("a")
+        result = await result_of(t)
+        refunds = [x for x in services.calls if x.operation == "payment.refund" and x.key.startswith(t["task_id"])]
+        assert result["status"] == "succeeded"
+        assert [x.replay for x in refunds] == [False, True] and len({x.key for x in refunds}) == 1, refunds
+        labels = [x for x in services.calls if x.operation == "carrier.label" and x.key.startswith(t["task_id"])]
+        assert len(labels) == 1, "the label, journaled before the kill, is not requested again"
+        assert turns_asked(fake_llm, t["task_id"]) == [0, 1, 2, 3], "no model turn is asked twice"
+
+
+async def test_the_alternate_carries_the_conversation_when_the_primary_goes_down(cluster_factory):
+    """The primary (OpenAI format) answers turns 0-2 and then fails every call: turn 3 is asked of the alternate
+    (Anthropic format) with the whole transcript translated; one result, confidence medium."""
+    async with FakeServices() as services, FakeLLM() as primary, FakeLLM() as alternate:
+        agent = unique("support")
+        toml = (providers_toml(primary.url, ("openai",), prefix="one") + providers_toml(alternate.url, ("anthropic",),
+                                                                                        prefix="two")
+                + agent_toml(agent, ["one_openai", "two_anthropic"]))
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_MAX_RETRIES="1")
+        await c.started()
+        t = order_task(agent)
+        script = support_script(t["context_data"]["order_id"])
+        primary.enqueue(*script[:3])
+        primary.default = None  # past the script: every call fails (500)
+        alternate.enqueue(script[3])
+        await produce(topics.task_topic(agent), [encode(t)])
+        result = await result_of(t)
+        assert result["status"] == "succeeded" and result["confidence"] == "medium"
+        assert result["source"].startswith("alternate:two_anthropic:")
+        carried = [r for r in alternate.requests if r.task_id == t["task_id"]]
+        assert len(carried) == 1 and turn_of(carried[0]) == 3
+        body = json.dumps(carried[0].body)
+        assert "tool_use" in body and "tool_result" in body and "payment.refund" in body
+        assert [x["source"].split(":")[0] for x in result["transcript"]["turns"]] == [
+            "primary", "primary", "primary", "alternate"]
+        assert len(services.executed("payment.refund")) == 1
+
+
+async def test_a_huge_tool_result_ends_its_task_and_the_partition_keeps_moving(cluster_factory, fake_llm):
+    """A tool answering 2 MB (more than the agent keeps): the task fails with journal_too_large and the next task
+    on the same agent is answered."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
+        await c.started()
+        big = order_task(agent)
+        services.pad_orders(2_000_000)
+        fake_llm.enqueue(tool_calls(call("lookup_order", {"order_id": big["context_data"]["order_id"]})))
+        nxt = order_task(agent)
+        fake_llm.enqueue(ok("nothing to do"))
+        await produce(topics.task_topic(agent), [encode(big)])
+        first = await result_of(big)
+        await produce(topics.task_topic(agent), [encode(nxt)])
+        second = await result_of(nxt)
+    assert first["status"] == "failed" and "journal_too_large" in first["error"], first["error"]
+    assert second["status"] == "succeeded" and second["output"] == "nothing to do"
