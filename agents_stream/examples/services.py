@@ -1,4 +1,5 @@
-"""Fake carrier, payment, mail and order services for the refund saga: real HTTP, idempotent by key, recording calls.
+"""Fake carrier, payment, mail and order services for the refund saga and the support agent: real HTTP, idempotent
+by key, recording calls.
 
     async with FakeServices() as services:
         services.fail("payment.refund", times=1)      # the next refund call answers 503
@@ -19,7 +20,7 @@ from typing import Any
 from aiohttp import web
 
 OPERATIONS = (
-    "carrier.label", "carrier.cancel_label", "payment.refund", "mail.send", "orders.update",
+    "carrier.label", "carrier.cancel_label", "payment.refund", "mail.send", "orders.update", "orders.lookup",
 )
 
 
@@ -39,6 +40,7 @@ class FakeServices:
         self._done: dict[tuple[str, str], dict[str, Any]] = {}
         self._failures: dict[str, int] = {}
         self._delays: dict[str, float] = {}
+        self._notes_bytes = 0  # orders.lookup answers carry this many bytes of notes (a huge tool output)
         self._wake = asyncio.Event()  # ends the delays in progress (delay(op, 0), stop)
         self._runner: web.AppRunner | None = None
 
@@ -57,6 +59,10 @@ class FakeServices:
         if not seconds:
             self._wake.set()
             self._wake = asyncio.Event()
+
+    def pad_orders(self, size: int) -> None:
+        """Orders looked up from now on carry ``size`` bytes of notes."""
+        self._notes_bytes = size
 
     def executed(self, operation: str) -> list[str]:
         """Keys whose call of ``operation`` had an effect, in order (a key twice here would be a double effect)."""
@@ -98,6 +104,9 @@ class FakeServices:
             self.calls.append(Call(operation, key, False, True, time.time()))
             return web.json_response({"error": f"{operation} is unavailable (scripted)"}, status=503)
         answer = {"operation": operation, "key": key, "id": f"{operation}-{len(self._done) + 1}", "request": body}
+        if operation == "orders.lookup":  # every order exists, delivered, for 42.50
+            answer["order"] = {"order_id": body.get("order_id"), "amount": 42.5, "email": "customer@example.com",
+                               "status": "delivered", "notes": "n" * self._notes_bytes}
         self._done[(operation, key)] = answer
         self.calls.append(Call(operation, key, False, False, time.time()))
         if self._delays.get(operation):
@@ -106,3 +115,24 @@ class FakeServices:
             except asyncio.TimeoutError:
                 pass
         return web.json_response(answer)
+
+
+async def serve(port: int) -> None:
+    """Run the services on ``port`` until SIGINT or SIGTERM (``python -m agents_stream.examples.services``)."""
+    import signal
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    async with FakeServices(port=port) as services:
+        print(f"example services on {services.url}: POST /<service>/<op> with an Idempotency-Key", flush=True)
+        await stop.wait()
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the fake carrier, payment, mail and order services")
+    parser.add_argument("--port", type=int, default=8090)
+    asyncio.run(serve(parser.parse_args().port))

@@ -1,0 +1,68 @@
+"""The support agent of seed 003, as a tool-calling loop: look the order up, create a return label, refund, notify.
+
+The model decides which tool to call next; every call goes to the services at
+``AGENTS_STREAM_REFUND_SERVICES`` (the fake ones of ``agents_stream.examples.services``
+for tests and demos) with the call's idempotency key, so a call repeated after a
+crash has no second effect. Configure an agent with
+``agent = "agents_stream.examples.support:SUPPORT"``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import aiohttp
+
+from agents_stream.contract.errors import TransientError
+from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.tools import ToolContext, ToolError, tool
+
+
+async def _call(operation: str, ctx: ToolContext, body: dict[str, Any]) -> Any:
+    base = os.environ.get("AGENTS_STREAM_REFUND_SERVICES", "http://127.0.0.1:8090").rstrip("/")
+    service, op = operation.split(".")
+    timeout = aiohttp.ClientTimeout(total=10)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        async with session.post(f"{base}/{service}/{op}", json=body, headers={"Idempotency-Key": ctx.key}) as resp:
+            data = await resp.json(content_type=None)
+            if resp.status >= 500 or resp.status == 429:
+                raise TransientError(f"{operation} answered {resp.status}")  # retried with the same key
+            if resp.status >= 400:
+                raise ToolError(f"{operation} refused: {data}")  # the model hears why
+            return data
+
+
+@tool
+async def lookup_order(ctx: ToolContext, order_id: str) -> Any:
+    """Look an order up: its amount, the customer's email and its delivery status."""
+    return (await _call("orders.lookup", ctx, {"order_id": order_id}))["order"]
+
+
+@tool
+async def create_label(ctx: ToolContext, order_id: str) -> Any:
+    """Create a return shipping label for an order."""
+    return await _call("carrier.label", ctx, {"order_id": order_id})
+
+
+@tool(timeout_s=15)
+async def refund(ctx: ToolContext, order_id: str, amount: float) -> Any:
+    """Refund ``amount`` of an order to the customer's card. Moves money: call it once per order."""
+    return await _call("payment.refund", ctx, {"order_id": order_id, "amount": amount})
+
+
+@tool
+async def notify_customer(ctx: ToolContext, email: str, text: str) -> Any:
+    """Write to the customer."""
+    return await _call("mail.send", ctx, {"email": email, "text": text})
+
+
+SUPPORT = Agent(
+    "support",
+    instructions=(
+        "You resolve customer support requests. Look the order up before you act; refund at most the order's "
+        "amount; tell the customer what you did. Answer with one sentence saying what was done."
+    ),
+    tools=[lookup_order, create_label, refund, notify_customer],
+    max_turns=8,
+)
