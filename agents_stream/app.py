@@ -34,7 +34,7 @@ from agents_stream.contract.events import (
     encode,
 )
 from agents_stream.execution.executor import Executor
-from agents_stream.execution.plan import AgentPlan
+from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
@@ -175,9 +175,10 @@ class Runtime(Service):
             return built[name]
 
         plans = {a: AgentPlan.build(config, a, provider) for a in agents}
+        circuits_config, tools = with_tool_circuits(config, plans)  # a tool's breaker is a circuit too
         self.circuits = Circuits(
-            config,
-            list(built),
+            circuits_config,
+            [*built, *tools],
             self.worker_id,
             send=lambda key, value: self.circuits_topic.send_soon(key=key, value=value),
             on_transition=self._on_breaker_transition,

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig
+from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig, ProviderConfig
 from agents_stream.contract.models import Confidence
 from agents_stream.execution.agent_definitions import Agent, load_agent
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.saga_definitions import SagaDefinition, load_saga
 from agents_stream.providers.base import Provider
 
-__all__ = ["AgentPlan", "Tier", "at_least"]
+__all__ = ["AgentPlan", "Tier", "at_least", "with_tool_circuits"]
 
 
 @dataclass(frozen=True)
@@ -69,6 +69,10 @@ class AgentPlan:
             acting = load_agent(cfg.agent) if cfg.agent else None
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
+        gated = [t.name for t in acting.tools if t.approval] if acting else []
+        if gated and cfg.approval is None:
+            raise ValueError(f"agent {agent!r}: tools {gated} ask for approval; give the agent approval levels "
+                             f"([agents.{agent}.approval] with [[agents.{agent}.approval.levels]])")
         return cls(
             saga=saga,
             agent=acting,
@@ -84,3 +88,21 @@ class AgentPlan:
 def at_least(confidence: str, lowest: str) -> bool:
     """Whether ``confidence`` is as good as ``lowest`` or better (high > medium > low > failed)."""
     return CONFIDENCE_ORDER.index(confidence) <= CONFIDENCE_ORDER.index(lowest)
+
+
+def with_tool_circuits(config: AppConfig, plans: dict[str, AgentPlan]) -> tuple[AppConfig, list[str]]:
+    """``config`` with one entry per tool of the plans' agents among its providers, and the tools' circuit names:
+    a tool's breaker and concurrency limit live in the circuits log beside the providers', shared by all workers."""
+    tools = {t.circuit: t for plan in plans.values() if plan.agent for t in plan.agent.tools}
+    if not tools:
+        return config, []
+    extra = {}
+    for name, t in tools.items():
+        breaker = dict(t.breaker)
+        # a probe's place is freed after probe_timeout_s: longer than every attempt of one call can take
+        breaker.setdefault("probe_timeout_s", max(60.0, t.timeout_s * (t.retries + 1) + 10))
+        extra[name] = ProviderConfig(
+            name=name, kind="local", base_url=name, model=t.name, timeout_s=t.timeout_s,
+            max_concurrency=t.max_concurrency, breaker=breaker,
+        )
+    return config.model_copy(update={"providers": {**config.providers, **extra}}), list(tools)

@@ -21,7 +21,7 @@ import inspect
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
@@ -69,6 +69,33 @@ class Tool:
     timeout_s: float = 30.0
     #: attempts after the first on a transient error (TransientError, a timeout, a connection error)
     retries: int = 2
+    #: calls in flight at once, cluster-wide (split among live workers, as a provider's); None: no limit
+    max_concurrency: int | None = None
+    #: overrides of the config's ``[breaker]`` defaults for this tool's breaker (shared by all workers)
+    breaker: tuple[tuple[str, Any], ...] = ()
+    #: a human approves a call first when this says why (given the validated arguments); True: every call
+    approval: Callable[[Any], str | None] | bool | None = None
+    #: a rejected call: "tell_model" (it reads "rejected by <who>: <comment>" and goes on) or "fail" (the task fails)
+    on_reject: str = "tell_model"
+
+    def needs_approval(self, arguments: dict[str, Any]) -> str | None:
+        """Why this call waits for a human, or None (arguments that do not validate never reach a human)."""
+        if not self.approval:
+            return None
+        try:
+            parsed = self.validate(arguments)
+        except ToolError:
+            return None
+        if self.approval is True:
+            return f"tool {self.name}: every call is approved first"
+        assert callable(self.approval)
+        why = self.approval(parsed)
+        return f"tool {self.name}: {why}" if why else None
+
+    @property
+    def circuit(self) -> str:
+        """The name of this tool's breaker: the function's import path, so two tools of one name stay apart."""
+        return f"tool:{getattr(self.fn, '__module__', '?')}.{getattr(self.fn, '__qualname__', self.name)}"
 
     @property
     def spec(self) -> ToolSpec:
@@ -97,9 +124,12 @@ class Tool:
 
 def tool(
     fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
-    timeout_s: float = 30.0, retries: int = 2,
+    timeout_s: float = 30.0, retries: int = 2, max_concurrency: int | None = None,
+    breaker: dict[str, Any] | None = None, approval: Callable[[Any], str | None] | bool | None = None,
+    on_reject: str = "tell_model",
 ) -> Any:
-    """Make ``fn`` a Tool: ``@tool`` or ``@tool(timeout_s=..., retries=...)``.
+    """Make ``fn`` a Tool: ``@tool`` or ``@tool(timeout_s=..., retries=..., max_concurrency=..., breaker={...},
+    approval=lambda args: "why" or None, on_reject="tell_model" | "fail")``.
 
     Its parameters (after an optional first ``ctx: ToolContext``) become the
     arguments' JSON Schema; every one needs a type hint. The docstring's first
@@ -107,7 +137,13 @@ def tool(
     """
 
     def make(f: Callable[..., Any]) -> Tool:
-        return _build(f, name or f.__name__, description, timeout_s, retries)
+        made = _build(f, name or f.__name__, description, timeout_s, retries)
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"tool {made.name!r}: max_concurrency must be >= 1")
+        if on_reject not in ("tell_model", "fail"):
+            raise ValueError(f"tool {made.name!r}: on_reject must be 'tell_model' or 'fail'")
+        return replace(made, max_concurrency=max_concurrency, breaker=tuple(sorted((breaker or {}).items())),
+                       approval=approval, on_reject=on_reject)
 
     return make(fn) if fn is not None else make
 

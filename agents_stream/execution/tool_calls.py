@@ -1,0 +1,125 @@
+"""One tool call of an agent loop: its arguments checked, its breaker asked, its retries, the entry the model reads.
+
+Every call goes through the tool's breaker in the shared circuits (``tool:<module>.<function>``, one per tool for
+all workers, like a provider's): an open breaker answers the model at once that the tool is unavailable, without a
+call. A call that answers (a result, a ToolError, a FatalToolError) counts as a success for the breaker; a timeout,
+a lost connection, a TransientError or an unexpected exception as a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from typing import Any, Protocol
+
+import aiohttp
+
+from agents_stream.contract.errors import CircuitOpen, TransientError
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, deadline, result_text
+from agents_stream.resilience.backoff import backoff
+from agents_stream.resilience.circuit import Permit
+from agents_stream.tables import journal
+
+__all__ = ["Admission", "ToolCaller"]
+
+log = logging.getLogger(__name__)
+
+#: how a tool failure that is worth retrying looks (the tool's own TransientError, a timeout, a lost connection)
+_TRANSIENT = (TransientError, TimeoutError, ConnectionError, aiohttp.ClientConnectionError)
+
+
+class Admission(Protocol):
+    """What a tool call asks before it runs and reports after (``resilience.circuits.Circuits`` is one)."""
+
+    async def acquire(self, provider: str) -> Permit: ...
+
+    def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None: ...
+
+
+class ToolCaller:
+    """Runs the tool calls of one task's loop."""
+
+    def __init__(
+        self, agent: Agent, task: TaskPayload, *, circuits: Admission | None, backoff_base_s: float,
+        backoff_cap_s: float, rng: random.Random,
+    ) -> None:
+        self.agent = agent
+        self.task = task
+        self._circuits = circuits
+        self._backoff = (backoff_base_s, backoff_cap_s)
+        self._rng = rng
+
+    async def call(self, turn: int, call: dict[str, Any], decision: dict[str, Any] | None = None) -> dict[str, Any]:
+        """One tool call to its journal entry: the result, or the error the model is told of (``decision``: a
+        human's on this call; a rejected call does not run)."""
+        entry = {"kind": "tool", "turn": turn, "id": call["id"], "name": call["name"], "error": True,
+                 "fatal": False, "attempts": 0}
+        tool = self.agent.by_name.get(call["name"])
+        if tool is None:
+            known = ", ".join(self.agent.by_name) or "none"
+            return {**entry, "content": f"there is no tool {call['name']!r}; the tools are: {known}"}
+        if call.get("error"):
+            return {**entry, "content": f"invalid arguments for {tool.name}: {call['error']}"}
+        try:
+            arguments = tool.validate(call["arguments"])
+        except ToolError as exc:
+            return {**entry, "content": str(exc)}
+        if decision is not None and decision["decision"] != "approve":
+            said = f": {decision['comment']}" if decision.get("comment") else ""
+            return {**entry, "fatal": tool.on_reject == "fail", "content": f"rejected by {decision['by']}{said}"}
+        key = journal.call_key(self.task.task_id, turn, call["id"])
+        attempt = 1
+        while True:
+            ctx = ToolContext(
+                task=self.task, turn=turn, call_id=call["id"], key=key, attempt=attempt,
+                deadline=deadline(tool.timeout_s),
+                log=logging.LoggerAdapter(log, {"task_id": self.task.task_id, "tool": tool.name}),
+            )
+            done = await self._attempt(tool, ctx, arguments, entry)
+            if done is not None:
+                return done
+            base, cap = self._backoff
+            await asyncio.sleep(backoff(attempt, base=base, cap=cap, rng=self._rng))
+            attempt += 1
+
+    async def _attempt(self, tool: Tool, ctx: ToolContext, arguments: Any, entry: dict[str, Any]) -> dict | None:
+        """One attempt through the tool's breaker: its entry, or None when it is worth another attempt."""
+        attempt = ctx.attempt
+        permit = None
+        if self._circuits is not None:
+            try:
+                permit = await self._circuits.acquire(tool.circuit)
+            except CircuitOpen as exc:
+                return {**entry, "attempts": attempt - 1,
+                        "content": f"{tool.name} is unavailable now (its breaker is open: {exc}); it was not called"}
+        verdict = "failure"
+        try:
+            value = await tool.invoke(ctx, arguments)
+            verdict = "success"
+            return {**entry, "attempts": attempt, "error": False, "content": result_text(value)}
+        except ToolError as exc:
+            verdict = "success"  # the tool answered: the call, not the tool, is at fault
+            return {**entry, "attempts": attempt, "content": str(exc)}
+        except FatalToolError as exc:
+            verdict = "success"
+            return {**entry, "attempts": attempt, "fatal": True, "content": str(exc)}
+        except asyncio.CancelledError:
+            verdict = "neutral"
+            raise
+        except _TRANSIENT as exc:
+            why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if attempt <= tool.retries:
+                return None
+            log.warning("Task %s: tool %s failed %d times (%s); the model is told", self.task.task_id, tool.name,
+                        attempt, why)
+            return {**entry, "attempts": attempt,
+                    "content": f"{tool.name} is unavailable (failed {attempt} times, last: {why})"}
+        except Exception as exc:  # the tool's own bug or refusal: the model hears of it, the loop goes on
+            log.warning("Task %s: tool %s raised %r; the model is told", self.task.task_id, tool.name, exc)
+            return {**entry, "attempts": attempt, "content": f"{tool.name} failed: {type(exc).__name__}: {exc}"}
+        finally:
+            if permit is not None and self._circuits is not None:
+                self._circuits.release(permit, verdict)

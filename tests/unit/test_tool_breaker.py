@@ -1,0 +1,81 @@
+"""A tool's breaker, shared by all workers through the circuits log: a tool failing every call is called a bounded
+number of times, and then the model is told it is unavailable without a call."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+from agents_stream.config import AppConfig
+from agents_stream.contract.errors import TransientError
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.agent_loop import Done, Loop
+from agents_stream.execution.plan import with_tool_circuits
+from agents_stream.execution.run import TurnAnswer
+from agents_stream.execution.tools import ToolContext, tool
+from agents_stream.providers.base import Usage
+from agents_stream.providers.conversation import Conversation, ToolCall, ToolResult, Turn
+from agents_stream.resilience.circuits import Circuits
+from agents_stream.testing.circuits_log import MemoryCircuitsLog
+
+CALLS: list[str] = []
+
+
+@tool(retries=1, breaker={"failure_threshold": 3, "open_timeout_s": 600})
+async def carrier(ctx: ToolContext) -> str:
+    """The carrier, down."""
+    CALLS.append(ctx.key)
+    raise TransientError("carrier: 503")
+
+
+AGENT = Agent("a", "x", tools=[carrier], max_turns=30, max_tool_calls=30, max_tool_errors=30)
+BASE = AppConfig.model_validate({"providers": {"local": {"kind": "local"}}, "agents": {"a": {"providers": ["local"]}}})
+
+
+def model(calls: int) -> Any:
+    """Calls the carrier once a turn for ``calls`` turns, then answers with what the last result said."""
+    async def ask(conv: Conversation) -> TurnAnswer:
+        results = [m for m in conv.messages if isinstance(m, ToolResult)]
+        if len(results) >= calls:
+            return TurnAnswer(Turn(results[-1].content, (), Usage(), "f", "m"), "primary:f:m", "high", 1, None)
+        turn = Turn("", (ToolCall(f"c{len(results)}", "carrier", {}),), Usage(), "f", "m")
+        return TurnAnswer(turn, "primary:f:m", "high", 1, None)
+    return ask
+
+
+async def record(index: int, entry: dict[str, Any]) -> None:
+    return None
+
+
+async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> None:
+    config, names = with_tool_circuits(BASE, {"a": SimpleNamespace(agent=AGENT)})  # type: ignore[dict-item]
+    assert names == [carrier.circuit] and carrier.circuit.endswith("test_tool_breaker.carrier")
+    log = MemoryCircuitsLog()
+    workers = []
+    for i in range(2):
+        c = Circuits(config, ["local", *names], f"w{i}", send=log.send, on_transition=lambda *t: None,
+                     on_change=lambda: None, app_id="app")
+        log.attach(c)
+        workers.append(c)
+    CALLS.clear()
+    events: list[tuple[str, dict]] = []
+    task = TaskPayload(task_id="t-1", agent_name="a", instruction="ship it")
+    first = Loop(AGENT, task, [], ask=model(10), record=record, circuits=workers[0], backoff_base_s=0.001,
+                 backoff_cap_s=0.002, on_event=lambda e, d: events.append((e, d)))
+    end = await asyncio.wait_for(first.run(), 10)
+    print(f"\ntool breaker: 10 turns asked for the failing tool; it was called {len(CALLS)} times")
+    assert isinstance(end, Done) and "breaker is open" in str(end.output) and "not called" in str(end.output)
+    assert len(CALLS) <= 4, f"the breaker bounds the calls (threshold 3, 1 retry): {len(CALLS)}"
+    assert workers[1].state(carrier.circuit) == "open", "the other worker folded the opening from the log"
+    before = len(CALLS)
+    second = Loop(AGENT, TaskPayload(task_id="t-2", agent_name="a", instruction="ship it"), [], ask=model(2),
+                  record=record, circuits=workers[1])
+    end = await asyncio.wait_for(second.run(), 10)
+    assert isinstance(end, Done) and "breaker is open" in str(end.output)
+    assert len(CALLS) == before, "a worker that never called the tool does not call it while its breaker is open"
+    kinds = [e for e, _ in events]
+    assert kinds.count("agent.turn") == 11 and kinds.count("agent.tool_call") == 10
+    assert events[1] == ("agent.tool_call", {"turn": 0, "call_id": "c0", "tool": "carrier", "error": True,
+                                             "attempts": 2})
