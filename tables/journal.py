@@ -16,6 +16,8 @@ Entries (dicts, so they are stored and shipped as they are):
     {"kind": "tool", "turn": 0, "id": "call_1", "name": "refund", "content": "...", "error": false,
      "fatal": false, "attempts": 1}
     {"kind": "note", "turn": 1, "text": "..."}     (a correction the loop told the model: an off-format answer)
+    {"kind": "decision", "turn": 1, "id": "call_2", "decision": "approve", "by": "alice", "comment": ""}
+                                                   (a human's decision on a parked call, appended by the ledger)
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class Limits:
     max_tool_errors: int
     #: corrections of a final answer that did not match the output model
     format_retries: int
+    #: tokens (input and output) and USD the task's turns may use; None: no bound
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
 
 
 @dataclass
@@ -47,6 +52,8 @@ class LoopState:
     results: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
     #: turn → the notes told to the model after it
     notes: dict[int, list[str]] = field(default_factory=dict)
+    #: (turn, call id) → a human's decision on that call (written by the ledger when the decision came)
+    decisions: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
 
     @property
     def tool_calls(self) -> int:
@@ -102,6 +109,8 @@ def replay(entries: list[Any]) -> LoopState:
             state.results.setdefault((turn, entry["id"]), entry)
         elif kind == "note" and isinstance(turn, int):
             state.notes.setdefault(turn, []).append(entry["text"])
+        elif kind == "decision" and isinstance(turn, int):
+            state.decisions.setdefault((turn, entry["id"]), entry)
     return state
 
 
@@ -137,6 +146,12 @@ def next_action(state: LoopState, limits: Limits) -> Action:
 def _ask(state: LoopState, limits: Limits) -> Action:
     if len(state.turns) >= limits.max_turns:
         return Fail("max_turns", f"no final answer within max_turns {limits.max_turns}")
+    used = sum(t["usage"].get("input_tokens", 0) + t["usage"].get("output_tokens", 0) for t in state.turns)
+    if limits.max_tokens is not None and used >= limits.max_tokens:
+        return Fail("budget_exceeded", f"the task's turns used {used} tokens (max_tokens {limits.max_tokens})")
+    spent = sum(t["usage"].get("cost") or 0.0 for t in state.turns)
+    if limits.max_cost_usd is not None and spent >= limits.max_cost_usd:
+        return Fail("budget_exceeded", f"the task's turns cost {spent:.6f} USD (max_cost_usd {limits.max_cost_usd:g})")
     return AskModel(len(state.turns))
 
 

@@ -46,6 +46,9 @@ class Agent:
     tool_result_max_bytes: int = 65_536
     #: a larger one: "fail" ends the task (journal_too_large), "truncate" keeps its start with a marker
     on_large_result: Literal["fail", "truncate"] = "fail"
+    #: tokens (input and output, summed over the turns) and USD a task may use before it fails (budget_exceeded)
+    max_tokens: int | None = None
+    max_cost_usd: float | None = None
     by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -60,7 +63,8 @@ class Agent:
 
     @property
     def limits(self) -> Limits:
-        return Limits(self.max_turns, self.max_tool_calls, self.max_tool_errors, self.format_retries)
+        return Limits(self.max_turns, self.max_tool_calls, self.max_tool_errors, self.format_retries,
+                      self.max_tokens, self.max_cost_usd)
 
 
 def load_agent(path: str) -> Agent:

@@ -10,7 +10,7 @@ from typing import Any, Callable
 from agents_stream.ops.cli_common import AddParser, printable, printable_tree
 from agents_stream.settings import Settings
 
-__all__ = ["get_view", "no_worker", "register", "render_job", "show"]
+__all__ = ["get_view", "no_worker", "register", "render_job", "render_transcript", "show"]
 
 
 def register(add_parser: AddParser) -> None:
@@ -76,7 +76,31 @@ def _render_task(t: dict[str, Any]) -> str:
         lines.append(f"result: {r['status']}  confidence {r['confidence']}  source {r['source'] or '-'}"
                      + (f"  error {r['error']}" if r.get("error") else ""))
         lines.append(f"output: {json.dumps(r['output'])[:500]}")
+    progress = t.get("progress") or {}
+    if progress and not r:
+        lines.append(f"checkpointed: {progress['steps_done']} step(s) so far")
+    journal = (r or {}).get("transcript") or progress.get("transcript")
+    if journal:
+        lines += render_transcript(journal)
     return "\n".join(lines)
+
+
+def render_transcript(transcript: dict[str, Any]) -> list[str]:
+    """An agent loop's turns and tool calls as a timeline, one line each."""
+    calls: dict[int, list[dict[str, Any]]] = {}
+    for c in transcript.get("tool_calls", []):
+        calls.setdefault(c["turn"], []).append(c)
+    lines = ["timeline:"]
+    for turn in transcript.get("turns", []):
+        u = turn.get("usage") or {}
+        cost = f"  {u['cost']:.6f} USD" if u.get("cost") is not None else ""
+        asked = ", ".join(turn["tool_calls"]) or "final answer"
+        lines.append(f"  turn {turn['turn']:<3} {turn['source']}  {u.get('input_tokens', 0)} in / "
+                     f"{u.get('output_tokens', 0)} out{cost}  → {asked}")
+        for c in calls.get(turn["turn"], []):
+            tries = f"{c['attempts']} attempt{'s' if c['attempts'] != 1 else ''}"
+            lines.append(f"    {c['name']} ({c['id']})  {'error' if c['error'] else 'ok'}  {tries}")
+    return lines
 
 
 def render_job(j: dict[str, Any]) -> str:

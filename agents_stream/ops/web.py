@@ -23,6 +23,7 @@ from faust.web import Request, Response, View
 
 from agents_stream.contract import topics
 from agents_stream.contract.models import ApprovalDecision
+from agents_stream.execution.agent_loop import transcript
 from agents_stream.ops import access, metrics
 from agents_stream.ops.access import Refused, same_origin
 from agents_stream.ops.bodies import MAX_BODY, mutation_body
@@ -34,7 +35,7 @@ from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals
 from agents_stream.tables.definitions import Tables
-from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
+from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord, completed_steps
 
 if TYPE_CHECKING:
     from agents_stream.execution.executor import Executor
@@ -340,4 +341,9 @@ def _record_views(app: Any, runtime: Worker) -> None:
             "result": json.loads(record.result) if record.result else None,
             "approval": json.loads(record.approval) if record.approval else None,
         }
+        done = completed_steps(record)
+        if done:  # a running multi-step task or agent loop: what is checkpointed so far
+            body["progress"] = {"steps_done": len(done)}
+            if any(isinstance(e, dict) and e.get("kind") == "turn" for e in done):
+                body["progress"]["transcript"] = transcript(done)
         return self.json(body)

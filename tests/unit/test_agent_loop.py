@@ -20,6 +20,7 @@ from agents_stream.execution.agent_loop import Done, Failed, JournalBroken, Loop
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
 from agents_stream.execution.tools import FatalToolError, ToolContext, ToolError, tool
+from agents_stream.ops.cli_views import render_transcript
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import AssistantTurn, Conversation, ToolCall, ToolResult, Turn, UserText
 
@@ -442,3 +443,27 @@ async def test_calls_without_or_with_repeated_ids_get_ids_of_their_own(dup: bool
     ids = [c["id"] for c in journal_[0]["calls"]]
     assert len(set(ids)) == 2 and ids == (["same", "same_"] if dup else ["call_0_0", "call_0_1"])
     assert isinstance(end, Done)
+
+
+async def test_a_task_past_its_token_or_cost_budget_fails_before_the_next_turn() -> None:
+    """The scripted model uses 15, 25, 35 tokens on its turns (0.001 USD each): a budget of 40 tokens stops the loop
+    after two turns, one of 0.002 USD after two as well; nothing is asked past the budget."""
+    for agent in (Agent("a", "x", tools=SUPPORT.tools, max_tokens=40), Agent("a", "x", tools=SUPPORT.tools,
+                                                                              max_cost_usd=0.002)):
+        world = World()
+        global WORLD
+        WORLD = world
+        end, journal_ = await run_to_end(world, agent=agent)
+        assert isinstance(end, Failed) and end.reason.startswith("budget_exceeded"), end
+        assert world.asks == {0: 1, 1: 1}, "no turn is asked past the budget"
+
+
+async def test_the_transcript_renders_as_a_timeline_for_tasks_show() -> None:
+    global WORLD
+    WORLD = World()
+    _, journal_ = await run_to_end(WORLD)
+    lines = render_transcript(transcript(journal_))
+    assert lines[0] == "timeline:" and len(lines) == 1 + 4 + 4
+    assert lines[1].startswith("  turn 0   primary:fake:m  10 in / 5 out  0.001000 USD  → lookup_order")
+    assert lines[2].startswith("    lookup_order (c") and lines[2].endswith("ok  1 attempt")
+    assert lines[-1].endswith("→ final answer")
