@@ -122,11 +122,45 @@ def decide(
         made["comment"] = comment
     approval["decision"] = made
     details = {k: v for k, v in made.items() if k != "at"}
+    if approval.get("call"):  # a parked tool call: either way the loop goes on, and the journal says how
+        return _resume_call(record, approval, made, now=now, me=me, ttl=ttl), [
+            Control("approval.decided", {**details, "call": approval["call"]}), Dispatch(record.dispatch + 1)]
     if decision == "approve":
         running = replace(record, state=RUNNING, dispatch=1, owner=me, lease_until=now + ttl, approval=_dump(approval))
         return running, [Control("approval.decided", details), Dispatch(1)]
     rejected = replace(record, state=REJECTED, result=rejected_result, finished_at=now, approval=_dump(approval))
     return rejected, [Control("approval.decided", details), EmitResult(rejected_result)]
+
+
+def park_call(
+    record: TaskRecord | None, *, dispatch: int, call: dict[str, Any], reason: str, now: float,
+    timeouts: list[float],
+) -> tuple[TaskRecord | None, list[Effect]]:
+    """An agent loop's tool call waits for a human: the task leaves its worker (no lease, its offsets released),
+    its journal stays in the record, and a decision or the last timeout resumes it at that call."""
+    if record is None or record.state != RUNNING or record.dispatch != dispatch or not timeouts:
+        return record, []  # a stale run's report, or a task that moved on
+    approval = {
+        "reason": reason, "level": 0, "requested_at": now, "due": now + timeouts[0], "timeouts": list(timeouts),
+        "escalations": [], "decision": None, "call": call,
+    }
+    parked = replace(record, state=AWAITING_APPROVAL, owner="", lease_until=0.0, approval=_dump(approval))
+    return parked, [Settle(), Notify(0), Control("approval.requested", {
+        "reason": reason, "level": 0, "due": approval["due"], "call": call})]
+
+
+def _resume_call(
+    record: TaskRecord, approval: dict[str, Any], made: dict[str, Any], *, now: float, me: str, ttl: float,
+) -> TaskRecord:
+    """The decided call's journal entry appended to the task's checkpoint; the task runs again from there."""
+    call = approval["call"]
+    entry = {"kind": "decision", "turn": call["turn"], "id": call["id"], "decision": made["decision"],
+             "by": made["by"], "comment": made.get("comment", "")}
+    done = json.loads(record.steps_done) if record.steps_done else []
+    return replace(
+        record, state=RUNNING, dispatch=record.dispatch + 1, owner=me, lease_until=now + ttl, approval=_dump(approval),
+        steps_done=json.dumps([*done, entry], separators=(",", ":")),
+    )
 
 
 def escalate(
@@ -136,6 +170,8 @@ def escalate(
     timeouts: Sequence[float],
     now: float,
     rejected_result: str,
+    me: str = "",
+    ttl: float = 0.0,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """Level ``level`` let its time run out: ask the next level, or reject at the last.
 
@@ -153,7 +189,7 @@ def escalate(
     if nxt >= len(timeouts):
         return decide(
             record, decision="reject", by="timeout", via="timeout",
-            comment=f"no decision at any of {len(timeouts)} levels", now=now, me="", ttl=0.0,
+            comment=f"no decision at any of {len(timeouts)} levels", now=now, me=me, ttl=ttl,  # a parked call runs on
             rejected_result=rejected_result,
         )
     approval["escalations"] = [*approval.get("escalations", []), {"from": level, "to": nxt, "at": now}]

@@ -3,7 +3,7 @@
 Four topic families, each a union discriminated by ``kind``::
 
     OUTCOMES    agent.outcomes.<app>, keyed by task_id (or a poison marker)
-                TaskSucceeded | TaskFailed | Heartbeat | StepDone | ApprovalTimeout | LeaseExpired
+                TaskSucceeded | TaskFailed | Heartbeat | StepDone | CallParked | ApprovalTimeout | LeaseExpired
                 | CacheReply | DeadLetterRequest | DeadLettered
     ANSWERS     agent.answers.<app>, keyed by fingerprint      CacheLookup | CacheStore
     JOB_EVENTS  agent.job.events, keyed by job_id              JobTaskResult | JobDeadline
@@ -44,7 +44,8 @@ from agents_stream.contract.models import SCHEMA_VERSION, Confidence, Status, Us
 
 __all__ = [
     "ANSWERS", "CIRCUITS", "JOB_EVENTS", "OUTCOMES",
-    "AnswersEvent", "CacheLookup", "CacheReply", "CacheStore", "CachedAnswer", "CircuitFailure", "CircuitHello",
+    "AnswersEvent", "CacheLookup", "CacheReply", "CacheStore", "CachedAnswer", "CallParked", "CircuitFailure",
+    "CircuitHello",
     "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
     "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
     "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
@@ -123,6 +124,18 @@ class StepDone(_Versioned):
     output: Any
 
 
+class CallParked(_Versioned):
+    """An agent loop's tool call waits for a human: park the task at that call, its journal kept."""
+
+    kind: Literal["call_parked"] = "call_parked"
+    worker: str
+    dispatch: int
+    turn: int
+    call_id: str
+    tool: str
+    reason: str
+
+
 class ApprovalTimeout(_Versioned):
     """The lease scanner saw approval level ``level`` of a parked task time out: escalate."""
 
@@ -174,7 +187,7 @@ class DeadLettered(_Versioned):
 
 OutcomeEvent = Annotated[
     Union[
-        TaskSucceeded, TaskFailed, Heartbeat, StepDone, ApprovalTimeout, LeaseExpired, CacheReply,
+        TaskSucceeded, TaskFailed, Heartbeat, StepDone, CallParked, ApprovalTimeout, LeaseExpired, CacheReply,
         DeadLetterRequest, DeadLettered,
     ],
     Field(discriminator="kind"),

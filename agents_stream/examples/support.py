@@ -4,7 +4,8 @@ The model decides which tool to call next; every call goes to the services at
 ``AGENTS_STREAM_REFUND_SERVICES`` (the fake ones of ``agents_stream.examples.services``
 for tests and demos) with the call's idempotency key, so a call repeated after a
 crash has no second effect. Configure an agent with
-``agent = "agents_stream.examples.support:SUPPORT"``.
+``agent = "agents_stream.examples.support:SUPPORT"`` and approval levels (a refund
+above ``REFUND_APPROVAL_ABOVE`` waits for a human at that call).
 """
 
 from __future__ import annotations
@@ -45,7 +46,17 @@ async def create_label(ctx: ToolContext, order_id: str) -> Any:
     return await _call("carrier.label", ctx, {"order_id": order_id})
 
 
-@tool(timeout_s=15)
+#: refunds above this many (currency units) wait for a human (the agent's approval levels in the config)
+REFUND_APPROVAL_ABOVE = 100.0
+
+
+def _large(arguments: Any) -> str | None:
+    if arguments.amount > REFUND_APPROVAL_ABOVE:
+        return f"amount {arguments.amount:g} > {REFUND_APPROVAL_ABOVE:g}"
+    return None
+
+
+@tool(timeout_s=15, approval=_large)
 async def refund(ctx: ToolContext, order_id: str, amount: float) -> Any:
     """Refund ``amount`` of an order to the customer's card. Moves money: call it once per order."""
     return await _call("payment.refund", ctx, {"order_id": order_id, "amount": amount})

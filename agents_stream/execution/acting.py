@@ -15,12 +15,12 @@ import random
 import time
 from typing import Any
 
-from agents_stream.contract.events import StepDone, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import CallParked, StepDone, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Done, Failed, Loop, transcript
-from agents_stream.execution.call import Caller
+from agents_stream.execution.agent_loop import Done, Failed, Loop, Parked, transcript
+from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.plan import AgentPlan
@@ -38,16 +38,19 @@ class AgentRunner:
     """Runs the tasks of agents written in Python (``agent = "package.module:NAME"``) as durable loops."""
 
     def __init__(
-        self, settings: Settings, ladder: Ladder, caller: Caller, send_outcome: SendOutcome, rng: random.Random,
+        self, settings: Settings, ladder: Ladder, caller: Caller, send_outcome: SendOutcome,
+        send_control: SendControl, rng: random.Random,
     ) -> None:
         self.settings = settings
         self.ladder = ladder
         self.caller = caller
         self._send_outcome = send_outcome
+        self._send_control = send_control
         self._rng = rng
 
-    async def run(self, run: Run, plan: AgentPlan, agent: Agent) -> TaskSucceeded | TaskFailed | None:
-        """The task's outcome, or None: held (no rung available), its journal kept in ``run.steps_done``."""
+    async def run(self, run: Run, plan: AgentPlan, agent: Agent) -> TaskSucceeded | TaskFailed | CallParked | None:
+        """The task's outcome (CallParked: a call waits for a human), or None: held (no rung available), its
+        journal kept in ``run.steps_done``."""
         task = run.task
         try:
             spec = OutputSpec.from_model(agent.output_model) if agent.output_model else OutputSpec.for_task(
@@ -67,6 +70,8 @@ class AgentRunner:
         loop = Loop(
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,
             journal_fits=lambda entries: self._fits(run, entries), check_budget_s=settings.output_check_budget_s,
+            circuits=self.ladder.circuits,
+            on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
             backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
         )
         end = await loop.run()
@@ -76,6 +81,9 @@ class AgentRunner:
             run.wait = probe if end.retry_at is None else min(max(end.retry_at - now, 0.05), probe)
             return None
         self.ladder.release(run)
+        if isinstance(end, Parked):  # the ledger parks the task at the call: no slot, no lease, no offset held
+            return CallParked(worker=run.worker, dispatch=run.dispatch, turn=end.turn, call_id=end.call_id,
+                              tool=end.tool, reason=end.reason)
         return self._outcome(run, end)
 
     async def _turn(self, run: Run, plan: AgentPlan, conversation: Conversation) -> TurnAnswer | Unavailable | Rejected:

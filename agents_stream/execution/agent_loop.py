@@ -17,14 +17,12 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-import aiohttp
-
-from agents_stream.contract.errors import TransientError
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
-from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, deadline, result_text
+from agents_stream.execution.tool_calls import Admission, ToolCaller
+from agents_stream.execution.tools import result_text
 from agents_stream.providers.conversation import (
     AssistantTurn,
     Conversation,
@@ -33,16 +31,13 @@ from agents_stream.providers.conversation import (
     ToolResult,
     UserText,
 )
-from agents_stream.resilience.backoff import backoff
 from agents_stream.tables import journal
 from agents_stream.tables.journal import AskModel, Fail, Finish, RunTools
 
-__all__ = ["Ask", "Done", "Failed", "JournalBroken", "Loop", "Record", "conversation", "transcript"]
+__all__ = ["Ask", "Done", "Failed", "JournalBroken", "Loop", "Parked", "Record", "conversation", "transcript"]
 
 log = logging.getLogger(__name__)
 
-#: how a tool failure that is worth retrying looks (the tool's own TransientError, a timeout, a lost connection)
-_TRANSIENT = (TransientError, TimeoutError, ConnectionError, aiohttp.ClientConnectionError)
 _CONFIDENCE = ("high", "medium", "low")
 
 
@@ -50,6 +45,8 @@ _CONFIDENCE = ("high", "medium", "low")
 Ask = Callable[[Conversation], Awaitable[TurnAnswer | Unavailable | Rejected]]
 #: journals entry number ``index``; returns once it is durable
 Record = Callable[[int, dict[str, Any]], Awaitable[None]]
+#: a control event of the loop (agent.turn, agent.tool_call) and its details
+OnEvent = Callable[[str, dict[str, Any]], None]
 
 
 class JournalBroken(Exception):
@@ -61,6 +58,16 @@ class Done:
     output: Any
     confidence: Confidence
     source: str
+
+
+@dataclass(frozen=True)
+class Parked:
+    """A call waits for a human's decision: the task parks at it (the calls of its turn that need none ran)."""
+
+    turn: int
+    call_id: str
+    tool: str
+    reason: str
 
 
 @dataclass(frozen=True)
@@ -85,6 +92,8 @@ class Loop:
         system: str = "",
         journal_fits: Callable[[list[Any]], bool] = lambda _: True,
         check_budget_s: float = 1.0,
+        circuits: Admission | None = None,
+        on_event: OnEvent = lambda event, details: None,
         backoff_base_s: float = 0.2,
         backoff_cap_s: float = 5.0,
         rng: random.Random | None = None,
@@ -98,13 +107,15 @@ class Loop:
         self.system = "\n\n".join(filter(None, [system, agent.instructions]))
         self._fits = journal_fits
         self._check_budget_s = check_budget_s
-        self._backoff = (backoff_base_s, backoff_cap_s)
-        self._rng = rng or random.Random()
+        self.tools = ToolCaller(agent, task, circuits=circuits, backoff_base_s=backoff_base_s,
+                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random())
+        self._on_event = on_event
         self._lock = asyncio.Lock()
         self._broken = False
 
-    async def run(self) -> Done | Failed | Unavailable:
-        """The task's end, or Unavailable when no model may be asked now (the caller holds the task)."""
+    async def run(self) -> Done | Failed | Parked | Unavailable:
+        """The task's end; Parked at a call a human must decide; Unavailable when no model may be asked now (the
+        caller holds the task)."""
         while True:
             state = journal.replay(self.entries)
             action = journal.next_action(state, self.agent.limits)
@@ -115,13 +126,21 @@ class Loop:
                         return answer
                     if isinstance(answer, Rejected):
                         return Failed(answer.reason, answer.error, answer.source)
-                    failed = await self._journal(_turn_entry(turn, answer))
+                    entry = _turn_entry(turn, answer)
+                    failed = await self._journal(entry)
                     if failed is not None:
                         return failed
+                    self._on_event("agent.turn", {"turn": turn, "source": answer.source,
+                                                  "tool_calls": [c["name"] for c in entry["calls"]]})
                 case RunTools(turn=turn, calls=calls):
-                    failed = await self._run_tools(turn, calls)
+                    waiting = self._first_undecided(state, turn, calls)
+                    free = tuple(c for c in calls if waiting is None or c is not waiting[0])
+                    failed = await self._run_tools(turn, free, state) if free else None
                     if failed is not None:
                         return failed
+                    if waiting is not None:
+                        call, reason = waiting
+                        return Parked(turn, call["id"], call["name"], reason)
                 case Finish(text=text, turn=turn):
                     ended = await self._finish(text, turn, state)
                     if ended is not None:
@@ -145,15 +164,33 @@ class Loop:
             return Failed(f"output_check_aborted: {exc}", f"the answer could not be checked: {exc}", source)
         return Done(output, confidence, source)
 
-    async def _run_tools(self, turn: int, calls: tuple[dict[str, Any], ...]) -> Failed | None:
+    def _first_undecided(
+        self, state: journal.LoopState, turn: int, calls: tuple[dict[str, Any], ...],
+    ) -> tuple[dict[str, Any], str] | None:
+        """The first call of the turn that waits for a human, and why (None: every call may run)."""
+        for call in calls:
+            tool = self.agent.by_name.get(call["name"])
+            if tool is None or call.get("error") or (turn, call["id"]) in state.decisions:
+                continue
+            reason = tool.needs_approval(call["arguments"])
+            if reason is not None:
+                return call, reason
+        return None
+
+    async def _run_tools(
+        self, turn: int, calls: tuple[dict[str, Any], ...], state: journal.LoopState,
+    ) -> Failed | None:
         """The calls of one turn, concurrently; each result is journaled on its own as it comes."""
         results: list[Failed | None] = [None] * len(calls)
 
         async def one(i: int, call: dict[str, Any]) -> None:
-            entry = await self._call(turn, call)
+            entry = await self.tools.call(turn, call, state.decisions.get((turn, call["id"])))
             results[i] = self._bounded(entry)
             if results[i] is None:
                 results[i] = await self._journal(entry)
+            if results[i] is None:
+                self._on_event("agent.tool_call", {"turn": turn, "call_id": entry["id"], "tool": entry["name"],
+                                                   "error": entry["error"], "attempts": entry["attempts"]})
 
         async with asyncio.TaskGroup() as group:
             for i, call in enumerate(calls):
@@ -193,53 +230,6 @@ class Loop:
                 raise
             self.entries.append(entry)
         return None
-
-    async def _call(self, turn: int, call: dict[str, Any]) -> dict[str, Any]:
-        """One tool call to its journal entry: the result, or the error the model is told of."""
-        entry = {"kind": "tool", "turn": turn, "id": call["id"], "name": call["name"], "error": True,
-                 "fatal": False, "attempts": 0}
-        tool = self.agent.by_name.get(call["name"])
-        if tool is None:
-            known = ", ".join(self.agent.by_name) or "none"
-            return {**entry, "content": f"there is no tool {call['name']!r}; the tools are: {known}"}
-        if call.get("error"):
-            return {**entry, "content": f"invalid arguments for {tool.name}: {call['error']}"}
-        try:
-            arguments = tool.validate(call["arguments"])
-        except ToolError as exc:
-            return {**entry, "content": str(exc)}
-        return await self._attempts(tool, turn, call["id"], arguments, entry)
-
-    async def _attempts(self, tool: Tool, turn: int, call_id: str, arguments: Any, entry: dict[str, Any]) -> dict:
-        key = journal.call_key(self.task.task_id, turn, call_id)
-        attempt = 1
-        while True:
-            ctx = ToolContext(
-                task=self.task, turn=turn, call_id=call_id, key=key, attempt=attempt,
-                deadline=deadline(tool.timeout_s),
-                log=logging.LoggerAdapter(log, {"task_id": self.task.task_id, "tool": tool.name}),
-            )
-            try:
-                value = await tool.invoke(ctx, arguments)
-            except ToolError as exc:
-                return {**entry, "attempts": attempt, "content": str(exc)}
-            except FatalToolError as exc:
-                return {**entry, "attempts": attempt, "fatal": True, "content": str(exc)}
-            except _TRANSIENT as exc:
-                why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-                if attempt > tool.retries:
-                    log.warning("Task %s: tool %s failed %d times (%s); the model is told", self.task.task_id,
-                                tool.name, attempt, why)
-                    return {**entry, "attempts": attempt,
-                            "content": f"{tool.name} is unavailable (failed {attempt} times, last: {why})"}
-                base, cap = self._backoff
-                await asyncio.sleep(backoff(attempt, base=base, cap=cap, rng=self._rng))
-                attempt += 1
-                continue
-            except Exception as exc:  # the tool's own bug or refusal: the model hears of it, the loop goes on
-                log.warning("Task %s: tool %s raised %r; the model is told", self.task.task_id, tool.name, exc)
-                return {**entry, "attempts": attempt, "content": f"{tool.name} failed: {type(exc).__name__}: {exc}"}
-            return {**entry, "attempts": attempt, "error": False, "content": result_text(value)}
 
 
 def _turn_entry(turn: int, answer: TurnAnswer) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 from mode import Service
 
 from agents_stream.config import AppConfig
-from agents_stream.contract.events import CachedAnswer, Heartbeat, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import CachedAnswer, CallParked, Heartbeat, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
@@ -76,7 +76,7 @@ class Executor(Service):
         self.caller = Caller(settings, config, circuits, send_control, rng)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
-        self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, rng)
+        self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, send_control, rng)
         self.prober = Prober(circuits, self._providers())
         self.runs: dict[str, Run] = {}  # task_id → its run, queued, running or held
         self._queue: asyncio.Queue[str] = asyncio.Queue()
@@ -204,6 +204,8 @@ class Executor(Service):
                 # Held: give the slot back to other work; come back when a circuit changes.
                 parked = True
                 self._spawn(self._park(run))
+            elif isinstance(outcome, CallParked):  # the ledger parks it at that call; a decision dispatches it again
+                await self._send_outcome(task_id, outcome)
             else:
                 outcome = run_outcome.within(run, outcome, self.settings.record_max_bytes)
                 status: str
@@ -233,7 +235,7 @@ class Executor(Service):
         if self._accepting and self.runs.get(run.task.task_id) is run:
             self._queue.put_nowait(run.task.task_id)
 
-    async def _run(self, run: Run) -> TaskSucceeded | TaskFailed | None:
+    async def _run(self, run: Run) -> TaskSucceeded | TaskFailed | CallParked | None:
         """The task's outcome, or None when it must hold (``run.wait`` says for how long at most)."""
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:

@@ -13,6 +13,7 @@ from faust.types import TP
 from agents_stream.config import ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.events import CallParked
 from agents_stream.contract.models import ApprovalDecision, TaskPayload, TaskResult, parse_json_model, utcnow_iso
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import moved
@@ -150,6 +151,25 @@ class ApprovalGate:
                 and not (isinstance(e, leases.Control) and e.event == "approval.requested")]
         return old, ended, [*kept, *refused]
 
+    def park_call(self, tp: TP, task_id: str, record: TaskRecord | None, event: CallParked) -> Transition | None:
+        """An agent loop's tool call waits for a human: the task parks at that call, within the agent's cap."""
+        if record is None:
+            return None
+        policy = self.policies.get(record.agent)
+        if policy is None:  # the plan refuses such an agent at start; a config changed under a running task
+            log.error(
+                "Task %s: tool %s needs approval but agent %s has no approval levels; give it [agents.%s.approval] "
+                "levels (the task is re-dispatched when its lease lapses)", task_id, event.tool, record.agent,
+                record.agent,
+            )
+            return None
+        call = {"turn": event.turn, "id": event.call_id, "tool": event.tool}
+        new, effects = approvals.park_call(
+            record, dispatch=event.dispatch, call=call, reason=event.reason, now=time.time(),
+            timeouts=[level.timeout_s for level in policy.levels],
+        )
+        return self.admit(tp, record, new, effects)
+
     def on_timeout(self, task_id: str, record: TaskRecord | None, level: int) -> Transition | None:
         """A level's time ran out (an ``approval_timeout`` event): escalate, or reject after the last level."""
         if record is None:
@@ -157,7 +177,8 @@ class ApprovalGate:
         policy = self.policies.get(record.agent)
         new, effects = approvals.escalate(
             record, level=level, timeouts=[lv.timeout_s for lv in policy.levels] if policy else [], now=time.time(),
-            rejected_result=self._rejected_json(task_id, record, "timeout"),
+            rejected_result=self._rejected_json(task_id, record, "timeout"), me=self.worker_id,
+            ttl=self.settings.lease_ttl_s,
         )
         return record, new, effects
 

@@ -16,6 +16,7 @@ from agents_stream.contract.events import (
     OUTCOMES,
     ApprovalTimeout,
     CacheReply,
+    CallParked,
     DeadLettered,
     DeadLetterRequest,
     FannedInResult,
@@ -233,8 +234,9 @@ class Ledger:
                 self.executor.cache_answer(task_id, answer)
                 return
         record = record_of(self.table, task_id)
-        if isinstance(event, ApprovalTimeout):
-            timed_out = self.gate.on_timeout(task_id, record, event.level)
+        if isinstance(event, ApprovalTimeout | CallParked):  # a human decides: the gate's transitions
+            timed_out = (self.gate.on_timeout(task_id, record, event.level) if isinstance(event, ApprovalTimeout)
+                         else self.gate.park_call(tp, task_id, record, event))
             if timed_out is not None:
                 self._apply(tp, offset, task_id, *timed_out)
             return

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import aiohttp
+
 from agents_stream.contract import topics
 from agents_stream.examples.services import FakeServices
 from agents_stream.testing.fakellm import FakeLLM, call, hang, ok, tool_calls
 
-from .harness import encode, eventually, produce, results_for, task, unique
+from .harness import encode, eventually, produce, results_for, task, uncommitted, unique
 
 SUPPORT = "agents_stream.examples.support:SUPPORT"
 APIS = ("openai", "anthropic", "gemini")
@@ -25,9 +27,10 @@ def providers_toml(url: str, apis: tuple[str, ...] = APIS, *, prefix: str = "p")
     return "\n".join(out)
 
 
-def agent_toml(agent: str, providers: list[str]) -> str:
+def agent_toml(agent: str, providers: list[str], approval_timeout_s: float = 600) -> str:
     listed = ", ".join(f'"{p}"' for p in providers)
-    return f'[agents.{agent}]\nproviders = [{listed}]\nagent = "{SUPPORT}"\n'
+    return (f'[agents.{agent}]\nproviders = [{listed}]\nagent = "{SUPPORT}"\n'
+            f'[[agents.{agent}.approval.levels]]\nname = "lead"\ntimeout_s = {approval_timeout_s}\n')
 
 
 def support_script(order_id: str) -> list[Any]:
@@ -111,6 +114,10 @@ async def test_a_worker_killed_after_the_refund_resumes_without_a_second_refund(
         await produce(topics.task_topic(agent), [encode(t)])
         await eventually(lambda: 2 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 2 in flight")
         assert services.executed("payment.refund"), "the refund took effect before the kill"
+        view = await c.workers[0].get(f"/tasks/{t['task_id']}")
+        progress = view["progress"]["transcript"]
+        assert [tt["tool_calls"] for tt in progress["turns"]] == [["lookup_order"], ["create_label", "refund"]]
+        assert sorted(x["name"] for x in progress["tool_calls"]) == ["create_label", "lookup_order", "refund"]
         c.workers[0].kill()
         fake_llm.enqueue(*script[2:])
         await c.started("a")  # the same worker restarted: it takes the task over once the lease lapses
@@ -197,3 +204,56 @@ async def test_a_huge_tool_result_ends_its_task_and_the_partition_keeps_moving(c
         second = await result_of(nxt)
     assert first["status"] == "failed" and "journal_too_large" in first["error"], first["error"]
     assert second["status"] == "succeeded" and second["output"] == "nothing to do"
+
+
+async def test_a_large_refund_parks_at_its_call_until_a_human_decides(cluster_factory, fake_llm):
+    """Two tickets whose refunds are over the agent's approval rule: each parks at its refund call (the task's
+    offsets committed: lag 0 behind it, no slot held), the label of the same turn is made. Approve the first over
+    HTTP → one refund, the loop finishes; reject the second → no refund, and the model's next turn reads the
+    rejection."""
+    token = "agents-test-token"
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_API_TOKEN=token)
+        w = await c.started()
+        tickets = [order_task(agent), order_task(agent)]
+        for t in tickets:
+            order_id = t["context_data"]["order_id"]
+            fake_llm.enqueue(tool_calls(call("lookup_order", {"order_id": order_id})),
+                             tool_calls(call("create_label", {"order_id": order_id}),
+                                        call("refund", {"order_id": order_id, "amount": 420.0})))
+            await produce(topics.task_topic(agent), [encode(t)], partition=0)
+            await eventually(lambda t=t: 1 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 1")
+        waiting = await eventually(lambda: _awaiting(w, 2), timeout=60, what="both refunds parked")
+        assert all(a["reason"] == "tool refund: amount 420 > 100" for a in waiting), waiting
+        await eventually(lambda: _zero(uncommitted(c.app_id, topics.task_topic(agent))), timeout=30,
+                         what="offsets committed past the parked tasks")
+        assert len([x for x in services.calls if x.operation == "carrier.label"]) == 2, "the label of the turn ran"
+        assert not services.executed("payment.refund")
+        approved, rejected = tickets
+        fake_llm.enqueue(ok("Refunded 420."), ok("I could not refund: a lead said no."))
+        for t, decision in ((approved, "approve"), (rejected, "reject")):
+            url = f"http://127.0.0.1:{w.web_port}/approvals/{t['task_id']}"
+            async with aiohttp.ClientSession() as s, s.post(
+                url, json={"decision": decision, "by": "lead-ann", "comment": "over budget"},
+                headers={"Authorization": f"Bearer {token}"},
+            ) as r:
+                assert r.status == 202, await r.text()
+            result = await result_of(t)
+            assert result["status"] == "succeeded", result
+        refunds = services.executed("payment.refund")
+        assert len(refunds) == 1 and refunds[0].startswith(approved["task_id"] + ":1:"), refunds
+        last = [r for r in fake_llm.requests if r.task_id == rejected["task_id"]][-1]
+        assert "rejected by lead-ann: over budget" in json.dumps(last.body)
+        assert turns_asked(fake_llm, approved["task_id"]) == [0, 1, 2], "no turn is asked again after the wait"
+
+
+async def _awaiting(worker: Any, n: int) -> list[dict[str, Any]] | None:
+    waiting = (await worker.get("/approvals"))["awaiting"]
+    return waiting if len(waiting) == n else None
+
+
+async def _zero(coro: Any) -> bool:
+    return await coro == 0
