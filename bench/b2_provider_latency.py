@@ -1,5 +1,6 @@
 """B2: tasks/s per worker when every provider call takes 200 ms (the fake LLM server over HTTP, in its own
-process), next to the classic synchronous worker (read one message, call the API, send the result, commit).
+process), next to the classic synchronous worker (read one message, call the API, send the result, commit),
+and an agent loop of three such calls and two tool calls per task (bench/agent_loop.py).
 
 The worker runs with its default call slots (AGENTS_STREAM_MAX_IN_FLIGHT=64), so its ceiling is
 64 / 0.2 s = 320 tasks/s; the synchronous worker's is 1 / 0.2 s = 5 tasks/s.
@@ -24,9 +25,14 @@ LATENCY_S = 0.2
 
 async def fake_llm(tmp: Path, latency: float) -> tuple[Any, str]:
     """The fake LLM server in a process of its own; returns (process, base URL)."""
-    log = tmp / "fake-llm.log"
-    proc = spawn([sys.executable, "-m", "agents_stream.testing.fakellm", "--port", "0", "--latency", str(latency)],
-                 base_env(), log)
+    return await fake_llm_with(tmp, latency, [])
+
+
+async def fake_llm_with(tmp: Path, latency: float, options: list[str]) -> tuple[Any, str]:
+    """The fake LLM server with more command-line ``options``, in a process of its own; (process, base URL)."""
+    log = tmp / f"fake-llm-{len(list(tmp.glob('fake-llm*.log')))}.log"
+    proc = spawn([sys.executable, "-m", "agents_stream.testing.fakellm", "--port", "0", "--latency", str(latency),
+                  *options], base_env(), log)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         m = re.search(r"fake LLM listening on (http://\S+)", common.tail(log, 200))
@@ -61,7 +67,8 @@ async def sync_worker(tmp: Path, n: int, url: str) -> dict[str, Any]:
     return await _external(tmp, n, run, args, base_env(), topics)
 
 
-async def run(tmp: Path, n: int, n_sync: int) -> tuple[list[Row], dict[str, Any]]:
+async def run(tmp: Path, n: int, n_sync: int, n_agent: int = 0) -> tuple[list[Row], dict[str, Any]]:
+    """B2, and with ``n_agent`` the agent-loop figure beside it (bench/agent_loop.py)."""
     proc, url = await fake_llm(tmp, LATENCY_S)
     try:
         cpu0 = common.cpu_seconds(proc.pid)
@@ -82,4 +89,12 @@ async def run(tmp: Path, n: int, n_sync: int) -> tuple[list[Row], dict[str, Any]
     for key, r in res.items():
         if "complete" in r and not r["complete"]:
             rows.append(Row("B2", f"  {key}: INCOMPLETE", f"{r['done']}/{r['n']} outputs before the timeout"))
+    if n_agent:
+        from bench import agent_loop  # it imports this module's fake_llm_with
+
+        agent_rows, res["agent"] = await agent_loop.run(tmp, n_agent, 20)
+        rows += agent_rows
+        rows.append(Row("B2", "  ratio agent tasks / one-call tasks (3 model calls each)",
+                        f"{ratio(res['agent']['rate'], o):.2f}×", "≥ 0.25× (a third, less the journal's cost)",
+                        ratio(res["agent"]["rate"], o) >= 0.25))
     return rows, res

@@ -18,7 +18,7 @@ import time
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -207,11 +207,15 @@ class Flow:
 
 
 @asynccontextmanager
-async def one_worker(tmp: Path, prefix: str, llm_url: str | None = None, **settings: str) -> AsyncIterator[Flow]:
-    """Start one worker (product defaults, plus ``settings``) for a new agent, wait until every partition
-    flows, yield; print the worker's log tail if the body fails; stop the worker and the watch."""
+async def one_worker(
+    tmp: Path, prefix: str, llm_url: str | None = None, toml: Callable[[str], str] | None = None, **settings: str,
+) -> AsyncIterator[Flow]:
+    """Start one worker (product defaults, plus ``settings``; ``toml(agent)`` its whole config, else the harness's)
+    for a new agent, wait until every partition flows, yield; print the worker's log tail if the body fails; stop
+    the worker and the watch."""
     agent = unique(prefix)
-    cluster = harness.Cluster(subdir(tmp, "cluster"), [agent], llm_url, settings={**PRODUCT_DEFAULTS, **settings})
+    cluster = harness.Cluster(subdir(tmp, "cluster"), [agent], llm_url, settings={**PRODUCT_DEFAULTS, **settings},
+                              toml=toml(agent) if toml else None)
     worker = track(cluster.worker().start())
     out = Watch("agent.results")
     try:

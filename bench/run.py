@@ -34,10 +34,10 @@ from bench.report import Row, markdown, table  # noqa: E402
 
 #: sizes: full (the documented run) and --quick (a smoke run on a busy machine)
 SIZES = {
-    "full": {"b1_n": 10_000, "b2_n": 5_000, "b2_sync_n": 50, "b3_s": 30.0, "b4_rate": 80.0, "b4_before_s": 15.0,
-             "b4_after_s": 90.0, "b5_n": 1_000_000},
-    "quick": {"b1_n": 2_000, "b2_n": 1_000, "b2_sync_n": 15, "b3_s": 8.0, "b4_rate": 40.0, "b4_before_s": 10.0,
-              "b4_after_s": 75.0, "b5_n": 50_000},
+    "full": {"b1_n": 10_000, "b2_n": 5_000, "b2_sync_n": 50, "b2_agent_n": 2_000, "b3_s": 30.0, "b4_rate": 80.0,
+             "b4_before_s": 15.0, "b4_after_s": 90.0, "b5_n": 1_000_000},
+    "quick": {"b1_n": 2_000, "b2_n": 1_000, "b2_sync_n": 15, "b2_agent_n": 300, "b3_s": 8.0, "b4_rate": 40.0,
+              "b4_before_s": 10.0, "b4_after_s": 75.0, "b5_n": 50_000},
 }
 #: each benchmark's own time limit (seconds), full / quick
 TIMEOUTS = {"B1": (900, 300), "B2": (300, 180), "B3": (300, 180), "B4": (360, 300), "B5": (1500, 300)}
@@ -62,7 +62,7 @@ async def main(only: list[str], quick: bool, b3_rate: float | None) -> tuple[lis
             if name == "B1":
                 coro = b1_throughput.run(tmp, size["b1_n"])
             elif name == "B2":
-                coro = b2_provider_latency.run(tmp, size["b2_n"], size["b2_sync_n"])
+                coro = b2_provider_latency.run(tmp, size["b2_n"], size["b2_sync_n"], size["b2_agent_n"])
             elif name == "B3":
                 b1 = raw.get("B1", {}).get("ours", {}).get("rate")
                 rate = b3_rate or (b1 / 2 if b1 else 500.0)

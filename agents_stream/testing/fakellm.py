@@ -75,11 +75,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency", type=float, default=0.0, help="seconds added to every answer")
     parser.add_argument("--error-rate", type=float, default=0.0, help="share of requests answered 500")
     parser.add_argument("--seed", type=int, default=0, help="seed of the error-rate RNG")
+    parser.add_argument("--tool-turns", default="", help="comma-separated tool names: a request offering tools "
+                        "that carries n model turns calls the n-th (every task an agent loop)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         asyncio.run(
-            serve_forever(args.host, args.port, latency=args.latency, error_rate=args.error_rate, seed=args.seed)
+            serve_forever(args.host, args.port, latency=args.latency, error_rate=args.error_rate, seed=args.seed,
+                          tool_turns=[t for t in args.tool_turns.split(",") if t])
         )
     except ValueError as exc:
         parser.error(str(exc))

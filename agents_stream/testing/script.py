@@ -100,6 +100,9 @@ class Mode:
     latency: float = 0.0  # seconds added to every answer
     error_rate: float = 0.0  # share of requests answered 500, drawn from the seeded RNG
     rate_limit: float | None = None  # answer 429 with this Retry-After (seconds); None: off
+    #: a request that offers tools and carries n model turns gets a call of tool_turns[n] (no arguments); past them,
+    #: the script or the default answers: every task an agent loop of len(tool_turns) + 1 turns (benchmarks)
+    tool_turns: tuple[str, ...] = ()
 
 
 def validate_mode(changes: dict[str, Any]) -> dict[str, Any]:
@@ -123,6 +126,11 @@ def validate_mode(changes: dict[str, Any]) -> dict[str, Any]:
             out["rate_limit"] = None
         elif value is not None and not (isinstance(value, int | float) and value >= 0):
             raise ValueError("rate_limit must be a Retry-After in seconds >= 0, or null for off")
+    if "tool_turns" in out:
+        turns = out["tool_turns"]
+        if not isinstance(turns, list | tuple) or not all(isinstance(t, str) and t for t in turns):
+            raise ValueError("tool_turns must be a list of tool names")
+        out["tool_turns"] = tuple(turns)
     if "seed" in out and not isinstance(out["seed"], int):
         raise ValueError("seed must be an integer")
     return out

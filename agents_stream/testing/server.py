@@ -17,8 +17,8 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from agents_stream.testing.script import ECHO, SCRIPT_RAN_OUT, Mode, Reply, status, validate_mode
-from agents_stream.testing.wire import KEY_HEADERS, error_body, prompt_text, render
+from agents_stream.testing.script import ECHO, SCRIPT_RAN_OUT, Mode, Reply, call, status, tool_calls, validate_mode
+from agents_stream.testing.wire import KEY_HEADERS, error_body, model_turns, prompt_text, render
 
 __all__ = ["FakeLLM", "RecordedRequest"]
 
@@ -195,7 +195,7 @@ class FakeLLM:
         self._script.clear()
         self.script_misses = 0
         self.peak_in_flight = self.in_flight
-        self.set_mode(outage=False, latency=0.0, error_rate=0.0, rate_limit=None, seed=self._seed)
+        self.set_mode(outage=False, latency=0.0, error_rate=0.0, rate_limit=None, tool_turns=(), seed=self._seed)
 
     def stats(self) -> dict[str, Any]:
         return {
@@ -294,6 +294,11 @@ class FakeLLM:
             return status(500, body=error_body(api, 500, "fake LLM error_rate struck"))
         if not isinstance(body, dict):
             return status(400, body=error_body(api, 400, "request body is not a JSON object"))
+        turns = self.mode.tool_turns
+        if turns and body.get("tools"):
+            n = model_turns(api, body)
+            if n < len(turns):
+                return tool_calls(call(turns[n]))
         if self._script:
             return self._script.popleft()
         if self.default is not None:

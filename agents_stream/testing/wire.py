@@ -11,7 +11,7 @@ from aiohttp import web
 
 from agents_stream.testing.script import Reply
 
-__all__ = ["KEY_HEADERS", "error_body", "prompt_text", "render"]
+__all__ = ["KEY_HEADERS", "error_body", "model_turns", "prompt_text", "render"]
 
 #: where each API expects its key; the fake checks only there, as the real service would
 KEY_HEADERS = {"gemini": "x-goog-api-key", "openai": "authorization", "anthropic": "x-api-key"}
@@ -54,6 +54,15 @@ def prompt_text(api: str, body: Any) -> tuple[str, str, str]:
             elif message.get("role") == "user":
                 user = text
     return user, system, "\n".join([system, *everything])
+
+
+def model_turns(api: str, body: Any) -> int:
+    """How many of the model's own turns a request carries (the turn it asks for, counted from 0)."""
+    if not isinstance(body, dict):
+        return 0
+    if api == "gemini":
+        return sum(1 for c in body.get("contents") or [] if isinstance(c, dict) and c.get("role") == "model")
+    return sum(1 for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "assistant")
 
 
 _GEMINI_STATUS = {

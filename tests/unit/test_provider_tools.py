@@ -167,3 +167,22 @@ async def test_the_local_provider_answers_a_conversation_without_calling_tools()
     provider = build_provider(ProviderConfig(name="local", kind="local"))
     turn = await provider.converse(HISTORY)
     assert turn.calls == () and turn.text.startswith("[local:local-echo] [task_id=t-9]")
+
+
+@pytest.mark.parametrize("api", APIS)
+async def test_the_fakes_tool_turns_mode_answers_every_conversation_by_its_turn(fake: FakeLLM, api: str) -> None:
+    """For benchmarks: a request carrying n model turns gets a call of tool_turns[n]; past them, the default."""
+    await fake.set_mode(tool_turns=["fetch", "store"])
+    provider = provider_for(fake, api)
+    try:
+        first = await provider.converse(Conversation("", (UserText("[task_id=b-1]\ngo"),), (LOOKUP,)))
+        second = await provider.converse(HISTORY)  # one model turn so far
+        carried = Conversation("", (*HISTORY.messages, AssistantTurn("", (ToolCall("x", "store", {}),)),
+                                    ToolResult("x", "store", "ok")), HISTORY.tools)
+        last = await provider.converse(carried)
+    finally:
+        await provider.close()
+    assert [c.name for c in first.calls] == ["fetch"] and [c.name for c in second.calls] == ["store"]
+    assert last.calls == () and last.text.startswith(f"[fake:{api}]")
+    fake.reset()
+    assert fake.mode.tool_turns == ()

@@ -1,0 +1,75 @@
+"""B2's agent figure: one worker running a 3-turn agent with 2 tool calls per task, every model call 200 ms.
+
+Each task is `bench/agent_def.py`'s agent: turn 0 calls `fetch`, turn 1 calls `store`, turn 2 answers (the fake
+LLM's `--tool-turns fetch,store`). Each turn and each tool result is journaled (a StepDone confirmed by the broker)
+before the next action, so a task makes 3 model calls and 5 journal writes. Throughput: N tasks published at once.
+Overhead per turn: tasks published one at a time; (median task latency − 3 × 200 ms) / 3.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from bench import common
+from bench.b1_throughput import _measure, _value
+from bench.b2_provider_latency import LATENCY_S, fake_llm_with
+from bench.common import publish_all, task_ids
+from bench.report import Row
+
+TURNS = 3
+
+
+def config(url: str) -> Any:
+    def toml(agent: str) -> str:
+        return (f'[providers.fake]\nkind = "openai"\nbase_url = "{url}/v1"\nmodel = "fake-model"\ntimeout_s = 10\n\n'
+                f'[agents.{agent}]\nproviders = ["fake"]\nagent = "bench.agent_def:BENCH"\n')
+    return toml
+
+
+async def run(tmp: Path, n: int, n_seq: int) -> tuple[list[Row], dict[str, Any]]:
+    proc, url = await fake_llm_with(tmp, LATENCY_S, ["--tool-turns", "fetch,store"])
+    try:
+        async with common.one_worker(tmp, "b2agent", url, toml=config(url)) as flow:
+            res = await _measure(flow.topic, flow.out, flow.agent, n, flow.worker.proc.pid)
+            latencies = []
+            for task_id in task_ids("b2seq", n_seq):
+                sent: dict[str, float] = {}
+                await publish_all(flow.topic, flow.agent, [task_id], sent)
+                if not await flow.out.wait_all([task_id], timeout=30):
+                    raise RuntimeError(f"agent task {task_id} unanswered in 30 s:\n{flow.worker.tail()}")
+                latencies.append(flow.out.seen[task_id] - sent[task_id])
+    finally:
+        common.stop(proc)
+    median = statistics.median(latencies)
+    res["sequential"] = {"n": n_seq, "median_s": median, "p90_s": sorted(latencies)[int(0.9 * (n_seq - 1))]}
+    overhead_ms = (median - TURNS * LATENCY_S) * 1000 / TURNS
+    res["overhead_ms_per_turn"] = overhead_ms
+    rows = [
+        Row("B2", f"agent loop, 1 worker: 3 turns + 2 tool calls per task, model 200 ms (N={n:,})", _value(res),
+            f"ceiling 64 slots / {TURNS * LATENCY_S:.1f} s = {64 / (TURNS * LATENCY_S):.0f} tasks/s"),
+        Row("B2", f"  overhead per turn (tasks one at a time, N={n_seq}: median {median * 1000:.0f} ms a task)",
+            f"{overhead_ms:.1f} ms"),
+    ]
+    if not res["complete"]:
+        rows.append(Row("B2", "  agent loop: INCOMPLETE", f"{res['done']}/{res['n']} outputs before the timeout"))
+    return rows, res
+
+
+if __name__ == "__main__":  # a run of its own: python -m bench.agent_loop [N]
+    import tempfile
+
+    from bench.report import table
+
+    async def main() -> None:
+        with tempfile.TemporaryDirectory(prefix="agents-stream-bench-") as d:
+            started = time.monotonic()
+            rows, _ = await run(Path(d), int(sys.argv[1]) if len(sys.argv) > 1 else 1000, 20)
+            print("\n".join(table(rows)))
+            print(f"took {time.monotonic() - started:.0f} s")
+
+    asyncio.run(main())
