@@ -18,6 +18,8 @@ Entries (dicts, so they are stored and shipped as they are):
     {"kind": "note", "turn": 1, "text": "..."}     (a correction the loop told the model: an off-format answer)
     {"kind": "decision", "turn": 1, "id": "call_2", "decision": "approve", "by": "alice", "comment": ""}
                                                    (a human's decision on a parked call, appended by the ledger)
+    {"kind": "subresult", "turn": 1, "id": "call_3", "agent": "analyzer", "result": {...the TaskResult...}}
+                                                   (a delegated sub-task's result, appended by the ledger)
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class LoopState:
     notes: dict[int, list[str]] = field(default_factory=dict)
     #: (turn, call id) → a human's decision on that call (written by the ledger when the decision came)
     decisions: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
+    #: (turn, call id) → the result of the sub-task that call delegated to another agent (written by the ledger)
+    subresults: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
 
     @property
     def tool_calls(self) -> int:
@@ -111,6 +115,8 @@ def replay(entries: list[Any]) -> LoopState:
             state.notes.setdefault(turn, []).append(entry["text"])
         elif kind == "decision" and isinstance(turn, int):
             state.decisions.setdefault((turn, entry["id"]), entry)
+        elif kind == "subresult" and isinstance(turn, int):
+            state.subresults.setdefault((turn, entry["id"]), entry)
     return state
 
 

@@ -22,6 +22,8 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 DEAD_LETTERED = "dead_lettered"
 AWAITING_APPROVAL = "awaiting_approval"
+#: an agent loop waits for the sub-tasks it delegated to other agents (tables/delegation.py)
+AWAITING_SUBTASKS = "awaiting_subtasks"
 REJECTED = "rejected"
 TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, REJECTED})
 
@@ -53,6 +55,8 @@ class TaskRecord(JsonRecord):
     approval: str | None = None
     #: contract.models.task_digest of the task: another task under the same task_id is a conflict (see ``conflict``)
     digest: str | None = None
+    #: the sub-tasks an agent loop waits for (tables/delegation.py): JSON of the turn and {call id: agent}
+    waiting: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -156,8 +160,8 @@ def receive(
         if record.result is not None:
             return record, [EmitResult(record.result)]
         return record, []
-    if record.state == AWAITING_APPROVAL:
-        # It waits for a human and the decision arrives as an event.
+    if record.state in (AWAITING_APPROVAL, AWAITING_SUBTASKS):
+        # It waits for a human or for sub-tasks, and the decision or the results arrive as events.
         return record, []
     if running_here:
         # Our executor has it; hold this offset too: a revoke and re-assign dropped the first delivery's hold

@@ -3,8 +3,8 @@
 Four topic families, each a union discriminated by ``kind``::
 
     OUTCOMES    agent.outcomes.<app>, keyed by task_id (or a poison marker)
-                TaskSucceeded | TaskFailed | Heartbeat | StepDone | CallParked | ApprovalTimeout | LeaseExpired
-                | CacheReply | DeadLetterRequest | DeadLettered
+                TaskSucceeded | TaskFailed | Heartbeat | StepDone | CallParked | CallsDelegated | SubtaskResult
+                | ApprovalTimeout | LeaseExpired | CacheReply | DeadLetterRequest | DeadLettered
     ANSWERS     agent.answers.<app>, keyed by fingerprint      CacheLookup | CacheStore
     JOB_EVENTS  agent.job.events, keyed by job_id              JobTaskResult | JobDeadline
     CIRCUITS    agent.circuits, keyed by provider or worker    CircuitHello | CircuitTransition | CircuitFailure
@@ -44,8 +44,8 @@ from agents_stream.contract.models import SCHEMA_VERSION, Confidence, Status, Us
 
 __all__ = [
     "ANSWERS", "CIRCUITS", "JOB_EVENTS", "OUTCOMES",
-    "AnswersEvent", "CacheLookup", "CacheReply", "CacheStore", "CachedAnswer", "CallParked", "CircuitFailure",
-    "CircuitHello",
+    "AnswersEvent", "CacheLookup", "CacheReply", "CacheStore", "CachedAnswer", "CallParked", "CallsDelegated",
+    "CircuitFailure", "CircuitHello", "SubtaskResult",
     "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
     "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
     "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
@@ -136,6 +136,27 @@ class CallParked(_Versioned):
     reason: str
 
 
+class CallsDelegated(_Versioned):
+    """An agent loop's calls to other agents (``calls``: id, agent, instruction, context each): publish them as
+    sub-tasks and park the task until every result is back."""
+
+    kind: Literal["delegated"] = "delegated"
+    worker: str
+    dispatch: int
+    turn: int
+    calls: list[dict[str, Any]]
+
+
+class SubtaskResult(_Versioned):
+    """A delegated sub-task's result, sent by whichever ledger finished it to its parent's outcomes topic."""
+
+    kind: Literal["subtask_result"] = "subtask_result"
+    task_id: str  # the sub-task's
+    agent: str
+    call_id: str
+    result: dict[str, Any]
+
+
 class ApprovalTimeout(_Versioned):
     """The lease scanner saw approval level ``level`` of a parked task time out: escalate."""
 
@@ -187,8 +208,8 @@ class DeadLettered(_Versioned):
 
 OutcomeEvent = Annotated[
     Union[
-        TaskSucceeded, TaskFailed, Heartbeat, StepDone, CallParked, ApprovalTimeout, LeaseExpired, CacheReply,
-        DeadLetterRequest, DeadLettered,
+        TaskSucceeded, TaskFailed, Heartbeat, StepDone, CallParked, CallsDelegated, SubtaskResult, ApprovalTimeout,
+        LeaseExpired, CacheReply, DeadLetterRequest, DeadLettered,
     ],
     Field(discriminator="kind"),
 ]

@@ -28,6 +28,18 @@ def utcnow_iso() -> str:
     return iso_utc(time.time())
 
 
+class ParentRef(BaseModel):
+    """The agent loop a sub-task was delegated by: its result goes back to that task's ledger, at that call."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    task_id: str = Field(min_length=1)
+    app_id: str = Field(min_length=1)
+    call_id: str = Field(min_length=1)
+    #: the agents of the chain of callers, outermost first (depth limit, cycle detection)
+    lineage: list[str] = Field(default_factory=list)
+
+
 class TaskPayload(BaseModel):
     """A task for one sub-agent. Strict: no coercion; unknown fields are ignored (evolution)."""
 
@@ -44,6 +56,8 @@ class TaskPayload(BaseModel):
     output_schema: dict[str, Any] | None = None
     steps: list[Any] | None = None
     deadline: str | None = None
+    #: set on a sub-task an agent loop delegated (an agent used as a tool); absent on every other task
+    parent: ParentRef | None = None
 
 
 def task_digest(task: TaskPayload) -> str:

@@ -15,11 +15,11 @@ import random
 import time
 from typing import Any
 
-from agents_stream.contract.events import CallParked, StepDone, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import CallParked, CallsDelegated, StepDone, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Done, Failed, Loop, Parked, transcript
+from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked, transcript
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder
 from agents_stream.execution.outputs import OutputSpec
@@ -48,7 +48,9 @@ class AgentRunner:
         self._send_control = send_control
         self._rng = rng
 
-    async def run(self, run: Run, plan: AgentPlan, agent: Agent) -> TaskSucceeded | TaskFailed | CallParked | None:
+    async def run(
+        self, run: Run, plan: AgentPlan, agent: Agent,
+    ) -> TaskSucceeded | TaskFailed | CallParked | CallsDelegated | None:
         """The task's outcome (CallParked: a call waits for a human), or None: held (no rung available), its
         journal kept in ``run.steps_done``."""
         task = run.task
@@ -84,6 +86,8 @@ class AgentRunner:
         if isinstance(end, Parked):  # the ledger parks the task at the call: no slot, no lease, no offset held
             return CallParked(worker=run.worker, dispatch=run.dispatch, turn=end.turn, call_id=end.call_id,
                               tool=end.tool, reason=end.reason)
+        if isinstance(end, Delegated):  # the ledger publishes the sub-tasks; the task waits without a slot
+            return CallsDelegated(worker=run.worker, dispatch=run.dispatch, turn=end.turn, calls=list(end.calls))
         return self._outcome(run, end)
 
     async def _turn(self, run: Run, plan: AgentPlan, conversation: Conversation) -> TurnAnswer | Unavailable | Rejected:

@@ -49,6 +49,8 @@ class Agent:
     #: tokens (input and output, summed over the turns) and USD a task may use before it fails (budget_exceeded)
     max_tokens: int | None = None
     max_cost_usd: float | None = None
+    #: the longest chain of agents calling agents (this one included) a task of this agent may start
+    max_depth: int = 3
     by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:

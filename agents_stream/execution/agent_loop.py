@@ -34,7 +34,9 @@ from agents_stream.providers.conversation import (
 from agents_stream.tables import journal
 from agents_stream.tables.journal import AskModel, Fail, Finish, RunTools
 
-__all__ = ["Ask", "Done", "Failed", "JournalBroken", "Loop", "Parked", "Record", "conversation", "transcript"]
+__all__ = [
+    "Ask", "Delegated", "Done", "Failed", "JournalBroken", "Loop", "Parked", "Record", "conversation", "transcript",
+]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,14 @@ class Parked:
     call_id: str
     tool: str
     reason: str
+
+
+@dataclass(frozen=True)
+class Delegated:
+    """Calls of agent tools: the task waits for their sub-tasks (the other calls of the turn ran)."""
+
+    turn: int
+    calls: tuple[dict[str, Any], ...]  # id, agent, instruction, context each
 
 
 @dataclass(frozen=True)
@@ -113,7 +123,7 @@ class Loop:
         self._lock = asyncio.Lock()
         self._broken = False
 
-    async def run(self) -> Done | Failed | Parked | Unavailable:
+    async def run(self) -> Done | Failed | Parked | Delegated | Unavailable:
         """The task's end; Parked at a call a human must decide; Unavailable when no model may be asked now (the
         caller holds the task)."""
         while True:
@@ -134,10 +144,16 @@ class Loop:
                                                   "tool_calls": [c["name"] for c in entry["calls"]]})
                 case RunTools(turn=turn, calls=calls):
                     waiting = self._first_undecided(state, turn, calls)
-                    free = tuple(c for c in calls if waiting is None or c is not waiting[0])
+                    delegations = self._to_delegate(state, turn, calls)
+                    free = tuple(c for c in calls if (waiting is None or c is not waiting[0]) and c not in delegations)
                     failed = await self._run_tools(turn, free, state) if free else None
                     if failed is not None:
                         return failed
+                    if delegations:
+                        return Delegated(turn, tuple(
+                            {"id": c["id"], "agent": self.agent.by_name[c["name"]].delegate,
+                             "instruction": c["arguments"]["instruction"], "context": c["arguments"].get("context")}
+                            for c in delegations))
                     if waiting is not None:
                         call, reason = waiting
                         return Parked(turn, call["id"], call["name"], reason)
@@ -164,6 +180,19 @@ class Loop:
             return Failed(f"output_check_aborted: {exc}", f"the answer could not be checked: {exc}", source)
         return Done(output, confidence, source)
 
+    def _to_delegate(
+        self, state: journal.LoopState, turn: int, calls: tuple[dict[str, Any], ...],
+    ) -> list[dict[str, Any]]:
+        """The calls of agent tools still to be sent as sub-tasks (a call that cannot be is told to the model)."""
+        out = []
+        for call in calls:
+            tool = self.agent.by_name.get(call["name"])
+            if tool is None or tool.delegate is None or call.get("error") or (turn, call["id"]) in state.subresults:
+                continue
+            if self.tools.delegation_problem(tool, call) is None:
+                out.append(call)
+        return out
+
     def _first_undecided(
         self, state: journal.LoopState, turn: int, calls: tuple[dict[str, Any], ...],
     ) -> tuple[dict[str, Any], str] | None:
@@ -184,7 +213,8 @@ class Loop:
         results: list[Failed | None] = [None] * len(calls)
 
         async def one(i: int, call: dict[str, Any]) -> None:
-            entry = await self.tools.call(turn, call, state.decisions.get((turn, call["id"])))
+            key = (turn, call["id"])
+            entry = await self.tools.call(turn, call, state.decisions.get(key), state.subresults.get(key))
             results[i] = self._bounded(entry)
             if results[i] is None:
                 results[i] = await self._journal(entry)

@@ -20,7 +20,14 @@ from typing import Any, Awaitable, Callable
 from mode import Service
 
 from agents_stream.config import AppConfig
-from agents_stream.contract.events import CachedAnswer, CallParked, Heartbeat, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import (
+    CachedAnswer,
+    CallParked,
+    CallsDelegated,
+    Heartbeat,
+    TaskFailed,
+    TaskSucceeded,
+)
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
@@ -204,7 +211,7 @@ class Executor(Service):
                 # Held: give the slot back to other work; come back when a circuit changes.
                 parked = True
                 self._spawn(self._park(run))
-            elif isinstance(outcome, CallParked):  # the ledger parks it at that call; a decision dispatches it again
+            elif isinstance(outcome, CallParked | CallsDelegated):  # it waits in the ledger for a human or sub-tasks
                 await self._send_outcome(task_id, outcome)
             else:
                 outcome = run_outcome.within(run, outcome, self.settings.record_max_bytes)
@@ -235,7 +242,7 @@ class Executor(Service):
         if self._accepting and self.runs.get(run.task.task_id) is run:
             self._queue.put_nowait(run.task.task_id)
 
-    async def _run(self, run: Run) -> TaskSucceeded | TaskFailed | CallParked | None:
+    async def _run(self, run: Run) -> TaskSucceeded | TaskFailed | CallParked | CallsDelegated | None:
         """The task's outcome, or None when it must hold (``run.wait`` says for how long at most)."""
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:

@@ -52,9 +52,28 @@ class ToolCaller:
         self._backoff = (backoff_base_s, backoff_cap_s)
         self._rng = rng
 
-    async def call(self, turn: int, call: dict[str, Any], decision: dict[str, Any] | None = None) -> dict[str, Any]:
+    def delegation_problem(self, tool: Tool, call: dict[str, Any]) -> str | None:
+        """Why a call of an agent tool cannot become a sub-task (the model is told), or None when it can."""
+        try:
+            tool.validate(call["arguments"])
+        except ToolError as exc:
+            return str(exc)
+        parent = self.task.parent
+        lineage = [*(parent.lineage if parent else []), self.task.agent_name]
+        if tool.delegate in lineage:
+            return f"{tool.name} is not called: agent {tool.delegate} is already in the chain {' → '.join(lineage)}"
+        if len(lineage) >= self.agent.max_depth:
+            return f"{tool.name} is not called: the chain {' → '.join(lineage)} is at max_depth {self.agent.max_depth}"
+        if len(f"{self.task.task_id}/{call['id']}") > 256:
+            return f"{tool.name} is not called: its sub-task id would pass 256 characters"
+        return None
+
+    async def call(
+        self, turn: int, call: dict[str, Any], decision: dict[str, Any] | None = None,
+        subresult: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:
         """One tool call to its journal entry: the result, or the error the model is told of (``decision``: a
-        human's on this call; a rejected call does not run)."""
+        human's on this call, a rejected call does not run; ``subresult``: the delegated sub-task's result)."""
         entry = {"kind": "tool", "turn": turn, "id": call["id"], "name": call["name"], "error": True,
                  "fatal": False, "attempts": 0}
         tool = self.agent.by_name.get(call["name"])
@@ -67,6 +86,8 @@ class ToolCaller:
             arguments = tool.validate(call["arguments"])
         except ToolError as exc:
             return {**entry, "content": str(exc)}
+        if tool.delegate is not None:
+            return self._delegated(tool, call, entry, subresult)
         if decision is not None and decision["decision"] != "approve":
             said = f": {decision['comment']}" if decision.get("comment") else ""
             return {**entry, "fatal": tool.on_reject == "fail", "content": f"rejected by {decision['by']}{said}"}
@@ -84,6 +105,17 @@ class ToolCaller:
             base, cap = self._backoff
             await asyncio.sleep(backoff(attempt, base=base, cap=cap, rng=self._rng))
             attempt += 1
+
+    def _delegated(
+        self, tool: Tool, call: dict[str, Any], entry: dict[str, Any], subresult: dict[str, Any] | None,
+    ) -> dict[str, Any]:
+        """An agent tool's entry: its sub-task's output, or why it failed or was never started."""
+        if subresult is None:
+            return {**entry, "content": self.delegation_problem(tool, call) or f"{tool.name} was not delegated"}
+        result = subresult["result"]
+        if result.get("status") == "failed":
+            return {**entry, "attempts": 1, "content": f"agent {tool.delegate} failed: {result.get('error')}"}
+        return {**entry, "attempts": 1, "error": False, "content": result_text(result.get("output"))}
 
     async def _attempt(self, tool: Tool, ctx: ToolContext, arguments: Any, entry: dict[str, Any]) -> dict | None:
         """One attempt through the tool's breaker: its entry, or None when it is worth another attempt."""

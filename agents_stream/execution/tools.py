@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from agents_stream.contract.models import TaskPayload
 from agents_stream.providers.conversation import ToolSpec
 
-__all__ = ["FatalToolError", "Tool", "ToolContext", "ToolError", "deadline", "result_text", "tool"]
+__all__ = ["FatalToolError", "Tool", "ToolContext", "ToolError", "agent_tool", "deadline", "result_text", "tool"]
 
 
 class ToolError(Exception):
@@ -77,6 +77,8 @@ class Tool:
     approval: Callable[[Any], str | None] | bool | None = None
     #: a rejected call: "tell_model" (it reads "rejected by <who>: <comment>" and goes on) or "fail" (the task fails)
     on_reject: str = "tell_model"
+    #: an agent used as a tool: the call is a sub-task of that configured agent (``agent_tool``)
+    delegate: str | None = None
 
     def needs_approval(self, arguments: dict[str, Any]) -> str | None:
         """Why this call waits for a human, or None (arguments that do not validate never reach a human)."""
@@ -146,6 +148,18 @@ def tool(
                        approval=approval, on_reject=on_reject)
 
     return make(fn) if fn is not None else make
+
+
+def agent_tool(agent: str, description: str, *, name: str | None = None) -> Tool:
+    """Another configured agent as a tool: a call publishes a sub-task (``<task_id>/<call_id>``) to that agent's
+    topic and parks the caller until its result comes back (any worker of any app id may run it); the model reads
+    the sub-task's output as the call's result."""
+
+    async def delegated(instruction: str, context: dict[str, Any] | None = None) -> Any:
+        raise RuntimeError(f"the agent tool {agent!r} runs as a sub-task, never as a function")
+
+    made = _build(delegated, name or agent, description, 30.0, 0)
+    return replace(made, delegate=agent)
 
 
 def _build(fn: Callable[..., Any], name: str, description: str | None, timeout_s: float, retries: int) -> Tool:

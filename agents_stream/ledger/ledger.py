@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from faust.types import TP
 
@@ -17,6 +17,7 @@ from agents_stream.contract.events import (
     ApprovalTimeout,
     CacheReply,
     CallParked,
+    CallsDelegated,
     DeadLettered,
     DeadLetterRequest,
     FannedInResult,
@@ -24,6 +25,7 @@ from agents_stream.contract.events import (
     LeaseExpired,
     OutcomeEvent,
     StepDone,
+    SubtaskResult,
     TaskFailed,
     TaskSucceeded,
     read_event,
@@ -34,6 +36,7 @@ from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import identity, sizes
 from agents_stream.ledger.cache import AnswerCache
+from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import HISTORY_HEADER, moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
@@ -46,6 +49,7 @@ from agents_stream.orchestrator import Orchestrator, fan_in_event
 from agents_stream.settings import Settings
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
+from agents_stream.tables.delegation import SendTask
 from agents_stream.tables.leases import TaskRecord
 
 log = logging.getLogger(__name__)
@@ -83,6 +87,7 @@ class Ledger:
             worker_id=worker_id, agents=cached_agents or set(),
         )
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
+        self.delegation = Delegation(settings, worker_id, outbox)
         #: the job orchestrator when this app runs it; it shares this loop
         self.orchestrator = orchestrator
         #: the offsets held for each running task, with the watermark generation of each hold
@@ -240,6 +245,9 @@ class Ledger:
             if timed_out is not None:
                 self._apply(tp, offset, task_id, *timed_out)
             return
+        if isinstance(event, CallsDelegated | SubtaskResult):  # agents as tools: sub-tasks out, results in
+            self._apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event))
+            return
         changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:
             new, effects, extra = changed
@@ -316,7 +324,7 @@ class Ledger:
         task_id: str,
         old: TaskRecord | None,
         new: TaskRecord | None,
-        effects: list[leases.Effect],
+        effects: Sequence[leases.Effect | SendTask],
         task: TaskPayload | None = None,
         extra: list[Send] | None = None,
     ) -> None:
@@ -350,8 +358,8 @@ class Ledger:
         return sends
 
     def _effect(
-        self, tp: TP, offset: int, task_id: str, record: Any, effect: leases.Effect, task: TaskPayload | None,
-        sends: list[Send], after: list[Callable[[], object]],
+        self, tp: TP, offset: int, task_id: str, record: Any, effect: leases.Effect | SendTask,
+        task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]],
     ) -> None:
         """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
         if isinstance(effect, leases.Track):
@@ -363,6 +371,7 @@ class Ledger:
             after.append(partial(self.executor.dispatch, payload, effect.dispatch, done))
         elif isinstance(effect, leases.EmitResult):
             sends.append(self.outbox.record(topics.RESULTS, task_id.encode(), effect.result.encode("utf-8")))
+            sends += self.delegation.result_sends(record, effect.result)  # a sub-task's result goes to its caller
             job_id = job_of(record)
             if job_id is not None:  # fan-in: the job's owner hears of every result of its tasks
                 fanned = FannedInResult.model_validate_json(effect.result)  # the whole result rides along
@@ -379,6 +388,8 @@ class Ledger:
             self.outbox.control(effect.event, task_id, record.agent if record else None, effect.details)
         elif isinstance(effect, leases.Notify):
             after.append(partial(self.gate.notify, task_id, record, effect.level))
+        elif isinstance(effect, SendTask):
+            sends.append(self.delegation.send(effect))
         elif isinstance(effect, leases.Settle):
             for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
                 after.append(partial(self.watermark.close, held_tp, held_offset, gen))

@@ -31,8 +31,8 @@ def timer_key(task_id: str) -> str:
 
 
 def parked(record: TaskRecord | None) -> bool:
-    """Waiting for a decision, or running after one: found by the scanner, not by a redelivery."""
-    return record is not None and record.approval is not None and not record.terminal
+    """Waiting for a decision or for sub-tasks, or running after: found by the scanner, not by a redelivery."""
+    return record is not None and (record.approval is not None or record.waiting is not None) and not record.terminal
 
 
 def result_json(

@@ -15,7 +15,7 @@ from agents_stream.ledger.records import record_of
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals
 from agents_stream.tables.definitions import LedgerTable
-from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
+from agents_stream.tables.leases import AWAITING_APPROVAL, AWAITING_SUBTASKS, TaskRecord
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ class Scanner:
             ))
         else:
             self.index.drop(task_id)
-        if record.terminal or record.state == AWAITING_APPROVAL:
+        if record.terminal or record.state in (AWAITING_APPROVAL, AWAITING_SUBTASKS):  # no lease to watch
             self.open_tasks.pop(task_id, None)
         else:
             self.open_tasks[task_id] = OpenTask(TP(record.topic, record.partition), record.dispatch, record.lease_until)

@@ -257,3 +257,53 @@ async def _awaiting(worker: Any, n: int) -> list[dict[str, Any]] | None:
 
 async def _zero(coro: Any) -> bool:
     return await coro == 0
+
+
+async def test_a_lead_delegates_to_agents_of_another_app_and_resumes_once_after_a_callee_kill(
+    cluster_factory, fake_llm, tmp_path,
+):
+    """The lead (app 1) calls an analyzer and a summarizer run by app 2 (agents as tools): two sub-tasks; app 2's
+    worker is SIGKILLed while both are in flight. After its restart each sub-task has one result, the lead resumes
+    once (its turn 1 is asked once, with both answers) and has one final result."""
+    analyzer, summarizer, lead = unique("analyzer"), unique("summarizer"), unique("lead")
+    module = unique("lead_def")
+    (tmp_path / f"{module}.py").write_text(
+        "from agents_stream.execution.agent_definitions import Agent\n"
+        "from agents_stream.execution.tools import agent_tool\n"
+        f"LEAD = Agent('lead', 'Delegate.', tools=[agent_tool({analyzer!r}, 'Analyse.'), "
+        f"agent_tool({summarizer!r}, 'Summarise.')])\n"
+    )
+    async with FakeLLM() as callee_llm:
+        callee_toml = providers_toml(callee_llm.url, ("anthropic",)) + "".join(
+            f'[agents.{a}]\nproviders = ["p_anthropic"]\n' for a in (analyzer, summarizer))
+        callees = cluster_factory([analyzer, summarizer], None, toml=callee_toml)
+        lead_toml = (providers_toml(fake_llm.url, ("openai",))
+                     + f'[agents.{lead}]\nproviders = ["p_openai"]\nagent = "{module}:LEAD"\n')
+        leads = cluster_factory([lead], None, toml=lead_toml, PYTHONPATH=str(tmp_path))
+        await callees.started("b")
+        await leads.started("a")
+        t = task(lead, instruction="Write the report.", context_data={"doc": "Q3 revenue grew 12%."})
+        fake_llm.enqueue(tool_calls(call(analyzer, {"instruction": "What changed?", "context": {"doc": "Q3"}}),
+                                    call(summarizer, {"instruction": "Summarise it."})),
+                         ok("Report: growth, summarised."))
+        await callee_llm.set_mode(latency=60)  # both sub-tasks' calls hang until the kill
+        await produce(topics.task_topic(lead), [encode(t)])
+        await eventually(lambda: len({r.task_id for r in callee_llm.requests}) == 2, timeout=60,
+                         what="both sub-tasks in flight")
+        subs = {r.task_id for r in callee_llm.requests}
+        assert all(s.startswith(t["task_id"] + "/") for s in subs), subs
+        callees.workers[0].kill()
+        await callee_llm.set_mode(latency=0)
+        callee_llm.default = ok("callee answer")
+        await callees.started("b")  # its leases lapse and the sub-tasks run again
+        got = await results_for({*subs, t["task_id"]}, timeout=120)
+    assert all(len({m.value for m in got[s]}) == 1 for s in subs), "one distinct result per sub-task"
+    lead_results = {m.value for m in got[t["task_id"]]}
+    assert len(lead_results) == 1
+    final = json.loads(next(iter(lead_results)))
+    assert final["status"] == "succeeded" and final["output"] == "Report: growth, summarised."
+    assert turns_asked(fake_llm, t["task_id"]) == [0, 1], "the lead resumed once"
+    last = [r for r in fake_llm.requests if r.task_id == t["task_id"]][-1]
+    assert json.dumps(last.body).count("callee answer") == 2, "turn 1 reads both sub-tasks' answers"
+    assert {x["name"] for x in final["transcript"]["tool_calls"]} == {analyzer, summarizer}
+    assert not any(x["error"] for x in final["transcript"]["tool_calls"])

@@ -20,6 +20,8 @@ from agents_stream.contract.events import (
     CacheLookup,
     CacheReply,
     CacheStore,
+    CallParked,
+    CallsDelegated,
     CircuitFailure,
     CircuitHello,
     CircuitProbe,
@@ -38,6 +40,7 @@ from agents_stream.contract.events import (
     LeaseExpired,
     OutcomeEvent,
     StepDone,
+    SubtaskResult,
     TaskFailed,
     TaskSucceeded,
     decode,
@@ -107,6 +110,15 @@ OLD: list[tuple[Family[Any], type[ev.InternalEvent], dict[str, Any]]] = [
     (JOB_EVENTS, JobTaskResult, {"schema_version": 1, "kind": "result",
                                  "result": {"task_id": "j/b", "status": "failed", "error": "dead-lettered: x"}}),
     (JOB_EVENTS, JobDeadline, {"schema_version": 1, "kind": "deadline", "worker": W}),
+]
+# AgentRunner: a tool call parks for approval, calls delegated to other agents; Delegation: a sub-task's result
+OLD += [
+    (OUTCOMES, CallParked, outcome({"kind": "call_parked", "dispatch": 2, "turn": 1, "call_id": "c1",
+                                    "tool": "refund", "reason": "amount 500 > 100"})),
+    (OUTCOMES, CallsDelegated, outcome({"kind": "delegated", "dispatch": 2, "turn": 0, "calls": [
+        {"id": "c1", "agent": "analyzer", "instruction": "x", "context": None}]})),
+    (OUTCOMES, SubtaskResult, {"schema_version": 1, "kind": "subtask_result", "task_id": "t/c1", "agent": "analyzer",
+                               "call_id": "c1", "result": {"task_id": "t/c1", "status": "succeeded"}}),
 ]
 
 
@@ -204,6 +216,11 @@ NEW: list[tuple[Family[Any], Any]] = [
     (CIRCUITS, CircuitProbe(id="e", provider=CID, worker=W, at=1.0, probe_id="p")),
     (CIRCUITS, CircuitProbeCancel(id="e", provider=CID, worker=W, at=1.0, probe_id="p")),
     (CIRCUITS, CircuitRateLimited(id="e", provider=CID, worker=W, at=1.0, until=3.0, retry_after=2.0)),
+]
+NEW += [
+    (OUTCOMES, CallParked(worker=W, dispatch=2, turn=0, call_id="c", tool="refund", reason="r")),
+    (OUTCOMES, CallsDelegated(worker=W, dispatch=1, turn=0, calls=[{"id": "c", "agent": "a", "instruction": "i"}])),
+    (OUTCOMES, SubtaskResult(task_id="t/c", agent="a", call_id="c", result={"status": "failed", "error": "e"})),
 ]
 
 
@@ -348,6 +365,12 @@ def describe(event: OutcomeEvent) -> str:
             return "miss"
         case CacheReply(answer=CachedAnswer(task_id=task_id)):
             return f"hit:{task_id}"
+        case CallParked(tool=tool):
+            return f"parked:{tool}"
+        case CallsDelegated(calls=calls):
+            return f"delegated:{len(calls)}"
+        case SubtaskResult(call_id=call_id):
+            return f"subresult:{call_id}"
         case ApprovalTimeout() | LeaseExpired() | DeadLetterRequest() | DeadLettered():
             return event.kind
     return "unreachable"
@@ -358,6 +381,7 @@ def test_readers_can_match_on_the_type() -> None:
     assert seen == [
         "answer:high", "answer:low", "answer:medium", "partial", "failed:invalid_output: x", f"alive:{W}", "step:0",
         "step:1", "approval_timeout", "expired", "hit:t0", "miss", "dead_letter", "dead_lettered",
+        "parked:refund", "delegated:1", "subresult:c1",
     ]
 
 
