@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from functools import partial
@@ -413,6 +414,9 @@ class Ledger:
             failed = FannedInResult(task_id=task_id, status="failed", error=f"dead-lettered: {effect.reason}")
             event = fan_in_event(failed, record.agent, identity.recorded_digest(record))
             sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), event))
+        if record.result is None:  # a sub-task that ends without a result: its caller hears it failed
+            failure = {"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"}
+            sends += self.delegation.result_sends(record, json.dumps(failure))
 
     # -- the scanner, approvals and rebalances ------------------------------------------------
 

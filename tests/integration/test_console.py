@@ -246,3 +246,49 @@ async def _awaiting(worker: Any, task_id: str) -> bool:
         return task_id in [a["task_id"] for a in (await worker.get("/approvals"))["awaiting"]]
     except Exception:
         return False
+
+
+async def test_console_shows_an_agent_loops_transcript_as_a_timeline(cluster_factory, fake_llm, tmp_path):
+    """A support-agent task (lookup → label + refund → notify → answer): the task view draws its turns and tool
+    calls in order, one row each, with the rung, the tokens and the attempts."""
+    from agents_stream.examples.services import FakeServices
+    from agents_stream.testing.fakellm import call, ok, tool_calls
+
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = (f'[providers.fake]\nkind = "openai"\nbase_url = "{fake_llm.url}/v1"\nmodel = "fake-model"\n\n'
+                f'[agents.{agent}]\nproviders = ["fake"]\nagent = "agents_stream.examples.support:SUPPORT"\n'
+                f'[[agents.{agent}.approval.levels]]\nname = "lead"\ntimeout_s = 600\n')
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN,
+                            AGENTS_STREAM_REFUND_SERVICES=services.url)
+        w = await c.started()
+        t = task(agent, f"ticket-{uuid.uuid4().hex[:10]}", instruction="Refund order o-7", context_data={"o": 7})
+        fake_llm.enqueue(tool_calls(call("lookup_order", {"order_id": "o-7"})),
+                         tool_calls(call("create_label", {"order_id": "o-7"}),
+                                    call("refund", {"order_id": "o-7", "amount": 42.5})),
+                         tool_calls(call("notify_customer", {"email": "c@example.com", "text": "Refunded"})),
+                         ok("Refunded 42.50 and sent a label."))
+        await produce(topics.task_topic(agent), [encode(t)])
+        await results_for({t["task_id"]}, timeout=60)
+        driver = await asyncio.to_thread(chromium, tmp_path / "chromium-profile")
+        try:
+            page = Page(driver)
+            await page.run(driver.get, f"http://127.0.0.1:{w.web_port}/")
+            await page.type("#token", TOKEN)
+            await page.click("#token-save")
+            await page.type("#task-id", t["task_id"])
+            await page.click("#task-form button[type=submit]")
+            await page.wait("the timeline", lambda d: d.execute_script(
+                "return !document.getElementById('task-timeline').hidden"))
+            rows = await page.js("return [...document.querySelectorAll('#task-timeline-body tr')]"
+                                 ".map(r => [r.className, r.textContent])")
+            await page.run(driver.execute_script, "document.getElementById('task-timeline').scrollIntoView()")
+            await page.screenshot(SCREENSHOTS / "console-agent-timeline.png")
+            assert await page.errors() == []
+        finally:
+            await asyncio.to_thread(driver.quit)
+    kinds = [k for k, _ in rows]
+    assert kinds == ["turn", "call", "turn", "call", "call", "turn", "call", "turn"], rows
+    assert rows[0][1].startswith("0primary:fake:fake-model") and rows[0][1].endswith("lookup_order")
+    assert "lookup_order (" in rows[1][1] and rows[1][1].endswith("1 attemptok")
+    assert rows[-1][1].endswith("final answer")

@@ -534,9 +534,31 @@
     ]);
     show($("job-steps"), false);
     show($("job-cancel"), false);
+    timeline(result.transcript || (t.progress && t.progress.transcript));
     $("lookup-json").textContent = JSON.stringify(t, null, 2);
     $("lookup-message").textContent = "";
     show($("lookup-result"), true);
+  }
+
+  // An agent loop's turns and tool calls, one row each, in order (the result's transcript, or a running loop's).
+  function timeline(transcript) {
+    const turns = transcript && Array.isArray(transcript.turns) ? transcript.turns : [];
+    const calls = transcript && Array.isArray(transcript.tool_calls) ? transcript.tool_calls : [];
+    const rows = [];
+    for (const turn of turns) {
+      const u = turn.usage || {};
+      const cost = typeof u.cost === "number" ? ` · ${u.cost.toFixed(6)} USD` : "";
+      const asked = Array.isArray(turn.tool_calls) && turn.tool_calls.length ? turn.tool_calls.join(", ") : "final answer";
+      rows.push(el("tr", { cls: "turn" }, el("td", { text: String(turn.turn) }), el("td", { text: turn.source ?? "" }),
+        el("td", { text: `${u.input_tokens ?? 0} in / ${u.output_tokens ?? 0} out${cost}` }), el("td", { text: asked })));
+      for (const c of calls.filter((x) => x.turn === turn.turn)) {
+        rows.push(el("tr", { cls: c.error ? "call error" : "call" }, el("td"),
+          el("td", {}, el("code", { text: `${c.name} (${c.id})` })),
+          el("td", { text: `${c.attempts} attempt${c.attempts === 1 ? "" : "s"}` }), el("td", { text: c.error ? "error" : "ok" })));
+      }
+    }
+    $("task-timeline-body").replaceChildren(...rows);
+    show($("task-timeline"), rows.length > 0);
   }
 
   async function showJob(event) {
@@ -547,6 +569,7 @@
     if (!r.ok || !r.data) return lookupFailed(`job ${jobId}`, r);
     const j = r.data;
     shownJob = jobId;
+    show($("task-timeline"), false);
     $("lookup-title-text").textContent = "Job " + jobId;
     summary([
       ["state", j.state], ["created", when(j.created_at)], ["deadline", when(j.deadline)], ["finished", when(j.finished_at)],
