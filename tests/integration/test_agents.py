@@ -185,32 +185,13 @@ async def test_the_alternate_carries_the_conversation_when_the_primary_goes_down
         assert len(services.executed("payment.refund")) == 1
 
 
-async def test_a_huge_tool_result_ends_its_task_and_the_partition_keeps_moving(cluster_factory, fake_llm):
-    """A tool answering 2 MB (more than the agent keeps): the task fails with journal_too_large and the next task
-    on the same agent is answered."""
-    async with FakeServices() as services:
-        agent = unique("support")
-        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
-        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
-        await c.started()
-        big = order_task(agent)
-        services.pad_orders(2_000_000)
-        fake_llm.enqueue(tool_calls(call("lookup_order", {"order_id": big["context_data"]["order_id"]})))
-        nxt = order_task(agent)
-        fake_llm.enqueue(ok("nothing to do"))
-        await produce(topics.task_topic(agent), [encode(big)])
-        first = await result_of(big)
-        await produce(topics.task_topic(agent), [encode(nxt)])
-        second = await result_of(nxt)
-    assert first["status"] == "failed" and "journal_too_large" in first["error"], first["error"]
-    assert second["status"] == "succeeded" and second["output"] == "nothing to do"
-
-
-async def test_a_large_refund_parks_at_its_call_until_a_human_decides(cluster_factory, fake_llm):
+async def test_a_large_refund_parks_at_its_call_until_a_human_decides_and_a_huge_result_ends_its_task(
+    cluster_factory, fake_llm,
+):
     """Two tickets whose refunds are over the agent's approval rule: each parks at its refund call (the task's
     offsets committed: lag 0 behind it, no slot held), the label of the same turn is made. Approve the first over
     HTTP → one refund, the loop finishes; reject the second → no refund, and the model's next turn reads the
-    rejection."""
+    rejection. Then a 2 MB tool result: journal_too_large, and the partition keeps moving."""
     token = "agents-test-token"
     async with FakeServices() as services:
         agent = unique("support")
@@ -248,6 +229,19 @@ async def test_a_large_refund_parks_at_its_call_until_a_human_decides(cluster_fa
         last = [r for r in fake_llm.requests if r.task_id == rejected["task_id"]][-1]
         assert "rejected by lead-ann: over budget" in json.dumps(last.body)
         assert turns_asked(fake_llm, approved["task_id"]) == [0, 1, 2], "no turn is asked again after the wait"
+
+        # The same worker: a tool answering 2 MB (more than the agent keeps) ends its task with journal_too_large,
+        # and the next task of the agent is answered.
+        big, nxt = order_task(agent), order_task(agent)
+        services.pad_orders(2_000_000)
+        fake_llm.enqueue(tool_calls(call("lookup_order", {"order_id": big["context_data"]["order_id"]})),
+                         ok("nothing to do"))
+        await produce(topics.task_topic(agent), [encode(big)])
+        first = await result_of(big)
+        await produce(topics.task_topic(agent), [encode(nxt)])
+        second = await result_of(nxt)
+    assert first["status"] == "failed" and "journal_too_large" in first["error"], first["error"]
+    assert second["status"] == "succeeded" and second["output"] == "nothing to do"
 
 
 async def _awaiting(worker: Any, n: int) -> list[dict[str, Any]] | None:
@@ -307,3 +301,45 @@ async def test_a_lead_delegates_to_agents_of_another_app_and_resumes_once_after_
     assert json.dumps(last.body).count("callee answer") == 2, "turn 1 reads both sub-tasks' answers"
     assert {x["name"] for x in final["transcript"]["tool_calls"]} == {analyzer, summarizer}
     assert not any(x["error"] for x in final["transcript"]["tool_calls"])
+
+
+async def test_a_tool_failing_every_call_opens_its_breaker_and_the_model_is_told(cluster_factory, fake_llm, tmp_path):
+    """A carrier that answers 503 to everything, asked for in each of 8 turns: its breaker (threshold 3, shared
+    through agent.circuits) opens after a bounded number of calls; the later turns are told it is unavailable
+    without a call; the task still ends with one result."""
+    module = unique("shipper_def")
+    (tmp_path / f"{module}.py").write_text(
+        "import os\nimport aiohttp\n"
+        "from agents_stream.contract.errors import TransientError\n"
+        "from agents_stream.execution.agent_definitions import Agent\n"
+        "from agents_stream.execution.tools import ToolContext, tool\n\n"
+        "@tool(retries=1, breaker={'failure_threshold': 3, 'open_timeout_s': 600})\n"
+        "async def carrier(ctx: ToolContext) -> str:\n"
+        "    '''Create a shipping label.'''\n"
+        "    url = os.environ['AGENTS_STREAM_REFUND_SERVICES'] + '/carrier/label'\n"
+        "    key = {'Idempotency-Key': ctx.key}\n"
+        "    async with aiohttp.ClientSession() as s, s.post(url, json={}, headers=key) as r:\n"
+        "        if r.status >= 500:\n"
+        "            raise TransientError(f'carrier answered {r.status}')\n"
+        "        return await r.text()\n\n"
+        "SHIPPER = Agent('shipper', 'Ship it.', tools=[carrier], max_turns=10, max_tool_errors=10)\n"
+    )
+    async with FakeServices() as services:
+        services.fail("carrier.label", times=1000)
+        agent = unique("shipper")
+        toml = providers_toml(fake_llm.url, ("openai",)) + (
+            f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{module}:SHIPPER"\n')
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            PYTHONPATH=str(tmp_path))
+        await c.started()
+        await fake_llm.set_mode(tool_turns=["carrier"] * 8)
+        t = task(agent, instruction="Ship order o-1.")
+        await produce(topics.task_topic(agent), [encode(t)])
+        result = await result_of(t)
+        calls = [x for x in services.calls if x.operation == "carrier.label"]
+    print(f"\nagents: 8 turns asked for a carrier failing every call; it was called {len(calls)} times")
+    assert result["status"] == "succeeded" and len(result["transcript"]["tool_calls"]) == 8
+    assert all(x["error"] for x in result["transcript"]["tool_calls"])
+    assert len(calls) <= 4, f"the breaker bounds the calls (threshold 3): {len(calls)}"
+    last = [r for r in fake_llm.requests if r.task_id == t["task_id"]][-1]
+    assert json.dumps(last.body).count("breaker is open") >= 5, "the later turns were told without a call"

@@ -79,3 +79,41 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     assert kinds.count("agent.turn") == 11 and kinds.count("agent.tool_call") == 10
     assert events[1] == ("agent.tool_call", {"turn": 0, "call_id": "c0", "tool": "carrier", "error": True,
                                              "attempts": 2})
+
+
+@tool(max_concurrency=1)
+async def single_lane(ctx: ToolContext) -> str:
+    """One call at a time, cluster-wide."""
+    IN_FLIGHT.append(1)
+    PEAK.append(len(IN_FLIGHT))
+    await asyncio.sleep(0.05)
+    IN_FLIGHT.pop()
+    return "done"
+
+
+IN_FLIGHT: list[int] = []
+PEAK: list[int] = []
+
+
+async def test_a_tools_concurrency_limit_holds_its_calls_to_it_across_a_turn() -> None:
+    """Three calls of one turn to a tool with max_concurrency=1: they run one after another, none refused."""
+    agent = Agent("b", "x", tools=[single_lane])
+    config, names = with_tool_circuits(BASE, {"b": SimpleNamespace(agent=agent)})  # type: ignore[dict-item]
+    log = MemoryCircuitsLog()
+    circuits = Circuits(config, ["local", *names], "w0", send=log.send, on_transition=lambda *t: None,
+                        on_change=lambda: None, app_id="app")
+    log.attach(circuits)
+    circuits.hello()  # this worker is live: the cluster-wide limit is split among the live workers (one)
+
+    async def ask(conv: Conversation) -> TurnAnswer:
+        if any(isinstance(m, ToolResult) for m in conv.messages):
+            return TurnAnswer(Turn("ok", (), Usage(), "f", "m"), "primary:f:m", "high", 1, None)
+        calls = tuple(ToolCall(f"c{i}", "single_lane", {}) for i in range(3))
+        return TurnAnswer(Turn("", calls, Usage(), "f", "m"), "primary:f:m", "high", 1, None)
+
+    PEAK.clear()
+    journal: list[Any] = []
+    end = await asyncio.wait_for(Loop(agent, TaskPayload(task_id="t", agent_name="b", instruction="x"), journal,
+                                      ask=ask, record=record, circuits=circuits).run(), 10)
+    assert isinstance(end, Done) and max(PEAK) == 1 and len(PEAK) == 3
+    assert [e["error"] for e in journal if e["kind"] == "tool"] == [False, False, False]
