@@ -114,8 +114,10 @@ async def test_a_worker_killed_after_the_refund_resumes_without_a_second_refund(
         await produce(topics.task_topic(agent), [encode(t)])
         await eventually(lambda: 2 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 2 in flight")
         assert services.executed("payment.refund"), "the refund took effect before the kill"
-        view = await c.workers[0].get(f"/tasks/{t['task_id']}")
-        progress = view["progress"]["transcript"]
+        # the journal's last entries are confirmed by the broker before turn 2 is asked, and applied by the ledger
+        # just after: wait for the view to show them rather than read it once
+        progress = await eventually(lambda: _progress(c.workers[0], t["task_id"], calls=3), timeout=10,
+                                    what="the three tool results in the task's progress")
         assert [tt["tool_calls"] for tt in progress["turns"]] == [["lookup_order"], ["create_label", "refund"]]
         assert sorted(x["name"] for x in progress["tool_calls"]) == ["create_label", "lookup_order", "refund"]
         c.workers[0].kill()
@@ -343,3 +345,9 @@ async def test_a_tool_failing_every_call_opens_its_breaker_and_the_model_is_told
     assert len(calls) <= 4, f"the breaker bounds the calls (threshold 3): {len(calls)}"
     last = [r for r in fake_llm.requests if r.task_id == t["task_id"]][-1]
     assert json.dumps(last.body).count("breaker is open") >= 5, "the later turns were told without a call"
+
+
+async def _progress(worker: Any, task_id: str, *, calls: int) -> dict[str, Any] | None:
+    """The task's journal as /tasks shows it, once it holds ``calls`` tool results."""
+    transcript = ((await worker.get(f"/tasks/{task_id}")).get("progress") or {}).get("transcript") or {}
+    return transcript if len(transcript.get("tool_calls", [])) >= calls else None
