@@ -61,9 +61,12 @@ async def produce_paced(topic: str, tasks: list[dict[str, Any]], per_second: flo
         due = started + (i + batch) / per_second
         await asyncio.sleep(max(0.0, due - time.monotonic()))
 
+#: the primary's outage in the two-worker breaker test (seconds)
+OUTAGE_S = 25.0
+
 
 async def test_breaker_shared_by_two_workers_bounds_calls_to_a_down_primary(cluster_factory):
-    """Primary down 30 s while 1,000 tasks flow through 2 workers: the primary gets a bounded number of calls,
+    """Primary down 25 s while 800 tasks flow through 2 workers: the primary gets a bounded number of calls,
     the alternate answers with confidence=medium, the breaker closes afterwards and traffic returns to the primary."""
     threshold, open_timeout, probes, max_conc = 5, 5.0, 1, 8
     async with FakeLLM() as primary, FakeLLM() as alternate:
@@ -79,26 +82,26 @@ async def test_breaker_shared_by_two_workers_bounds_calls_to_a_down_primary(clus
         )
         c = cluster_factory([agent], None, toml=toml)
         await asyncio.gather(c.started("a"), c.started("b"))
-        ts = [task(agent, n=i) for i in range(1000)]
+        ts = [task(agent, n=i) for i in range(800)]
         ids = [t["task_id"] for t in ts]
-        feeding = asyncio.ensure_future(produce_paced(topics.task_topic(agent), ts, per_second=20))  # ~50 s
+        feeding = asyncio.ensure_future(produce_paced(topics.task_topic(agent), ts, per_second=20))  # ~40 s
         await asyncio.sleep(5)
         outage_start = time.time()
-        await primary.set_mode(outage=True, outage_for=30)
-        await asyncio.sleep(30)
+        await primary.set_mode(outage=True, outage_for=OUTAGE_S)
+        await asyncio.sleep(OUTAGE_S)
         outage_end = time.time()
         await asyncio.wait_for(feeding, 60)
         results = decoded(await results_for(set(ids), timeout=120))
 
     assert set(results) == set(ids), "every task has one result"
     during = [r for r in primary.requests if outage_start <= r.ts < outage_end]
-    windows = math.ceil(30 / open_timeout) + 1
+    windows = math.ceil(OUTAGE_S / open_timeout) + 1
     bound = threshold + max_conc + probes * windows
     by_source: dict[str, int] = {}
     for r in results.values():
         by_source[r["source"].split(":")[0]] = by_source.get(r["source"].split(":")[0], 0) + 1
     print(
-        f"\nbreaker: primary got {len(during)} calls during its 30 s outage "
+        f"\nbreaker: primary got {len(during)} calls during its {OUTAGE_S:g} s outage "
         f"(bound {threshold} threshold + {max_conc} concurrency + {probes}x{windows} probes = {bound}); "
         f"results by tier {by_source}"
     )
@@ -112,11 +115,14 @@ async def test_breaker_shared_by_two_workers_bounds_calls_to_a_down_primary(clus
     assert by_source.get("alternate", 0) >= 300, "tasks during the outage completed on the alternate"
     # The breaker closed after recovery, and the last tasks went to the primary again.
     assert all(results[i]["source"].startswith("primary:") for i in ids[-40:]), "traffic returned to the primary"
-    events = await read_topic(
-        topics.CONTROL, timeout=10, until=lambda seen: False,
+    def kinds_of(seen: list[Any]) -> list[str]:
+        return [json.loads(m.value)["event"] for m in seen if outage_start - 1 <= _at(m) <= time.time()]
+
+    events = await read_topic(  # both transitions were sent before the last results: read until they are seen
+        topics.CONTROL, timeout=20, until=lambda seen: {"breaker.open", "breaker.closed"} <= set(kinds_of(seen)),
         keep=lambda m: json.loads(m.value)["event"].startswith("breaker.") and m.key == b"primary",
     )
-    kinds = [json.loads(m.value)["event"] for m in events if outage_start - 1 <= _at(m) <= time.time()]
+    kinds = kinds_of(events)
     print(f"breaker transitions seen: {kinds}")
     assert "breaker.open" in kinds and "breaker.closed" in kinds
 
