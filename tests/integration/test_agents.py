@@ -3,6 +3,7 @@ and the example services over HTTP; SIGKILLs after a refund and during one."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -276,8 +277,7 @@ async def test_a_lead_delegates_to_agents_of_another_app_and_resumes_once_after_
         lead_toml = (providers_toml(fake_llm.url, ("openai",))
                      + f'[agents.{lead}]\nproviders = ["p_openai"]\nagent = "{module}:LEAD"\n')
         leads = cluster_factory([lead], None, toml=lead_toml, PYTHONPATH=str(tmp_path))
-        await callees.started("b")
-        await leads.started("a")
+        await asyncio.gather(callees.started("b"), leads.started("a"))
         t = task(lead, instruction="Write the report.", context_data={"doc": "Q3 revenue grew 12%."})
         fake_llm.enqueue(tool_calls(call(analyzer, {"instruction": "What changed?", "context": {"doc": "Q3"}}),
                                     call(summarizer, {"instruction": "Summarise it."})),
