@@ -54,7 +54,7 @@ from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers, datadir_option
-from agents_stream.tables.definitions import Tables, define_tables
+from agents_stream.tables.definitions import PromptTableManager, Tables, define_tables
 
 log = logging.getLogger(__name__)
 
@@ -364,7 +364,7 @@ def _new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Age
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
         stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
-        producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic,
+        producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic, TableManager=PromptTableManager,
         table_cleanup_interval=3600.0, loghandlers=[],
     )
 
