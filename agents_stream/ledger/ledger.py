@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from functools import partial
@@ -409,14 +408,15 @@ class Ledger:
         ))
         agent, layer = record.agent, effect.layer
         after.append(lambda: metrics.dead_letters.labels(agent, layer).inc())
+        if record.result is not None:
+            return
+        # No result will come: its job counts it failed, and so does the agent loop that delegated it.
+        failed = FannedInResult(task_id=task_id, status="failed", error=f"dead-lettered: {effect.reason}")
         job_id = job_of(record)
-        if job_id is not None and record.result is None:  # no result will come: the job counts it failed
-            failed = FannedInResult(task_id=task_id, status="failed", error=f"dead-lettered: {effect.reason}")
+        if job_id is not None:
             event = fan_in_event(failed, record.agent, identity.recorded_digest(record))
             sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), event))
-        if record.result is None:  # a sub-task that ends without a result: its caller hears it failed
-            failure = {"task_id": task_id, "status": "failed", "error": f"dead-lettered: {effect.reason}"}
-            sends += self.delegation.result_sends(record, json.dumps(failure))
+        sends += self.delegation.result_sends(record, failed.model_dump_json(exclude_none=True))
 
     # -- the scanner, approvals and rebalances ------------------------------------------------
 
