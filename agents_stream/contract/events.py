@@ -43,9 +43,9 @@ from agents_stream.contract.jsonsafe import MAX_DEPTH, nesting_depth, strict_jso
 from agents_stream.contract.models import SCHEMA_VERSION, Confidence, Status, Usage
 
 __all__ = [
-    "ANSWERS", "CIRCUITS", "JOB_EVENTS", "OUTCOMES",
+    "ANSWERS", "CALL_ID_PATTERN", "CIRCUITS", "JOB_EVENTS", "OUTCOMES",
     "AnswersEvent", "CacheLookup", "CacheReply", "CacheStore", "CachedAnswer", "CallParked", "CallsDelegated",
-    "CircuitFailure", "CircuitHello", "SubtaskResult",
+    "CircuitFailure", "CircuitHello", "DelegatedCall", "SubtaskResult",
     "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
     "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
     "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
@@ -136,15 +136,30 @@ class CallParked(_Versioned):
     reason: str
 
 
+#: what a delegated call's id may be: it becomes part of a task_id
+CALL_ID_PATTERN = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+class DelegatedCall(BaseModel):
+    """One call of an agent tool, as its sub-task will carry it (the agent name as the config allows it)."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    id: str = Field(pattern=CALL_ID_PATTERN)  # part of the sub-task's id: <task_id>/<id>
+    agent: str = Field(pattern=r"^[A-Za-z0-9_-]+$")
+    instruction: str
+    context: dict[str, Any] | None = None
+
+
 class CallsDelegated(_Versioned):
-    """An agent loop's calls to other agents (``calls``: id, agent, instruction, context each): publish them as
-    sub-tasks and park the task until every result is back."""
+    """An agent loop's calls to other agents: publish them as sub-tasks and park the task until every result is
+    back. A malformed call makes the whole event malformed (logged and skipped), never a stream-loop error."""
 
     kind: Literal["delegated"] = "delegated"
     worker: str
     dispatch: int
     turn: int
-    calls: list[dict[str, Any]]
+    calls: list[DelegatedCall] = Field(min_length=1)
 
 
 class SubtaskResult(_Versioned):

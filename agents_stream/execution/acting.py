@@ -15,7 +15,14 @@ import random
 import time
 from typing import Any
 
-from agents_stream.contract.events import CallParked, CallsDelegated, StepDone, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import (
+    CallParked,
+    CallsDelegated,
+    DelegatedCall,
+    StepDone,
+    TaskFailed,
+    TaskSucceeded,
+)
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
 from agents_stream.execution.agent_definitions import Agent
@@ -87,7 +94,8 @@ class AgentRunner:
             return CallParked(worker=run.worker, dispatch=run.dispatch, turn=end.turn, call_id=end.call_id,
                               tool=end.tool, reason=end.reason)
         if isinstance(end, Delegated):  # the ledger publishes the sub-tasks; the task waits without a slot
-            return CallsDelegated(worker=run.worker, dispatch=run.dispatch, turn=end.turn, calls=list(end.calls))
+            calls = [DelegatedCall.model_validate(c) for c in end.calls]
+            return CallsDelegated(worker=run.worker, dispatch=run.dispatch, turn=end.turn, calls=calls)
         return self._outcome(run, end)
 
     async def _turn(self, run: Run, plan: AgentPlan, conversation: Conversation) -> TurnAnswer | Unavailable | Rejected:

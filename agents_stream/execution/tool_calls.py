@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import re
 from typing import Any, Protocol
 
 import aiohttp
 
 from agents_stream.contract.errors import CircuitOpen, TransientError
+from agents_stream.contract.events import CALL_ID_PATTERN
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, deadline, result_text
@@ -64,8 +66,8 @@ class ToolCaller:
             return f"{tool.name} is not called: agent {tool.delegate} is already in the chain {' → '.join(lineage)}"
         if len(lineage) >= self.agent.max_depth:
             return f"{tool.name} is not called: the chain {' → '.join(lineage)} is at max_depth {self.agent.max_depth}"
-        if len(f"{self.task.task_id}/{call['id']}") > 256:
-            return f"{tool.name} is not called: its sub-task id would pass 256 characters"
+        if not re.match(CALL_ID_PATTERN, call["id"]) or len(f"{self.task.task_id}/{call['id']}") > 256:
+            return f"{tool.name} is not called: its call id {call['id'][:40]!r} cannot name a sub-task"
         return None
 
     async def call(

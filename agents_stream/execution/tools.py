@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Awaitable, Callable, get_type_hints
@@ -158,6 +159,8 @@ def agent_tool(agent: str, description: str, *, name: str | None = None) -> Tool
     async def delegated(instruction: str, context: dict[str, Any] | None = None) -> Any:
         raise RuntimeError(f"the agent tool {agent!r} runs as a sub-task, never as a function")
 
+    if not re.match(r"^[A-Za-z0-9_-]+$", agent):
+        raise ValueError(f"agent_tool {agent!r}: an agent name is letters, digits, - or _")
     made = _build(delegated, name or agent, description, 30.0, 0)
     return replace(made, delegate=agent)
 

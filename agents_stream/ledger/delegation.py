@@ -51,13 +51,13 @@ class Delegation:
         lineage = [*(parent.parent.lineage if parent.parent else []), record.agent]
         subtasks = []
         for call in event.calls:
-            sub_id = f"{task_id}/{call['id']}"
+            sub_id = f"{task_id}/{call.id}"
             payload = TaskPayload(
-                task_id=sub_id, agent_name=call["agent"], instruction=call["instruction"],
-                context_data=call.get("context") or {}, deadline=parent.deadline,
-                parent=ParentRef(task_id=task_id, app_id=self.settings.app_id, call_id=call["id"], lineage=lineage),
+                task_id=sub_id, agent_name=call.agent, instruction=call.instruction,
+                context_data=call.context or {}, deadline=parent.deadline,
+                parent=ParentRef(task_id=task_id, app_id=self.settings.app_id, call_id=call.id, lineage=lineage),
             )
-            subtasks.append((call["id"], call["agent"], sub_id, payload.model_dump_json(exclude_none=True)))
+            subtasks.append((call.id, call.agent, sub_id, payload.model_dump_json(exclude_none=True)))
         new, effects = delegation.delegate(record, dispatch=event.dispatch, turn=event.turn, subtasks=subtasks)
         return record, new, effects
 

@@ -299,6 +299,12 @@ MALFORMED: list[tuple[Family[Any], Any]] = [
     (OUTCOMES, json.dumps(outcome({"kind": "heartbeat", "dispatch": True, "owner": W}))),
     (OUTCOMES, json.dumps(outcome({"kind": "heartbeat", "dispatch": 2}))),  # no owner
     (OUTCOMES, json.dumps(outcome({"kind": "step", "dispatch": 2, "output": "x"}))),  # no index
+    # a delegated call whose agent is no agent name, whose id cannot be part of a task_id, or that is missing
+    (OUTCOMES, json.dumps(outcome({"kind": "delegated", "dispatch": 1, "turn": 0,
+                                   "calls": [{"id": "c1", "agent": "../x", "instruction": "i"}]}))),
+    (OUTCOMES, json.dumps(outcome({"kind": "delegated", "dispatch": 1, "turn": 0,
+                                   "calls": [{"id": "c\n1", "agent": "a", "instruction": "i"}]}))),
+    (OUTCOMES, json.dumps(outcome({"kind": "delegated", "dispatch": 1, "turn": 0, "calls": [{"id": "c1"}]}))),
     (OUTCOMES, json.dumps({**OLD[0][2], "confidence": "sure"})),
     (OUTCOMES, json.dumps({k: v for k, v in OLD[0][2].items() if k != "confidence"})),  # no longer silently "high"
     (OUTCOMES, json.dumps({**OLD[0][2], "usage": [1]})),
