@@ -10,9 +10,9 @@ the task's record and a re-dispatch resumes from it.
 
 from __future__ import annotations
 
-import json
 import random
 import time
+from functools import partial
 from typing import Any
 
 from agents_stream.contract.events import (
@@ -78,7 +78,8 @@ class AgentRunner:
 
         loop = Loop(
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,
-            journal_fits=lambda entries: self._fits(run, entries), check_budget_s=settings.output_check_budget_s,
+            journal_fits=partial(self._fits, len(task.model_dump_json())),
+            check_budget_s=settings.output_check_budget_s,
             circuits=self.ladder.circuits,
             on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
             backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
@@ -113,9 +114,9 @@ class AgentRunner:
                 earliest = answer.retry_at if earliest is None else min(earliest, answer.retry_at)
         return Unavailable(earliest, why)
 
-    def _fits(self, run: Run, entries: list[Any]) -> bool:
-        size = len(json.dumps(entries, separators=(",", ":"))) + len(run.task.model_dump_json())
-        return size + RECORD_OVERHEAD_BYTES <= self.settings.record_max_bytes
+    def _fits(self, task_bytes: int, journal_bytes: int) -> bool:
+        """Whether a journal of ``journal_bytes`` still fits, with the task, in one record."""
+        return task_bytes + journal_bytes + RECORD_OVERHEAD_BYTES <= self.settings.record_max_bytes
 
     def _outcome(self, run: Run, end: Done | Failed) -> TaskSucceeded | TaskFailed:
         """The loop's end as an outcome: calls, usage and cost summed over every turn the journal holds."""

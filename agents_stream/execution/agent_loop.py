@@ -12,6 +12,7 @@ without a broker or a provider.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -100,7 +101,7 @@ class Loop:
         record: Record,
         spec: OutputSpec | None = None,
         system: str = "",
-        journal_fits: Callable[[list[Any]], bool] = lambda _: True,
+        journal_fits: Callable[[int], bool] = lambda _: True,
         check_budget_s: float = 1.0,
         circuits: Admission | None = None,
         on_event: OnEvent = lambda event, details: None,
@@ -115,7 +116,9 @@ class Loop:
         self._record = record
         self.spec = spec
         self.system = "\n\n".join(filter(None, [system, agent.instructions]))
+        #: given the journal's size as JSON (bytes), whether the task's record can still hold it
         self._fits = journal_fits
+        self._bytes = len(_compact(entries))  # kept up to date as entries are added: no re-serialising per entry
         self._check_budget_s = check_budget_s
         self.tools = ToolCaller(agent, task, circuits=circuits, backoff_base_s=backoff_base_s,
                                 backoff_cap_s=backoff_cap_s, rng=rng or random.Random())
@@ -248,7 +251,7 @@ class Loop:
             if self._broken:  # an earlier record failed: whether it became durable is unknown, so stop here
                 raise JournalBroken(f"task {self.task.task_id}: a journal write failed; the task resumes from "
                                     "its checkpoint when it is dispatched again")
-            grown = [*self.entries, entry]
+            grown = self._bytes + len(_compact(entry)) + (1 if self.entries else 0)  # and its comma
             if not self._fits(grown):
                 error = (f"journal_too_large: with {entry['kind']} entry {len(self.entries) + 1} the agent's "
                          f"journal would not fit in the task's record")
@@ -259,6 +262,7 @@ class Loop:
                 self._broken = True
                 raise
             self.entries.append(entry)
+            self._bytes = grown
         return None
 
 
@@ -322,6 +326,10 @@ def transcript(entries: list[Any]) -> dict[str, Any]:
         for r in sorted(state.results.values(), key=lambda r: (r["turn"], r["id"]))
     ]
     return {"turns": turns, "tool_calls": calls}
+
+
+def _compact(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
 
 
 def _source(state: journal.LoopState) -> str:

@@ -358,10 +358,17 @@ async def test_a_huge_tool_result_fails_the_task_or_is_truncated_as_configured()
 
 async def test_a_journal_that_would_not_fit_the_record_ends_the_task() -> None:
     durable: list[Any] = []
-    loop = Loop(SUPPORT, TASK, [], ask=make_ask(World()), record=make_record(World(), durable),
-                journal_fits=lambda entries: len(entries) < 3)
+    sizes: list[int] = []
+
+    def fits(size: int) -> bool:  # the record holds two entries
+        sizes.append(size)
+        return len(sizes) < 3
+
+    loop = Loop(SUPPORT, TASK, [], ask=make_ask(World()), record=make_record(World(), durable), journal_fits=fits)
     end = await loop.run()
     assert isinstance(end, Failed) and end.reason.startswith("journal_too_large") and len(durable) == 2
+    assert sizes[:2] == [len(json.dumps(durable[:n], separators=(",", ":"))) for n in (1, 2)], (
+        "the size asked about is the journal's JSON with the new entry")
 
 
 class Refund(BaseModel):
