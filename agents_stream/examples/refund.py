@@ -8,23 +8,17 @@ the order in ``context_data`` (``order_id``, ``amount``, ``email``).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import aiohttp
-
+from agents_stream.examples.services import call_service
 from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
 
 
 async def _call(operation: str, ctx: StepContext, body: dict[str, Any]) -> Any:
-    base = os.environ.get("AGENTS_STREAM_REFUND_SERVICES", "http://127.0.0.1:8090").rstrip("/")
-    service, op = operation.split(".")
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        async with session.post(f"{base}/{service}/{op}", json=body, headers={"Idempotency-Key": ctx.key}) as resp:
-            data = await resp.json(content_type=None)
-            if resp.status >= 400:
-                raise RuntimeError(f"{operation} answered {resp.status}: {data}")
-            return data
+    status, data = await call_service(operation, ctx.key, body)
+    if status >= 400:
+        raise RuntimeError(f"{operation} answered {status}: {data}")
+    return data
 
 
 def _order(ctx: StepContext) -> dict[str, Any]:

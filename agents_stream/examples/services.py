@@ -13,10 +13,12 @@ records it as a replay, as a well-behaved payment API does.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 OPERATIONS = (
@@ -115,6 +117,16 @@ class FakeServices:
             except asyncio.TimeoutError:
                 pass
         return web.json_response(answer)
+
+
+async def call_service(operation: str, key: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """POST ``operation`` ("payment.refund") to the services at ``AGENTS_STREAM_REFUND_SERVICES`` with its
+    idempotency key: (HTTP status, JSON answer). What the saga steps and the support agent's tools call."""
+    base = os.environ.get("AGENTS_STREAM_REFUND_SERVICES", "http://127.0.0.1:8090").rstrip("/")
+    service, op = operation.split(".")
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
+        async with session.post(f"{base}/{service}/{op}", json=body, headers={"Idempotency-Key": key}) as resp:
+            return resp.status, await resp.json(content_type=None)
 
 
 async def serve(port: int) -> None:

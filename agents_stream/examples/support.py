@@ -10,28 +10,21 @@ above ``REFUND_APPROVAL_ABOVE`` waits for a human at that call).
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-import aiohttp
-
 from agents_stream.contract.errors import TransientError
+from agents_stream.examples.services import call_service
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.tools import ToolContext, ToolError, tool
 
 
 async def _call(operation: str, ctx: ToolContext, body: dict[str, Any]) -> Any:
-    base = os.environ.get("AGENTS_STREAM_REFUND_SERVICES", "http://127.0.0.1:8090").rstrip("/")
-    service, op = operation.split(".")
-    timeout = aiohttp.ClientTimeout(total=10)
-    async with aiohttp.ClientSession(timeout=timeout) as session:
-        async with session.post(f"{base}/{service}/{op}", json=body, headers={"Idempotency-Key": ctx.key}) as resp:
-            data = await resp.json(content_type=None)
-            if resp.status >= 500 or resp.status == 429:
-                raise TransientError(f"{operation} answered {resp.status}")  # retried with the same key
-            if resp.status >= 400:
-                raise ToolError(f"{operation} refused: {data}")  # the model hears why
-            return data
+    status, data = await call_service(operation, ctx.key, body)
+    if status >= 500 or status == 429:
+        raise TransientError(f"{operation} answered {status}")  # retried with the same key
+    if status >= 400:
+        raise ToolError(f"{operation} refused: {data}")  # the model hears why
+    return data
 
 
 @tool
