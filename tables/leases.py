@@ -2,7 +2,8 @@
 
 A task_id's record moves RUNNING → SUCCEEDED | FAILED | DEAD_LETTERED and
 never back; a task a human must approve first waits in AWAITING_APPROVAL, then
-runs or ends REJECTED (tables/approvals.py). Each transition function takes the stored record (or None) and an
+runs or ends REJECTED (tables/approvals.py); an operator's (or a cancelled caller's) cancel ends an open task
+CANCELLED (tables/cancel.py). Each transition function takes the stored record (or None) and an
 event and returns the new record plus the effects the ledger must carry out;
 no I/O happens here, so every path is unit-tested without a broker.
 """
@@ -25,7 +26,9 @@ AWAITING_APPROVAL = "awaiting_approval"
 #: an agent loop waits for the sub-tasks it delegated to other agents (tables/delegation.py)
 AWAITING_SUBTASKS = "awaiting_subtasks"
 REJECTED = "rejected"
-TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, REJECTED})
+#: cancelled by an operator, its job or its caller (tables/cancel.py), possibly before it arrived
+CANCELLED = "cancelled"
+TERMINAL = frozenset({SUCCEEDED, FAILED, DEAD_LETTERED, REJECTED, CANCELLED})
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,8 @@ class TaskRecord(JsonRecord):
     digest: str | None = None
     #: the sub-tasks an agent loop waits for (tables/delegation.py): JSON of the turn and {call id: agent}
     waiting: str | None = None
+    #: who cancelled the task, how and why (tables/cancel.py): JSON of by, via, reason and at
+    cancel: str | None = None
     v: int = RECORD_VERSION
 
     @property

@@ -128,13 +128,18 @@ class ApprovalDecision(BaseModel):
 
     schema_version: int = SCHEMA_VERSION
     task_id: str = Field(min_length=1, max_length=256, pattern=r"^[^\x00-\x1f\x7f]+$")
-    decision: Literal["approve", "reject"]
+    #: ``cancel`` ends the task whatever it waits for (running, parked, waiting for sub-tasks: tables/cancel.py);
+    #: approve and reject decide a task awaiting approval
+    decision: Literal["approve", "reject", "cancel"]
     #: who decided (a person, or the approval level a signed link was sent to); no control characters, so it
     #: cannot rewrite a terminal or a log line it is printed in
     by: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
     #: how it arrived: "http", "link", "cli" or "event"
     via: str = Field(default="event", max_length=20, pattern=NO_CONTROL)
     comment: str | None = Field(default=None, max_length=2000, pattern=NO_CONTROL)
+    #: a cancel's agent (optional): a signed cancel naming it is recorded by the apps that run that agent even
+    #: before the task arrived, so a task still in its topic never runs
+    agent: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_CONTROL)
     #: a signed link's level and parking (``notify.parked_ms``): the decision counts only for that parking there
     level: int | None = Field(default=None, ge=0, le=1000)
     parked: int | None = Field(default=None, ge=0)

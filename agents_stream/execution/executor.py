@@ -111,6 +111,21 @@ class Executor(Service):
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake
 
+    def cancel(self, task_id: str) -> None:
+        """The task was cancelled: stop its run here, queued, held or calling (a call in flight is aborted; a tool
+        running in a thread finishes on its own, its result unused). No outcome is sent for it."""
+        run = self.runs.get(task_id)
+        if run is None:
+            return  # it ran elsewhere, or finished: its outcome, if one comes, changes nothing
+        run.cancelled = True
+        if run.work is not None and not run.work.done():
+            run.work.cancel()  # the slot ends the run (_serve) and takes the next task
+            return
+        self.runs.pop(task_id, None)  # queued or held: the slot or the parked waiter finds it gone
+        self.ladder.forget(run)
+        run.done.set()
+        log.info("Task %s was cancelled before its run here started (or while it was held): it will not run", task_id)
+
     def blocked(self, agent: str) -> bool:
         """True while the agent should take no new tasks: nothing it may use is available, or the queue is full."""
         if self._queue.qsize() >= self.settings.max_queued:
@@ -206,7 +221,11 @@ class Executor(Service):
             run.started = time.monotonic()
         parked = False
         try:
-            outcome = await self._run(run)
+            run.work = asyncio.ensure_future(self._run(run))
+            try:
+                outcome = await run.work
+            finally:
+                run.work = None
             if outcome is None:
                 # Held: give the slot back to other work; come back when a circuit changes.
                 parked = True
@@ -224,7 +243,9 @@ class Executor(Service):
                 metrics.answers.labels(run.task.agent_name, status, outcome.source.split(":")[0], confidence).inc()
                 await self._send_outcome(task_id, outcome)
         except asyncio.CancelledError:
-            raise
+            if not run.cancelled or self._stopping():
+                raise
+            log.info("Task %s was cancelled while it ran here: its run is stopped and sends no outcome", task_id)
         except Exception as exc:  # a bug here must not kill the slot; the lease recovers the task
             log.exception(
                 "Executor failed on task %s (its lease will lapse and it will be re-dispatched): %r", task_id, exc,
@@ -235,6 +256,11 @@ class Executor(Service):
                 self.ladder.forget(run)
                 run.done.set()
                 self.runs.pop(task_id, None)
+
+    def _stopping(self) -> bool:
+        """The slot itself is being cancelled (stop), not only the run it was awaiting."""
+        current = asyncio.current_task()
+        return current is not None and current.cancelling() > 0
 
     async def _park(self, run: Run) -> None:
         """A held task waits here, off the call slots (its lease is still renewed), then queues again."""

@@ -43,6 +43,10 @@ class Run:
     #: the lowest confidence and the last source over the steps done in this run
     steps_confidence: Confidence = "high"
     done: asyncio.Event = field(default_factory=asyncio.Event)
+    #: the task was cancelled (its record says so): nothing more of this run counts, and it sends no outcome
+    cancelled: bool = False
+    #: the ladder, loop or steps running it in a call slot now (what a cancel stops)
+    work: asyncio.Future[Any] | None = None
 
 
 # What one rung of the ladder came to.

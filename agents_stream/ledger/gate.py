@@ -16,6 +16,7 @@ from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.events import CallParked
 from agents_stream.contract.models import ApprovalDecision, TaskPayload, TaskResult, parse_json_model, utcnow_iso
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.ledger.cancel import Cancellation
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.ledger.records import record_of
@@ -37,6 +38,7 @@ class ApprovalGate:
     def __init__(
         self, settings: Settings, worker_id: str, table: LedgerTable, outbox: Outbox, notifier: Notifier, *,
         policies: dict[str, ApprovalPolicy], saga_flagged: set[str], awaiting_in: Callable[[TP, str], int],
+        cancellation: Cancellation,
     ) -> None:
         self.settings = settings
         self.worker_id = worker_id
@@ -48,6 +50,8 @@ class ApprovalGate:
         self.saga_flagged = saga_flagged
         #: how many tasks of an agent await a decision on a partition (the scanner's index)
         self.awaiting_in = awaiting_in
+        #: a ``cancel`` decision's transitions (ledger/cancel.py)
+        self.cancellation = cancellation
 
     def approval_for(self, task: TaskPayload) -> tuple[str, list[float]] | None:
         """(why, each level's timeout) when the agent's policy wants a human to approve this task first."""
@@ -66,9 +70,10 @@ class ApprovalGate:
         return (reason, [level.timeout_s for level in policy.levels]) if reason else None
 
     def on_decision(
-        self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any,
+        self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any, at: float | None = None,
     ) -> tuple[str, Transition] | None:
-        """A decision on ``agent.approvals``: (task_id, its transition), or None when it changes nothing here."""
+        """A decision on ``agent.approvals``: (task_id, its transition), or None when it changes nothing here.
+        ``at`` is the decision record's Kafka timestamp (a cancel's result is stamped with it)."""
         try:
             decision: ApprovalDecision = parse_json_model(value, ApprovalDecision, self.settings.payload_max_bytes)
         except PoisonMessage as poison:
@@ -80,6 +85,9 @@ class ApprovalGate:
         if moved(self.outbox, self.settings.partitions, tp, offset, decision.task_id, value, headers):
             return None
         record = record_of(self.table, decision.task_id)
+        if decision.decision == "cancel":
+            cancelled = self.cancellation.on_decision(tp, decision, record, self.signed(decision), at)
+            return None if cancelled is None else (decision.task_id, cancelled)
         if record is None:
             # Every app id reads the decisions; the one that has the task applies it.
             log.debug("Decision for %s is not for a task of this app; ignored", decision.task_id)
@@ -114,6 +122,7 @@ class ApprovalGate:
         return decision_signed(
             self.settings.approval_secret, decision.sig, task_id=decision.task_id, decision=decision.decision,
             by=decision.by, via=decision.via, comment=decision.comment, level=decision.level, parked=decision.parked,
+            agent=decision.agent,
         )
 
     def _refusal(self, decision: ApprovalDecision, record: TaskRecord, signed: bool) -> str | None:

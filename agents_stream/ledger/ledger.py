@@ -20,7 +20,6 @@ from agents_stream.contract.events import (
     CallsDelegated,
     DeadLettered,
     DeadLetterRequest,
-    FannedInResult,
     Heartbeat,
     LeaseExpired,
     OutcomeEvent,
@@ -34,18 +33,19 @@ from agents_stream.contract.models import TaskPayload, parse_task
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger import identity, sizes
+from agents_stream.ledger import endings, identity, sizes
 from agents_stream.ledger.cache import AnswerCache
+from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.gate import ApprovalGate
-from agents_stream.ledger.intake import HISTORY_HEADER, moved, requeue_headers
+from agents_stream.ledger.intake import moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
-from agents_stream.ledger.records import job_of, parked, record_of, result_json, timer_key
+from agents_stream.ledger.records import parked, record_of, result_json, timer_key
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
 from agents_stream.ops import metrics
 from agents_stream.ops.notify import Notifier
-from agents_stream.orchestrator import Orchestrator, fan_in_event
+from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
@@ -66,7 +66,7 @@ class Ledger:
         self, settings: Settings, executor: Executor, worker_id: str, *, tables: Tables, watermark: Watermark,
         outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
         saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
-        orchestrator: Orchestrator | None = None,
+        orchestrator: Orchestrator | None = None, agents: set[str] | None = None,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -78,9 +78,11 @@ class Ledger:
         self.outcomes = topics.outcomes_topic(settings.app_id)
         self.answers_topic = topics.answers_topic(settings.app_id)
         self.scanner = Scanner(settings, executor, tables.tasks, tables.timers)
+        #: ``agents``: the agents this app runs (a signed cancel of one of their tasks is kept before it arrives)
+        self.cancellation = Cancellation(settings, outbox, agents or set())
         self.gate = ApprovalGate(
             settings, worker_id, tables.tasks, outbox, notifier, policies=policies or {},
-            saga_flagged=saga_flagged or set(), awaiting_in=self.scanner.awaiting_in,
+            saga_flagged=saga_flagged or set(), awaiting_in=self.scanner.awaiting_in, cancellation=self.cancellation,
         )
         self.cache = AnswerCache(
             tables.answers, outbox, answers_topic=self.answers_topic, outcomes_topic=self.outcomes,
@@ -164,7 +166,7 @@ class Ledger:
         elif message.topic == self.answers_topic:
             self.cache.on_event(tp, message.offset, key, value)
         elif message.topic == topics.APPROVALS:
-            decided = self.gate.on_decision(tp, message.offset, key, value, message.headers)
+            decided = self.gate.on_decision(tp, message.offset, key, value, message.headers, message.timestamp)
             if decided is not None:
                 task_id, (record, new, effects) = decided
                 self._apply(tp, message.offset, task_id, record, new, effects)
@@ -193,6 +195,10 @@ class Ledger:
         record = record_of(self.table, task.task_id)
         digest = identity.task_digest(task)
         if identity.refuse_conflict(self.poison, self.outbox, tp, offset, task, digest, record, value, headers):
+            return
+        answered = self.cancellation.on_arrival(tp, offset, task.task_id, record, value, digest)
+        if answered is not None:  # cancelled before it arrived: answered, never run
+            self._apply(tp, offset, task.task_id, *answered)
             return
         requeue_id, history = requeue_headers(headers)
         if record is not None and record.state == leases.RUNNING and record.owner != self.worker_id:
@@ -324,7 +330,7 @@ class Ledger:
         task_id: str,
         old: TaskRecord | None,
         new: TaskRecord | None,
-        effects: Sequence[leases.Effect | SendTask],
+        effects: Sequence[leases.Effect | SendTask | CancelTask | StopRun],
         task: TaskPayload | None = None,
         extra: list[Send] | None = None,
     ) -> None:
@@ -358,7 +364,7 @@ class Ledger:
         return sends
 
     def _effect(
-        self, tp: TP, offset: int, task_id: str, record: Any, effect: leases.Effect | SendTask,
+        self, tp: TP, offset: int, task_id: str, record: Any, effect: leases.Effect | SendTask | CancelTask | StopRun,
         task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]],
     ) -> None:
         """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
@@ -370,15 +376,11 @@ class Ledger:
             done = leases.completed_steps(record)
             after.append(partial(self.executor.dispatch, payload, effect.dispatch, done))
         elif isinstance(effect, leases.EmitResult):
-            sends.append(self.outbox.record(topics.RESULTS, task_id.encode(), effect.result.encode("utf-8")))
-            sends += self.delegation.result_sends(record, effect.result)  # a sub-task's result goes to its caller
-            job_id = job_of(record)
-            if job_id is not None:  # fan-in: the job's owner hears of every result of its tasks
-                fanned = FannedInResult.model_validate_json(effect.result)  # the whole result rides along
-                event = fan_in_event(fanned, record.agent, identity.recorded_digest(record))
-                sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), event))
+            sends += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
         elif isinstance(effect, leases.DeadLetter):
-            self._dead_letter(task_id, record, effect, sends, after)
+            dead, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
+            sends += dead
+            after.append(counted)
         elif isinstance(effect, leases.Control):
             if effect.event == "task.redispatched":
                 log.info(
@@ -390,33 +392,13 @@ class Ledger:
             after.append(partial(self.gate.notify, task_id, record, effect.level))
         elif isinstance(effect, SendTask):
             sends.append(self.delegation.send(effect))
+        elif isinstance(effect, CancelTask):
+            sends.append(self.cancellation.send(effect, task_id, record))
+        elif isinstance(effect, StopRun):  # once the cancel is durable: a crash first leaves the run going
+            after.append(partial(self.executor.cancel, task_id))
         elif isinstance(effect, leases.Settle):
             for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
                 after.append(partial(self.watermark.close, held_tp, held_offset, gen))
-
-    def _dead_letter(
-        self, task_id: str, record: TaskRecord, effect: leases.DeadLetter, sends: list[Send],
-        after: list[Callable[[], object]],
-    ) -> None:
-        """A task that failed for good: its payload to the agent's dead-letter topic (and a failure to its job)."""
-        extra = [("agents_stream.requeues", str(record.requeues).encode())] if record.requeues else []
-        if record.history:
-            extra.append((HISTORY_HEADER, record.history.encode("utf-8")))
-        sends.append(self.outbox.dead_letter(
-            TP(record.topic, record.partition), record.offset, task_id.encode(), record.payload.encode("utf-8"),
-            agent=record.agent, reason=effect.reason, layer=effect.layer, attempts=effect.attempts, headers=extra,
-        ))
-        agent, layer = record.agent, effect.layer
-        after.append(lambda: metrics.dead_letters.labels(agent, layer).inc())
-        if record.result is not None:
-            return
-        # No result will come: its job counts it failed, and so does the agent loop that delegated it.
-        failed = FannedInResult(task_id=task_id, status="failed", error=f"dead-lettered: {effect.reason}")
-        job_id = job_of(record)
-        if job_id is not None:
-            event = fan_in_event(failed, record.agent, identity.recorded_digest(record))
-            sends.append(self.outbox.record(topics.JOB_EVENTS, job_id.encode(), event))
-        sends += self.delegation.result_sends(record, failed.model_dump_json(exclude_none=True))
 
     # -- the scanner, approvals and rebalances ------------------------------------------------
 

@@ -97,7 +97,7 @@ breaker_opens = Gauge(
 
 _STATE_VALUE = {"closed": 0, "half_open": 1, "open": 2}
 #: every terminal state of the task ledger (tables/leases.py TERMINAL)
-TASK_OUTCOMES = ("succeeded", "failed", "dead_lettered", "rejected")
+TASK_OUTCOMES = ("succeeded", "failed", "dead_lettered", "rejected", "cancelled")
 #: the agent label of dead letters that belong to no agent (approval decisions, jobs)
 NO_AGENT = "none"
 

@@ -80,12 +80,13 @@ def verify(secret: str, task_id: str, decision: str, fields: dict[str, str], now
 
 def decision_signature(
     secret: str, *, task_id: str, decision: str, by: str, via: str, comment: str | None, level: int | None,
-    parked: int | None,
+    parked: int | None, agent: str | None = None,
 ) -> str:
-    """The signature a worker or the CLI puts on a decision event it sends (the "decision" domain)."""
+    """The signature a worker or the CLI puts on a decision event it sends (the "decision" domain); a cancel's
+    agent is signed too when it names one (so a decision without one keeps the signature it always had)."""
     return _mac(
         secret, "decision", task_id, decision, by, via, comment or "", "" if level is None else level,
-        "" if parked is None else parked,
+        "" if parked is None else parked, *(() if agent is None else (agent,)),
     )
 
 
@@ -95,7 +96,7 @@ def with_signature(secret: str, decision: Any) -> Any:
         return decision
     sig = decision_signature(
         secret, task_id=decision.task_id, decision=decision.decision, by=decision.by, via=decision.via,
-        comment=decision.comment, level=decision.level, parked=decision.parked,
+        comment=decision.comment, level=decision.level, parked=decision.parked, agent=decision.agent,
     )
     return decision.model_copy(update={"sig": sig})
 

@@ -1,0 +1,138 @@
+"""Cancelling a task, the ledger's side: a ``cancel`` decision on ``agent.approvals`` applied to the task's record,
+the cancels of its sub-tasks sent, and a task cancelled before it arrived answered when it comes.
+
+The pure transitions are ``tables/cancel.py``'s. Every app id reads ``agent.approvals``; the one that has the
+task's record applies the cancel. A cancel that names the task's agent and is signed is also recorded by an app
+running that agent before the task arrived (a sub-task or a job's step still waiting in its topic).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import replace
+from typing import Any
+
+from faust.types import TP
+
+from agents_stream.contract import topics
+from agents_stream.contract.models import ApprovalDecision, TaskPayload, TaskResult, iso_utc, utcnow_iso
+from agents_stream.kafka.delivery import Send
+from agents_stream.kafka.outbox import Outbox
+from agents_stream.ops.notify import with_signature
+from agents_stream.settings import Settings
+from agents_stream.tables import cancel
+from agents_stream.tables.cancel import CancelTask, StopRun
+from agents_stream.tables.leases import TaskRecord
+
+__all__ = ["Cancellation", "CancelTask", "StopRun"]
+
+log = logging.getLogger(__name__)
+
+#: what a transition of the task table returns: the record before, after, and the effects to carry out
+Transition = tuple[TaskRecord | None, TaskRecord | None, list[Any]]
+
+NO_REASON = "no reason given"
+
+
+class Cancellation:
+    def __init__(self, settings: Settings, outbox: Outbox, agents: set[str]) -> None:
+        self.settings = settings
+        self.outbox = outbox
+        #: the agents this app runs: a signed cancel naming one is recorded before its task arrived
+        self.agents = agents
+
+    def on_decision(
+        self, tp: TP, decision: ApprovalDecision, record: TaskRecord | None, signed: bool, at: float | None,
+    ) -> Transition | None:
+        """The transition of a cancel for ``record``'s task, or None when it changes nothing here."""
+        task_id, by, reason = decision.task_id, decision.by, decision.comment or NO_REASON
+        now = at if at is not None and at > 0 else _now()
+        if record is None:
+            if decision.agent is None or decision.agent not in self.agents:
+                log.debug("Cancel of %s is not for a task of this app; ignored", task_id)
+                return None
+            if not signed:
+                log.warning(
+                    "Unsigned cancel of %s by %r, a task of %s not seen here yet, ignored: only a signed cancel is "
+                    "recorded before its task arrives (send it with AGENTS_STREAM_APPROVAL_SECRET set)",
+                    task_id, by, decision.agent,
+                )
+                return None
+            log.info("Task %s of %s is cancelled by %s before it arrived: it will not run", task_id, decision.agent, by)
+            recorded, said = cancel.before_arrival(
+                agent=decision.agent, topic=topics.task_topic(decision.agent), partition=tp.partition, by=by,
+                via=decision.via, reason=reason, now=now,
+            )
+            return None, recorded, list(said)
+        refused = self._refusal(record, signed)
+        if refused is not None:
+            log.info("Cancel of %s by %r (via %s) ignored: %s", task_id, by, decision.via, refused)
+            self.outbox.control("task.cancel_ignored", task_id, record.agent,
+                                {"by": by, "via": decision.via, "signed": signed, "reason": refused})
+            return None
+        if not signed:
+            log.warning(
+                "Cancel of %s by %r (via %s) carries no valid signature; applied (set AGENTS_STREAM_APPROVAL_SECRET "
+                "where cancels are sent to sign them, and AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED=1 to refuse unsigned "
+                "ones)", task_id, by, decision.via,
+            )
+        log.info("Task %s (%s) is cancelled by %s via %s: %s", task_id, record.state, by, decision.via, reason)
+        result = self.result_json(task_id, record, cancel.reason_of(by, reason), now)
+        new, effects = cancel.cancel(record, task_id=task_id, by=by, via=decision.via, reason=reason, now=now,
+                                     result=result)
+        return record, new, list(effects)
+
+    def _refusal(self, record: TaskRecord, signed: bool) -> str | None:
+        if record.terminal:
+            return f"the task is {record.state} already"
+        if not signed and self.settings.approval_require_signed:
+            return "the cancel is not signed and AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED is set"
+        return None
+
+    def on_arrival(
+        self, tp: TP, offset: int, task_id: str, record: TaskRecord | None, value: bytes, digest: str | None,
+    ) -> Transition | None:
+        """A task that was cancelled before it arrived came: it is answered with its cancelled result (not run)."""
+        made = cancel.cancelled_before_arrival(record)
+        if made is None or record is None:
+            return None
+        log.info("Task %s arrived after it was cancelled by %s: answered as cancelled, not run", task_id, made["by"])
+        payload = value.decode("utf-8")
+        error = cancel.reason_of(str(made["by"]), str(made["reason"]))
+        result = self.result_json(task_id, replace(record, payload=payload), error,
+                                  float(made["at"]))
+        new, effects = cancel.arrived(record, payload=payload, digest=digest, topic=tp.topic, partition=tp.partition,
+                                      offset=offset, now=_now(), result=result)
+        return record, new, list(effects)
+
+    def send(self, effect: CancelTask, parent_id: str, record: TaskRecord | None) -> Send:
+        """The cancel of a cancelled task's sub-task, signed, to ``agent.approvals`` (every app id reads it)."""
+        made = json.loads(record.cancel) if record is not None and record.cancel else {}
+        by = str(made.get("by") or "unknown")
+        reason = f"{made.get('reason') or NO_REASON} (its caller {parent_id} was cancelled)"
+        decision = ApprovalDecision(task_id=effect.task_id, decision="cancel", by=by, via="caller",
+                                    comment=reason[:2000], agent=effect.agent)
+        signed = with_signature(self.settings.approval_secret, decision)
+        body = signed.model_dump_json(exclude_none=True).encode("utf-8")
+        return self.outbox.record(topics.APPROVALS, effect.task_id.encode("utf-8"), body)
+
+    @staticmethod
+    def result_json(task_id: str, record: TaskRecord, error: str, at: float) -> str:
+        """A cancelled task's result: a failure saying who cancelled it and why, the same bytes on every ledger
+        that applies the same cancel (``at`` is the cancel record's timestamp)."""
+        job_id = None
+        try:
+            job_id = TaskPayload.model_validate_json(record.payload).job_id
+        except ValueError:  # a payload that no longer parses: the result still says it was cancelled
+            pass
+        return TaskResult(
+            task_id=task_id, agent_name=record.agent, status="failed", output=None, confidence="failed",
+            source="cancel", attempts=record.dispatch, job_id=job_id, error=error[:2000],
+            completed_at=iso_utc(at) if at > 0 else utcnow_iso(),
+        ).to_json()
+
+
+def _now() -> float:
+    return time.time()
