@@ -183,10 +183,11 @@ class Orchestrator:
             elif isinstance(effect, machine.Control):
                 outbox.control(effect.event, job_id, None, effect.details)
                 if effect.event == "job.cancelled":
-                    # A step parked for a human must not run for a job that ended: reject it (a running
-                    # step ignores the decision). Part of the confirmed sends, so a crash cannot skip it.
-                    parked = effect.details.get("tasks", [])
-                    sends.extend(self._reject_send(task_id, effect.details) for task_id in parked)
+                    # The steps in flight must not go on for a job that ended: each is cancelled, running,
+                    # parked or still in its topic (ledger/cancel.py). Part of the confirmed sends, so a crash
+                    # cannot skip it.
+                    in_flight = effect.details.get("tasks", [])
+                    sends.extend(self._cancel_send(job_id, task_id, effect.details) for task_id in in_flight)
         after = [lambda: outbox.deliver(tp, offset, final)] if final else []
         if sends or after:
             outbox.deliver(tp, offset, sends, after)
@@ -207,12 +208,13 @@ class Orchestrator:
                 sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
         return sends
 
-    def _reject_send(self, task_id: str, details: dict[str, Any]) -> Send:
+    def _cancel_send(self, job_id: str, task_id: str, details: dict[str, Any]) -> Send:
         decision = ApprovalDecision(
-            task_id=task_id, decision="reject", by=f"job:{details.get('by', 'unknown')}", via="job",
-            comment=str(details.get("reason", ""))[:2000] or None,
+            task_id=task_id, decision="cancel", by=f"job:{details.get('by', 'unknown')}", via="job",
+            comment=f"its job {job_id} ended ({details.get('reason', 'no reason given')})"[:2000],
+            agent=details.get("agents", {}).get(task_id),
         )
-        signed = with_signature(self.settings.approval_secret, decision)  # a job's own rejection is signed
+        signed = with_signature(self.settings.approval_secret, decision)  # a job's own cancel is signed
         body = signed.model_dump_json(exclude_none=True).encode("utf-8")
         return self.outbox.record(topics.APPROVALS, task_id.encode("utf-8"), body)
 

@@ -359,12 +359,14 @@ def _stop(record: JobRecord, *, by: str, reason: str, now: float) -> tuple[JobRe
     steps = {k: dict(v) for k, v in record.steps.items()}
     # the tasks in flight, for the caller to cancel or let run out (their late results are ignored)
     in_flight = [task_id_of(record.job_id, PLANNER_STEP)] if record.state == PLANNING else []
+    agents = {in_flight[0]: record.planner} if in_flight and record.planner else {}
     for sid in record.order:
         if steps[sid]["status"] == DISPATCHED:
             in_flight.append(steps[sid]["task_id"])
+            agents[steps[sid]["task_id"]] = steps[sid]["agent"]
         if steps[sid]["status"] in (PENDING, DISPATCHED):
             steps[sid]["status"] = CANCELLED
-    stopped = Control("job.cancelled", {"by": by, "reason": reason, "tasks": in_flight})
+    stopped = Control("job.cancelled", {"by": by, "reason": reason, "tasks": in_flight, "agents": agents})
     done, effects = _finish(record, steps, reason=reason, now=now)
     return done, [stopped, *effects]
 

@@ -1,12 +1,15 @@
-"""``agents-stream tasks show`` and the worker web views the task and job commands read (``/tasks``, ``/jobs``)."""
+"""``agents-stream tasks show`` (``tasks cancel`` is cli_approvals'), and the worker web views the task and job
+commands read (``/tasks``, ``/jobs``)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any, Callable
 
+from agents_stream.ops.cli_approvals import cancel_task
 from agents_stream.ops.cli_common import AddParser, printable, printable_tree
 from agents_stream.settings import Settings
 
@@ -20,6 +23,15 @@ def register(add_parser: AddParser) -> None:
     tshow.add_argument("id", metavar="TASK_ID")
     tshow.add_argument("--json", action="store_true", help="the view's JSON as is")
     tshow.set_defaults(func=_cmd_tasks_show)
+    tcancel = tsub.add_parser(
+        "cancel", help="cancel a task: running, parked or waiting for sub-tasks (they are cancelled too)",
+    )
+    tcancel.add_argument("id", metavar="TASK_ID")
+    tcancel.add_argument("--by", default=f"{os.environ.get('USER', 'operator')}@cli",
+                         help="who cancels (in the task's result)")
+    tcancel.add_argument("--reason", default="cancelled from the CLI", help="why (in the task's result)")
+    tcancel.add_argument("--agent", help="the task's agent: a task not read yet is cancelled too (needs the secret)")
+    tcancel.set_defaults(func=cancel_task)
 
 
 def get_view(settings: Settings, path: str) -> tuple[int, Any]:

@@ -164,7 +164,8 @@ def _approval_views(app: Any, runtime: Worker) -> None:
                     "comment": body.get("comment"),
                 })
             except Exception as exc:  # bad fields (control characters too): the caller's mistake, said plainly
-                expected = '{"decision": "approve"|"reject", "by": "<who>", "comment": "<why>"}, no control characters'
+                expected = ('{"decision": "approve"|"reject"|"cancel", "by": "<who>", "comment": "<why>"}, no control '
+                            'characters')
                 return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
             try:
                 await publish_decision(app, decision, settings.approval_secret)
@@ -198,6 +199,28 @@ def _cancel_and_link_views(app: Any, settings: Settings) -> None:
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
+
+
+    @app.page("/tasks/{task_id}/cancel")
+    class CancelTask(View):
+        async def post(self, request: Request, task_id: str) -> Response:
+            """Cancel a task (running, parked, waiting for sub-tasks); ``agent`` also stops one not read yet."""
+            try:
+                body = await mutation_body(settings, request)
+                decision = ApprovalDecision.model_validate({
+                    "task_id": task_id, "decision": "cancel", "by": body.get("by") or "http", "via": "http",
+                    "comment": body.get("reason") or None, "agent": body.get("agent") or None,
+                })
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            except Exception as exc:  # bad fields (control characters too): the caller's mistake, said plainly
+                expected = '{"by": "<who>", "reason": "<why>", "agent": "<its agent, optional>"}'
+                return self.json({"error": f"expected JSON {expected}: {exc}"}, status=400)
+            try:
+                await publish_decision(app, decision, settings.approval_secret)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            return self.json({"accepted": True, "task_id": task_id, "by": decision.by}, status=202)
 
 
 def _signed_link_views(app: Any, runtime: Worker) -> None:
@@ -340,6 +363,7 @@ def _record_views(app: Any, runtime: Worker) -> None:
             "source": {"topic": record.topic, "partition": record.partition, "offset": record.offset},
             "result": json.loads(record.result) if record.result else None,
             "approval": json.loads(record.approval) if record.approval else None,
+            "cancel": json.loads(record.cancel) if record.cancel else None,
         }
         done = completed_steps(record)
         if done:  # a running multi-step task or agent loop: what is checkpointed so far

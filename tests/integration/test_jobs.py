@@ -149,6 +149,7 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     assert (result["status"], result["reason"], result["steps"]["slow"]["status"]) == ("failed", "deadline_exceeded",
                                                                                        "cancelled")
 
+    await fake_llm.set_mode(latency=60.0)  # step x is still calling when the cancel comes
     cancelled = unique("job")
     two = {"tasks": [{"id": "x", "agent": worker, "instruction": "x"},
                      {"id": "y", "agent": worker, "instruction": "y", "depends_on": ["x"]}]}
@@ -163,6 +164,11 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     result = json.loads((await job_results(cancelled))[0].value)
     assert result["status"] == "failed" and result["reason"] == "cancelled by ops: wrong input"
     assert {s: v["status"] for s, v in result["steps"].items()} == {"x": "cancelled", "y": "cancelled"}
+    step_x = json.loads((await results_for({f"{cancelled}/x"}, timeout=30))[f"{cancelled}/x"][0].value)
+    assert (step_x["source"], step_x["error"]) == (
+        "cancel", f"cancelled by job:ops: its job {cancelled} ended (cancelled by ops: wrong input)"), (
+        "the running step was cancelled, its call stopped"
+    )
     await asyncio.sleep(5)
     assert calls(fake_llm, cancelled) == Counter({"x": 1}), "nothing after the cancel was dispatched"
 
@@ -179,8 +185,9 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     result = json.loads((await job_results(parked))[0].value)
     assert result["status"] == "failed" and result["steps"]["pay"]["status"] == "cancelled"
     step_result = json.loads((await results_for({step}, timeout=30))[step][0].value)
-    assert step_result["source"] == "approval" and step_result["error"] == "rejected by job:ops", (
-        "the parked step was rejected"
+    assert step_result["source"] == "cancel" and step_result["error"] == (
+        f"cancelled by job:ops: its job {parked} ended (cancelled by ops: no)"), (
+        "the parked step was cancelled"
     )
     assert calls(fake_llm, parked) == Counter(), "a step of a cancelled job never runs"
 

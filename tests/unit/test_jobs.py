@@ -303,7 +303,7 @@ def test_cancel_mid_run_cancels_what_is_unfinished_and_keeps_what_is_done() -> N
     assert statuses(record) == {"a": SUCCEEDED, "b": CANCELLED, "c": CANCELLED, "d": CANCELLED}
     assert record.state == PARTIAL and record.reason == "cancelled by alice: not needed"
     assert effects[0] == Control("job.cancelled", {"by": "alice", "reason": "cancelled by alice: not needed",
-                                                   "tasks": ["job-1/b"]})
+                                                   "tasks": ["job-1/b"], "agents": {"job-1/b": "writer"}})
     assert effects[-1] == Control("job.completed", {"status": PARTIAL, "reason": "cancelled by alice: not needed"})
     assert job_result(effects)["output"] == {}  # the sink d never ran
     assert result(record, "b") == (record, [])  # the late result of the cancelled task
@@ -323,6 +323,7 @@ def test_cancel_of_a_planning_job_fails_it_and_names_the_planner_task() -> None:
     record, effects = jobs.cancel(record, by="ops", reason="budget", now=T0 + 1)
     assert record.state == FAILED and record.reason == "cancelled by ops: budget"
     assert effects[0].details["tasks"] == ["job-1/plan"]
+    assert effects[0].details["agents"] == {"job-1/plan": "researcher"}, "its cancel can name the planner's agent"
     assert result(record, "plan", output=CHAIN) == (record, [])
 
 
@@ -345,7 +346,8 @@ def test_deadline_expires_a_running_job_once_due() -> None:
     assert record.state == PARTIAL and record.reason == "deadline_exceeded"
     assert statuses(record) == {"a": SUCCEEDED, "b": CANCELLED, "c": CANCELLED, "d": CANCELLED}
     assert effects[0] == Control("job.cancelled", {"by": "deadline", "reason": "deadline_exceeded",
-                                                   "tasks": ["job-1/b", "job-1/c"]})
+                                                   "tasks": ["job-1/b", "job-1/c"],
+                                                   "agents": {"job-1/b": "writer", "job-1/c": "writer"}})
     assert job_result(effects)["reason"] == "deadline_exceeded"
     assert not jobs.due(record, T0 + 1000)
     assert jobs.expire(record, now=T0 + 1000) == (record, [])
