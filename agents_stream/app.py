@@ -1,4 +1,5 @@
-"""The Faust app of one worker: its topics and tables, the ledger agent, the runtime and their one lifecycle.
+"""One worker: its topics and tables, the ledger agent, the runtime and their one lifecycle (the Faust app class
+itself is agents_stream/faust_app.py).
 
 ``faust -A agents_stream.app worker`` and ``agents-stream worker`` both run it.
 Settings come from the environment (agents_stream.settings), providers and
@@ -11,12 +12,10 @@ import asyncio
 import logging
 import os
 import socket
-import sys
 import time
 import uuid
 from typing import Any
 
-import faust
 from faust.types import TP
 from mode import Service
 
@@ -35,16 +34,14 @@ from agents_stream.contract.events import (
 )
 from agents_stream.execution.executor import Executor
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
+from agents_stream.faust_app import AgentsStreamApp, new_app
 from agents_stream.kafka import security as kafka_security
-from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, input_topics, output_topics
+from agents_stream.kafka.admin import input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
-from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.deadletters import dead_letter_finder
-from agents_stream.kafka.delivery import GuardedTopic, until_confirmed
+from agents_stream.kafka.delivery import until_confirmed
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.recovery import RecoveryWatch
-from agents_stream.kafka.start import settle_task_topics
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import web
@@ -53,79 +50,10 @@ from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
-from agents_stream.settings import Settings, bootstrap_servers, datadir_option
-from agents_stream.tables.definitions import PromptTableManager, Tables, define_tables
+from agents_stream.settings import Settings, bootstrap_servers
+from agents_stream.tables.definitions import Tables, define_tables
 
 log = logging.getLogger(__name__)
-
-
-class AgentsStreamApp(faust.App):
-    """faust.App whose consumer commits the ledger's watermark (agents_stream.kafka.consumer), which makes its
-    topics before the consumer joins its group, and whose stop stops the runtime before Faust's own parts."""
-
-    #: The worker's runtime, set once by build_app (``attach``): Faust's hooks on this app (stop, a failed
-    #: commit) hand work to it. Nothing outside this module reads it: the parts are passed where they are used.
-    runtime: Runtime | None = None
-
-    def __init__(
-        self, id: str, *, settings: Settings, watermark: Watermark, input_topics: list[str], **options: Any,
-    ) -> None:
-        self.agents_settings = settings
-        self.input_topics = input_topics
-        # Made before Faust's own init: declaring agents and topics builds the transport (and its consumer).
-        self.commits = Commits(watermark, frozenset(input_topics), self.on_commit_failed)
-        self.recovery_watch = RecoveryWatch(self, settings.stall_after_s)  # one of the app's services, below
-        super().__init__(id, **options)
-
-    def attach(self, runtime: Runtime) -> None:
-        self.runtime = runtime
-
-    async def on_first_start(self) -> None:
-        # Faust makes only the last level (mkdir without parents); the default is .data/worker/<app id>.
-        self.conf.datadir.mkdir(parents=True, exist_ok=True)
-        await super().on_first_start()
-
-    async def on_start(self) -> None:
-        # Before the consumer joins its group (children start after on_start): see ensure_topics.
-        changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
-        replication = await ensure_topics(
-            self.agents_settings, self.input_topics, compacted=changelogs, others=[CIRCUITS_SPEC], group=self.conf.id,
-        )
-        # The topics Faust declares itself (the runtime's output topics, its assignor's) get the same replication.
-        self.conf.topic_replication_factor = replication.factor
-        for topic in self.runtime.output_topics if self.runtime is not None else ():
-            topic.config = {**replication.topic_configs(), **(topic.config or {})}
-        await settle_task_topics(self.agents_settings, self.conf.id, self.input_topics)  # another app id's history?
-        await super().on_start()
-
-    async def on_stop(self) -> None:
-        """The runtime first (drain, settle, final commit: it needs the consumer), then Faust's consumer and tables."""
-        if self.runtime is not None:
-            await self.runtime.stop()
-        await super().on_stop()
-
-    def on_init_dependencies(self) -> Any:
-        services = super().on_init_dependencies()
-        # Faust's Monitor sensor times every event, send and table access for its own /stats views, which
-        # this app does not serve (web_tables_enabled=False; our figures are on /metrics). It costs CPU on each.
-        self.sensors.remove(self.monitor)
-        # Last, so it stops first; a child of the app, so it watches the recovery before the first start too.
-        return [*services, self.recovery_watch]
-
-    def _new_transport(self) -> Any:
-        return WatermarkTransport(self.conf.broker_consumer, self, self.commits)
-
-    def on_commit_failed(self, offsets: dict[TP, int], error: BaseException) -> None:
-        """Layer 3: the commit did not happen; the same watermark goes out on the next round."""
-        log.warning(
-            "Offset commit failed (%r) for %d partitions; nothing counts as done until a commit succeeds. "
-            "Retrying every %.1fs; check the broker if this repeats.",
-            error, len(offsets), self.conf.broker_commit_interval,
-        )
-        if self.runtime is not None:
-            self.runtime.outbox.control(
-                "alert.commit_failed", self.conf.id, None, {"error": repr(error), "partitions": len(offsets)},
-            )
 
 
 class Runtime(Service):
@@ -344,32 +272,6 @@ class Runtime(Service):
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
-def _new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> AgentsStreamApp:
-    try:
-        credentials = kafka_security.broker_credentials(settings)
-    except kafka_security.KafkaSecurityError as exc:
-        raise SystemExit(f"Kafka security settings: {exc}") from None
-    return AgentsStreamApp(
-        settings.app_id,
-        settings=settings,
-        watermark=watermark,
-        input_topics=inputs,
-        broker=settings.broker, broker_credentials=credentials,
-        store="rocksdb://", datadir=settings.worker_data_dir(datadir_option(sys.argv)),
-        # topic_replication_factor: set in on_start, once the brokers are known (admin.replication_for)
-        topic_partitions=settings.partitions, topic_replication_factor=1, key_serializer="raw", value_serializer="raw",
-        web_port=settings.web_port, web_host=settings.web_host, web_bind=settings.web_bind or settings.web_host,
-        web_enabled=True, web_tables_enabled=False,
-        broker_session_timeout=settings.session_timeout_s, broker_heartbeat_interval=settings.heartbeat_interval_s,
-        broker_request_timeout=max(40.0, settings.session_timeout_s + 10), broker_rebalance_timeout=60.0,
-        broker_commit_interval=settings.commit_interval_s,
-        broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
-        stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
-        producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic, TableManager=PromptTableManager,
-        table_cleanup_interval=3600.0, loghandlers=[],
-    )
-
-
 def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     """The ledger agent, the timers and the rebalance signals: Faust owns them and calls into the runtime."""
     channel = app.topic(
@@ -432,7 +334,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     config = config or load_config(settings.config_path or None)
     agents = config.selected(settings.agent_filter())
     watermark = Watermark()
-    app = _new_app(settings, input_topics(settings, agents), watermark)
+    app = new_app(settings, input_topics(settings, agents), watermark)
     tables = define_tables(app, settings)
     runtime = Runtime(
         app, settings, config, agents,
