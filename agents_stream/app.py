@@ -28,6 +28,7 @@ from agents_stream.contract.events import (
     JobDeadline,
     LeaseExpired,
     OutcomeEvent,
+    RecordsExpired,
     TaskFailed,
     TaskSucceeded,
     encode,
@@ -258,6 +259,13 @@ class Runtime(Service):
     def on_assigned(self) -> None:
         self.flow.assigned()
 
+    def sweep_expired(self) -> None:
+        """Finished records past their time to live, on this worker's partitions: sent to the ledger to delete."""
+        mine = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.outcomes.get_topic_name()}
+        for partition, keys in self.ledger.expiry.sweep(mine, time.time()).items():
+            body = encode(RecordsExpired(keys=keys, worker=self.worker_id))
+            self.outcomes.send_soon(key=keys[0].encode(), value=body, partition=partition)
+
     def scan_leases(self) -> None:
         now = time.time()
         for task_id, level in self.ledger.scan_parked(now):
@@ -293,6 +301,13 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             runtime.flow.check()
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
+
+    @app.timer(interval=max(0.5, settings.expiry_interval_s))
+    async def expiry_sweep() -> None:
+        try:
+            runtime.sweep_expired()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.exception("Expiry sweep failed (%r); the next tick tries again", exc)
 
     if settings.stall_after_s > 0:
         @app.timer(interval=max(0.5, settings.stall_after_s / 4))

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import faust
 from faust.types import TP
 
+from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
-from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics
+from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, longest_retention_s
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.delivery import GuardedTopic
 from agents_stream.kafka.recovery import RecoveryWatch
@@ -65,6 +66,9 @@ class AgentsStreamApp(faust.App):
         for topic in self.runtime.output_topics if self.runtime is not None else ():
             topic.config = {**replication.topic_configs(), **(topic.config or {})}
         await settle_task_topics(self.agents_settings, self.conf.id, self.input_topics)  # another app id's history?
+        if self.runtime is not None:  # finished records live at least as long as the task messages (ledger/expiry)
+            tasks = [t for t in self.input_topics if topics.agent_of(t) is not None]
+            self.runtime.ledger.expiry.settle(await longest_retention_s(self.agents_settings, tasks))
         await super().on_start()
 
     async def on_stop(self) -> None:

@@ -137,6 +137,18 @@ class Settings:
         "AGENTS_STREAM_LEASE_TTL_S", 30.0,
         "A dispatched task's lease; a worker that stops renewing it loses the task.",
     )
+    record_ttl_s: float = _setting(
+        "AGENTS_STREAM_RECORD_TTL_S", 0.0,
+        "How long a finished task's record is kept (0: the task topics' retention; never less than it; < 0: forever).",
+    )
+    expiry_batch: int = _setting(
+        "AGENTS_STREAM_EXPIRY_BATCH", 500,
+        "Task-table entries the expiry sweep looks at per partition each AGENTS_STREAM_EXPIRY_INTERVAL_S.",
+    )
+    expiry_interval_s: float = _setting(
+        "AGENTS_STREAM_EXPIRY_INTERVAL_S", 5.0,
+        "How often the expiry sweep looks for finished records past their time to live.",
+    )
     max_attempts: int = _setting(
         "AGENTS_STREAM_MAX_ATTEMPTS", 3,
         "Dispatches of one task (lease expiries) before it is dead-lettered with error_layer=recovery.",

@@ -49,7 +49,8 @@ __all__ = [
     "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
     "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
     "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
-    "StepDone", "TaskFailed", "TaskSucceeded", "Where", "decode", "decode_answer", "encode", "encode_answer",
+    "RecordsExpired", "StepDone", "TaskFailed", "TaskSucceeded", "Where", "decode", "decode_answer", "encode",
+    "encode_answer",
     "read_event",
 ]
 
@@ -188,6 +189,15 @@ class LeaseExpired(_Versioned):
     worker: str
 
 
+class RecordsExpired(_Versioned):
+    """The expiry sweep found these task-table entries past their time to live on the partition of this event (its
+    key is the first of them): the ledger tombstones each one that still is (ledger/expiry.py)."""
+
+    kind: Literal["records_expired"] = "records_expired"
+    keys: list[str] = Field(min_length=1, max_length=10_000)
+    worker: str
+
+
 class CachedAnswer(BaseModel):
     """A last good answer as the answers table keeps it (and a cache reply carries it): not an event, no kind."""
 
@@ -224,7 +234,7 @@ class DeadLettered(_Versioned):
 OutcomeEvent = Annotated[
     Union[
         TaskSucceeded, TaskFailed, Heartbeat, StepDone, CallParked, CallsDelegated, SubtaskResult, ApprovalTimeout,
-        LeaseExpired, CacheReply, DeadLetterRequest, DeadLettered,
+        LeaseExpired, CacheReply, DeadLetterRequest, DeadLettered, RecordsExpired,
     ],
     Field(discriminator="kind"),
 ]

@@ -252,6 +252,31 @@ async def _message_limits(admin: AIOKafkaAdminClient, names: list[str]) -> dict[
     return limits
 
 
+async def longest_retention_s(settings: Settings, names: list[str]) -> float | None:
+    """The longest ``retention.ms`` of these topics, in seconds; None when one keeps its records forever (-1) or
+    the broker does not say (then nothing may expire: a record could outlive its task's message)."""
+    if not names:
+        return None
+    admin = await _connected_admin(settings)
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"retention.ms": None}) for name in names]
+    try:
+        responses = await asyncio.wait_for(admin.describe_configs(resources), timeout=30.0)
+    except (KafkaError, asyncio.TimeoutError) as exc:
+        log.warning("Could not read the task topics' retention.ms (%r): finished task records do not expire", exc)
+        return None
+    finally:
+        await admin.close()
+    found: dict[str, int] = {}
+    for response in responses:
+        for error_code, _, _, name, entries in response.resources:
+            value = str({entry[0]: entry[1] for entry in entries}.get("retention.ms", ""))
+            if error_code == 0 and value.lstrip("-").isdigit():
+                found[name] = int(value)
+    if set(found) != set(names) or any(ms < 0 for ms in found.values()):
+        return None
+    return max(found.values()) / 1000.0
+
+
 async def _connected_admin(settings: Settings) -> AIOKafkaAdminClient:
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap_servers(settings.broker), **kafka_security.client_kwargs(settings),

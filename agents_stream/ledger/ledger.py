@@ -23,6 +23,7 @@ from agents_stream.contract.events import (
     Heartbeat,
     LeaseExpired,
     OutcomeEvent,
+    RecordsExpired,
     StepDone,
     SubtaskResult,
     TaskFailed,
@@ -37,6 +38,7 @@ from agents_stream.ledger import endings, identity, sizes
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.delegation import Delegation
+from agents_stream.ledger.expiry import Expiry
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
@@ -89,6 +91,7 @@ class Ledger:
             worker_id=worker_id, agents=cached_agents or set(),
         )
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
+        self.expiry = Expiry(settings, tables.tasks, outbox)
         self.delegation = Delegation(settings, worker_id, outbox)
         #: the job orchestrator when this app runs it; it shares this loop
         self.orchestrator = orchestrator
@@ -243,6 +246,11 @@ class Ledger:
                 return
             case CacheReply(answer=answer):
                 self.executor.cache_answer(task_id, answer)
+                return
+            case RecordsExpired(keys=keys):  # the expiry sweep's finds: tombstoned by this, the table's writer
+                tombstones = self.expiry.apply(tp, keys, time.time())
+                if tombstones:
+                    self.outbox.deliver(tp, offset, tombstones)
                 return
         record = record_of(self.table, task_id)
         if isinstance(event, ApprovalTimeout | CallParked):  # a human decides: the gate's transitions

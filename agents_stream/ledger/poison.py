@@ -18,6 +18,7 @@ from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import HISTORY_HEADER, requeue_headers
 from agents_stream.ops import metrics
 from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.expiry import POISON_PREFIX
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ DEAD_LETTER_REQUEST = encode(DeadLetterRequest())
 
 def poison_key(topic: str, offset: int) -> str:
     """A poison message's marker in the task table (on its own partition: the changelog follows the source)."""
-    return f"\x00dead/{topic}/{offset}"
+    return f"{POISON_PREFIX}{topic}/{offset}"
 
 
 def poison_source(marker: str, partition: int) -> tuple[TP, int] | None:

@@ -208,12 +208,12 @@ class Cluster:
 # -- Kafka I/O -------------------------------------------------------------------------
 
 
-async def create_topics(names: list[str], partitions: int = PARTITIONS) -> None:
+async def create_topics(names: list[str], partitions: int = PARTITIONS, configs: dict[str, str] | None = None) -> None:
     admin = AIOKafkaAdminClient(bootstrap_servers=BOOTSTRAP)
     await asyncio.wait_for(admin.start(), 30)
     try:
         existing = set(await admin.list_topics())
-        new = [NewTopic(n, partitions, 1) for n in names if n not in existing]
+        new = [NewTopic(n, partitions, 1, topic_configs=configs or {}) for n in names if n not in existing]
         if new:
             await asyncio.wait_for(admin.create_topics(new), 30)
     finally:

@@ -39,6 +39,7 @@ from agents_stream.contract.events import (
     JobTaskResult,
     LeaseExpired,
     OutcomeEvent,
+    RecordsExpired,
     StepDone,
     SubtaskResult,
     TaskFailed,
@@ -119,6 +120,7 @@ OLD += [
         {"id": "c1", "agent": "analyzer", "instruction": "x", "context": None}]})),
     (OUTCOMES, SubtaskResult, {"schema_version": 1, "kind": "subtask_result", "task_id": "t/c1", "agent": "analyzer",
                                "call_id": "c1", "result": {"task_id": "t/c1", "status": "succeeded"}}),
+    (OUTCOMES, RecordsExpired, outcome({"kind": "records_expired", "keys": ["t-1", "t-2"]})),
 ]
 
 
@@ -221,6 +223,7 @@ NEW += [
     (OUTCOMES, CallParked(worker=W, dispatch=2, turn=0, call_id="c", tool="refund", reason="r")),
     (OUTCOMES, CallsDelegated(worker=W, dispatch=1, turn=0, calls=[{"id": "c", "agent": "a", "instruction": "i"}])),
     (OUTCOMES, SubtaskResult(task_id="t/c", agent="a", call_id="c", result={"status": "failed", "error": "e"})),
+    (OUTCOMES, RecordsExpired(keys=["t-1"], worker=W)),
 ]
 
 
@@ -377,6 +380,8 @@ def describe(event: OutcomeEvent) -> str:
             return f"delegated:{len(calls)}"
         case SubtaskResult(call_id=call_id):
             return f"subresult:{call_id}"
+        case RecordsExpired(keys=keys):
+            return f"expired:{len(keys)}"
         case ApprovalTimeout() | LeaseExpired() | DeadLetterRequest() | DeadLettered():
             return event.kind
     return "unreachable"
@@ -387,7 +392,7 @@ def test_readers_can_match_on_the_type() -> None:
     assert seen == [
         "answer:high", "answer:low", "answer:medium", "partial", "failed:invalid_output: x", f"alive:{W}", "step:0",
         "step:1", "approval_timeout", "expired", "hit:t0", "miss", "dead_letter", "dead_lettered",
-        "parked:refund", "delegated:1", "subresult:c1",
+        "parked:refund", "delegated:1", "subresult:c1", "expired:2",
     ]
 
 

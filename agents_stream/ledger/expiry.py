@@ -1,0 +1,94 @@
+"""Finished task records expire: a sweep finds, a slice at a time, the task-table entries of this worker's
+partitions that outlived their time to live, and the ledger tombstones them when their event comes back.
+
+The sweep runs on a timer and only reads (``LedgerTable.scan``); what it finds goes out as a ``RecordsExpired``
+event on this app's outcomes topic, on the entries' partition, so the delete is done by the ledger while it handles
+that event — the table's one writer, with the tombstone held in the watermark like any write. The ledger checks
+each entry again (``tables/expiry.expired``): one that changed since (a requeue) stays.
+
+The time to live is settled at start: ``AGENTS_STREAM_RECORD_TTL_S``, never less than the longest retention of
+the task topics this worker reads (0, the default, means that retention). A topic kept forever keeps its records
+forever.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from faust.types import TP
+
+from agents_stream.kafka.outbox import Outbox, Send
+from agents_stream.settings import Settings
+from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.expiry import expired
+
+__all__ = ["Expiry"]
+
+log = logging.getLogger(__name__)
+
+
+class Expiry:
+    def __init__(self, settings: Settings, table: LedgerTable, outbox: Outbox) -> None:
+        self.settings = settings
+        self.table = table
+        self.outbox = outbox
+        #: seconds a finished record is kept; None until settled at start (nothing expires before), inf: never
+        self.ttl: float | None = None
+        #: where each partition's sweep goes on from (the last key it looked at)
+        self._cursors: dict[int, bytes | None] = {}
+        #: entries expired here since start (for the log and tests)
+        self.expired = 0
+
+    def settle(self, retention_s: float | None) -> float:
+        """The time to live, from the setting and the task topics' longest retention (None: kept forever)."""
+        wanted = self.settings.record_ttl_s
+        if wanted < 0 or retention_s is None:
+            self.ttl = math.inf
+            why = "AGENTS_STREAM_RECORD_TTL_S < 0" if wanted < 0 else "a task topic keeps its records forever"
+            log.info("Finished task records never expire (%s)", why)
+            return self.ttl
+        self.ttl = max(wanted, retention_s)
+        if 0 < wanted < retention_s:
+            log.warning(
+                "AGENTS_STREAM_RECORD_TTL_S=%.0f is shorter than the task topics' retention (%.0f s): finished records "
+                "are kept for the retention instead, so a task still in its topic always finds its record",
+                wanted, retention_s,
+            )
+        log.info("Finished task records expire %.0f s after they finish", self.ttl)
+        return self.ttl
+
+    def sweep(self, partitions: set[int], now: float) -> dict[int, list[str]]:
+        """Look at the next ``AGENTS_STREAM_EXPIRY_BATCH`` entries of each partition; the expired keys found."""
+        for gone in set(self._cursors) - partitions:
+            del self._cursors[gone]
+        ttl = self.ttl
+        if ttl is None or math.isinf(ttl):
+            return {}
+        found: dict[int, list[str]] = {}
+        for partition in sorted(partitions):
+            entries, self._cursors[partition] = self.table.scan(
+                partition, self._cursors.get(partition), self.settings.expiry_batch,
+            )
+            keys = [key for key, value in entries if expired(key, value, now=now, ttl=ttl)]
+            if keys:
+                found[partition] = keys
+        return found
+
+    def apply(self, tp: TP, keys: list[str], now: float) -> list[Send]:
+        """The ledger handles a ``RecordsExpired`` event: each entry still expired is deleted; the tombstones' sends."""
+        ttl = self.ttl
+        if ttl is None or math.isinf(ttl):
+            return []
+        sends: list[Send] = []
+        for key in keys:
+            value: Any = self.table.get(key)
+            if value is not None and expired(key, value, now=now, ttl=ttl):
+                del self.table[key]
+                sends.append(self.outbox.changelog(self.table, tp.partition, key))
+        self.expired += len(sends)
+        if sends:
+            log.debug("Expired %d finished task records of partition %d (%d in all)", len(sends), tp.partition,
+                      self.expired)
+        return sends

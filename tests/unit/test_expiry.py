@@ -1,0 +1,106 @@
+"""Finished records expire: which entries are past their time to live, the time to live against the task topics'
+retention, the sweep's slices of a real RocksDB (rocksdict) partition, and the ledger tombstoning what the sweep
+found, once, and nothing that changed since."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from agents_stream.tables import leases
+from agents_stream.tables.definitions import LedgerTable, Tables
+from agents_stream.tables.expiry import expired
+from faust.types import TP
+from rocksdict import Options, Rdict
+
+from agents_stream.contract import topics
+from agents_stream.contract.events import RecordsExpired, encode
+from agents_stream.ledger.expiry import Expiry
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ops.notify import Notifier
+from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+
+NOW = 1_000_000.0
+MINE = topics.outcomes_topic(Settings().app_id)
+
+
+def _record(state: str, finished_at: float | None) -> dict[str, Any]:
+    return leases.TaskRecord(
+        state=state, agent="a", dispatch=1, owner="", lease_until=0.0, payload="{}", topic="agent.tasks.a",
+        partition=0, offset=1, received_at=0.0, finished_at=finished_at,
+    ).to_json()
+
+
+def test_finished_records_and_sent_markers_expire_and_nothing_open_does() -> None:
+    ttl = 100.0
+    for state in leases.TERMINAL:
+        assert expired("t", _record(state, NOW - 100), now=NOW, ttl=ttl)
+        assert not expired("t", _record(state, NOW - 99), now=NOW, ttl=ttl), "not before its time"
+    for state in (leases.RUNNING, leases.AWAITING_APPROVAL, leases.AWAITING_SUBTASKS):
+        assert not expired("t", _record(state, NOW - 1e6), now=NOW, ttl=ttl), f"{state} never expires"
+    assert not expired("t", _record(leases.SUCCEEDED, None), now=NOW, ttl=ttl)
+    assert expired("\x00dead/agent.tasks.a/7", json.dumps({"at": NOW - 200}), now=NOW, ttl=ttl)
+    assert not expired("\x00dead/agent.tasks.a/7", json.dumps({"sending": NOW - 200, "by": "w"}), now=NOW, ttl=ttl), (
+        "a dead letter still being sent keeps its marker"
+    )
+    assert not expired("\x00spend/a/2026-12-01/0", 1.5, now=NOW, ttl=ttl)
+    assert not expired("t", {"state": "succeeded", "finished_at": True}, now=NOW, ttl=ttl)
+
+
+def test_the_time_to_live_is_never_shorter_than_the_task_topics_retention() -> None:
+    def settled(ttl: float, retention: float | None) -> float:
+        return Expiry(Settings(record_ttl_s=ttl), Table(), None).settle(retention)  # type: ignore[arg-type]
+
+    assert settled(0, 7 * 86400) == 7 * 86400, "0 means the retention"
+    assert settled(3600, 7 * 86400) == 7 * 86400, "a shorter setting is raised to the retention"
+    assert settled(30 * 86400, 7 * 86400) == 30 * 86400
+    assert math.isinf(settled(3600, None)), "a topic kept forever (or one the broker will not describe) keeps them"
+    assert math.isinf(settled(-1, 3600))
+
+
+def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_path) -> None:
+    opts = Options(raw_mode=True)
+    db = Rdict(str(tmp_path / "tasks-0.db"), options=opts)
+    offset_key = b"__faust\x00offset__"
+    db[offset_key] = b"12"
+    keys = [f"t{i:02d}" for i in range(7)]
+    for i, key in enumerate(keys):
+        finished = NOW - 500 if i % 2 == 0 else NOW - 10
+        db[json.dumps(key).encode()] = json.dumps(_record(leases.SUCCEEDED, finished)).encode()  # as Faust keeps it
+    table = SimpleNamespace(data=SimpleNamespace(_dbs={0: db}, offset_key=offset_key))
+    scan = lambda partition, after, limit: LedgerTable.scan(table, partition, after, limit)  # type: ignore[arg-type]  # noqa: E731
+    expiry = Expiry(Settings(expiry_batch=3), SimpleNamespace(scan=scan), None)  # type: ignore[arg-type]
+    assert expiry.sweep({0}, NOW) == {}, "nothing expires before the time to live is settled"
+    expiry.settle(100.0)
+    slices = [expiry.sweep({0, 5}, NOW) for _ in range(4)]
+    assert slices == [{0: ["t00", "t02"]}, {0: ["t04"]}, {0: ["t06"]}, {0: ["t00", "t02"]}], (
+        "three entries a tick, the offset key skipped, a partition without a database (5) gives nothing"
+    )
+    db.close()
+
+
+async def test_the_ledger_tombstones_what_is_still_expired_when_the_event_comes_back() -> None:
+    outbox, sent = recording_outbox()
+    tasks = Table()
+    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: None)
+    ledger = Ledger(Settings(), executor=executor, worker_id="w1",  # type: ignore[arg-type]
+                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
+    ledger.expiry.settle(100.0)
+    now = time.time()
+    tasks["old"] = _record(leases.SUCCEEDED, now - 1000)
+    tasks["requeued"] = _record(leases.RUNNING, now - 1000)  # found expired, then requeued before the event
+    tasks["\x00dead/agent.tasks.a/3"] = json.dumps({"at": now - 1000})
+    event = RecordsExpired(keys=["old", "requeued", "\x00dead/agent.tasks.a/3", "gone"], worker="w1")
+    ledger.handle(faust_event(TP(MINE, 0), 8, b"old", encode(event)))
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert set(tasks) == {"requeued"}
+    assert ledger.expiry.expired == 2 and ledger.watermark.commit_offset(TP(MINE, 0)) == 9, (
+        "the event's offset commits once its tombstones are confirmed"
+    )
