@@ -414,10 +414,11 @@ def consumer_group_describe(app_id: str) -> str:
 
 
 async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] | None = None,
-                    **plan_fields: Any) -> ChaosReport:
+                    data: Path | None = None, **plan_fields: Any) -> ChaosReport:
     """One chaos run of ``tasks`` messages; ``plan_fields`` override ChaosPlan's defaults.
 
-    ``broker_env`` adds to this process's environment for scripts/broker.sh (KAFKA_PORT, KAFKA_DATA_DIR, ...);
+    ``data`` is where the workers' RocksDB data goes (default ``tmp``). ``broker_env`` adds to this process's
+    environment for scripts/broker.sh (KAFKA_PORT, KAFKA_DATA_DIR, ...);
     the harness reaches the broker at KAFKA_BOOTSTRAP, and the two must name the same port.
     """
     plan = ChaosPlan(tasks=tasks, **plan_fields)
@@ -434,7 +435,7 @@ async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] 
     async with FakeLLM(seed=plan.seed) as fake:
         await fake.set_mode(error_rate=plan.error_rate, latency=plan.latency)
         cluster = Cluster(
-            tmp, [agent], fake.url, extra=plan.breaker_toml(),
+            tmp, [agent], fake.url, extra=plan.breaker_toml(), data_root=data,
             # Lease lapses here are the run's own SIGKILLs, not a task that kills its worker: the default
             # of 3 would dead-letter (layer recovery) a task that happened to be on 3 killed workers in turn.
             settings={"AGENTS_STREAM_MAX_ATTEMPTS": "10"},

@@ -10,7 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from agents_stream.testing.fakellm import FakeLLM
 
-from .harness import BOOTSTRAP, Cluster
+from .harness import BOOTSTRAP, Cluster, data_root
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -42,12 +42,20 @@ async def fake_llm():
 
 
 @pytest.fixture
-def cluster_factory(tmp_path: Path):
+def workers_data(tmp_path: Path):
+    """The directory under the test's workers' data dirs: on tmpfs when there is one (harness.data_root)."""
+    with data_root(tmp_path) as path:
+        yield path
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path, workers_data: Path):
     made: list[Cluster] = []
 
     def make(agents: list[str], fake_url: str | None, toml: str | None = None, extra: str = "",
              **settings: str) -> Cluster:
-        c = Cluster(tmp_path, agents, fake_url, settings=dict(settings), toml=toml, extra=extra)
+        c = Cluster(tmp_path, agents, fake_url, settings=dict(settings), toml=toml, extra=extra,
+                    data_root=workers_data)
         made.append(c)
         return c
 

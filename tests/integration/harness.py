@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -157,6 +161,8 @@ class Cluster:
     workers: list[Worker] = field(default_factory=list)
     toml: str | None = None  # a whole config file instead of the generated one
     extra: str = ""  # TOML put before the generated config (e.g. a [breaker] table)
+    #: where the workers' RocksDB data dirs go (default: ``tmp``); the tests give a tmpfs directory (data_root)
+    data_root: Path | None = None
 
     def __post_init__(self) -> None:
         if self.toml is not None:
@@ -173,7 +179,7 @@ class Cluster:
             "KAFKA_BROKER": f"kafka://{BOOTSTRAP}",
             "AGENTS_STREAM_APP_ID": self.app_id,
             "AGENTS_STREAM_CONFIG": str(self.config),
-            "AGENTS_STREAM_DATA_DIR": str(self.tmp / f"data-{name}"),
+            "AGENTS_STREAM_DATA_DIR": str((self.data_root or self.tmp) / f"data-{name}"),
             "AGENTS_STREAM_PARTITIONS": str(PARTITIONS),
             "WEB_PORT": str(port),
             "AGENTS_STREAM_LEASE_TTL_S": "6",
@@ -203,6 +209,25 @@ class Cluster:
     def close(self) -> None:
         for w in self.workers:
             w.close()
+
+
+@contextmanager
+def data_root(fallback: Path) -> Iterator[Path]:
+    """A directory for workers' RocksDB data on tmpfs (/dev/shm), removed afterwards; ``fallback`` without one.
+
+    Opening a RocksDB database costs about 57 ms on this machine's disk and 3.5 ms on tmpfs (its files are
+    fsynced when made), and a worker opens 32 (4 tables x 8 partitions) when it starts: on tmpfs the suite's
+    hundreds of worker starts take minutes less. The databases are the same; only the disk under them differs.
+    """
+    shm = Path("/dev/shm")
+    if not (shm.is_dir() and os.access(shm, os.W_OK)):
+        yield fallback
+        return
+    path = Path(tempfile.mkdtemp(prefix="agents-stream-test-", dir=shm))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # -- Kafka I/O -------------------------------------------------------------------------
