@@ -124,5 +124,5 @@ def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Agen
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
         stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
         producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic, TableManager=PromptTableManager,
-        table_cleanup_interval=3600.0, loghandlers=[],
+        table_cleanup_interval=3600.0, table_standby_replicas=settings.standby_replicas, loghandlers=[],
     )

@@ -141,6 +141,10 @@ class Settings:
         "AGENTS_STREAM_RECORD_TTL_S", 0.0,
         "How long a finished task's record is kept (0: the task topics' retention; never less than it; < 0: forever).",
     )
+    standby_replicas: int = _setting(
+        "AGENTS_STREAM_STANDBY_REPLICAS", 1,
+        "Standby copies of each table partition kept by other workers, so a failover starts warm (0: none).",
+    )
     expiry_batch: int = _setting(
         "AGENTS_STREAM_EXPIRY_BATCH", 500,
         "Task-table entries the expiry sweep looks at per partition each AGENTS_STREAM_EXPIRY_INTERVAL_S.",
