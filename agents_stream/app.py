@@ -147,7 +147,7 @@ class Runtime(Service):
             saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
             cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
             orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if jobs else None,
-            agents=set(plans),
+            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None},
         )
         # ---- end of the parts ---------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from agents_stream.kafka.delivery import Send
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ops.notify import with_signature
 from agents_stream.settings import Settings
-from agents_stream.tables import cancel
+from agents_stream.tables import cancel, leases
 from agents_stream.tables.cancel import CancelTask, StopRun
 from agents_stream.tables.leases import TaskRecord
 
@@ -37,11 +37,13 @@ NO_REASON = "no reason given"
 
 
 class Cancellation:
-    def __init__(self, settings: Settings, outbox: Outbox, agents: set[str]) -> None:
+    def __init__(self, settings: Settings, outbox: Outbox, agents: set[str], sagas: set[str] | None = None) -> None:
         self.settings = settings
         self.outbox = outbox
         #: the agents this app runs: a signed cancel naming one is recorded before its task arrived
         self.agents = agents
+        #: the agents that run sagas: one that has done steps is not cancelled (its compensations would be skipped)
+        self.sagas = sagas or set()
 
     def on_decision(
         self, tp: TP, decision: ApprovalDecision, record: TaskRecord | None, signed: bool, at: float | None,
@@ -87,6 +89,9 @@ class Cancellation:
     def _refusal(self, record: TaskRecord, signed: bool) -> str | None:
         if record.terminal:
             return f"the task is {record.state} already"
+        if record.agent in self.sagas and leases.completed_steps(record):
+            return ("a saga that has done steps is not cancelled: it completes, or compensates when a step fails "
+                    "(a cancel would leave its done steps without their compensations)")
         if not signed and self.settings.approval_require_signed:
             return "the cancel is not signed and AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED is set"
         return None

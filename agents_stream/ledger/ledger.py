@@ -68,7 +68,7 @@ class Ledger:
         self, settings: Settings, executor: Executor, worker_id: str, *, tables: Tables, watermark: Watermark,
         outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
         saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
-        orchestrator: Orchestrator | None = None, agents: set[str] | None = None,
+        orchestrator: Orchestrator | None = None, agents: set[str] | None = None, sagas: set[str] | None = None,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -80,8 +80,9 @@ class Ledger:
         self.outcomes = topics.outcomes_topic(settings.app_id)
         self.answers_topic = topics.answers_topic(settings.app_id)
         self.scanner = Scanner(settings, executor, tables.tasks, tables.timers)
-        #: ``agents``: the agents this app runs (a signed cancel of one of their tasks is kept before it arrives)
-        self.cancellation = Cancellation(settings, outbox, agents or set())
+        #: ``agents``: the agents this app runs (a signed cancel of one of their tasks is kept before it arrives);
+        #: ``sagas``: those of them that run sagas
+        self.cancellation = Cancellation(settings, outbox, agents or set(), sagas)
         self.gate = ApprovalGate(
             settings, worker_id, tables.tasks, outbox, notifier, policies=policies or {},
             saga_flagged=saga_flagged or set(), awaiting_in=self.scanner.awaiting_in, cancellation=self.cancellation,

@@ -211,6 +211,19 @@ async def test_a_cancel_of_an_unseen_task_is_kept_only_when_signed_and_for_an_ag
     assert set(f.tasks) == set(), "an unsigned, foreign or agent-less cancel of an unseen task records nothing"
 
 
+async def test_a_saga_that_has_done_steps_is_not_cancelled_so_its_compensations_are_not_skipped() -> None:
+    started = _record(leases.RUNNING)
+    done = leases.TaskRecord(**{**started.to_json(), "steps_done": json.dumps([{"label": "L-1"}])})
+    for record, cancelled in ((started, True), (done, False)):
+        f = _ledger(record)
+        f.ledger.cancellation.sagas.add("lead")
+        f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1", _decision()))
+        await _spin()
+        assert (f.tasks["t-1"]["state"] == leases.CANCELLED) is cancelled
+    said = [c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancel_ignored"]
+    assert said and said[0]["details"]["reason"].startswith("a saga that has done steps is not cancelled")
+
+
 async def test_an_unsigned_cancel_is_refused_when_signatures_are_required() -> None:
     f = _ledger(_record(leases.RUNNING), approval_require_signed=True)
     f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1", _decision(signed=False)))
