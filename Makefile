@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # The local broker is used unless KAFKA_BROKER points elsewhere.
 LOCAL_BROKER := $(if $(KAFKA_BROKER),,yes)
 
-.PHONY: install run worker test test-unit test-integration broker broker-stop lint typecheck audit fake-llm clean chaos
+.PHONY: install run worker test test-unit test-integration broker broker-stop lint typecheck audit fake-llm clean chaos bench-peers
 
 # constraints.txt pins the tested set (pip, setuptools and every dependency); pyproject.toml keeps the floors.
 $(STAMP): pyproject.toml constraints.txt
@@ -95,6 +95,20 @@ bench: install
 	fi; \
 	if [ -n "$(LOCAL_BROKER)" ]; then export KAFKA_BOOTSTRAP="127.0.0.1:$${KAFKA_PORT:-9092}"; fi; \
 	$(PY) bench/run.py $(BENCH_ARGS); rc=$$?; \
+	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
+	exit $$rc
+
+# The same workload on ours and on Temporal, Restate, DBOS and Quix Streams (bench/peers/), not in `make test`: each
+# peer installed from the registries into .data/peers/ (cached; the first run builds Temporal's CLI, minutes), then
+# about 8 minutes of runs; writes the peers section of docs/benchmarks.md. PEERS_ARGS adds options
+# (e.g. PEERS_ARGS="--only ours,restate"). A broker this target started is stopped again.
+bench-peers: install
+	@started=""; \
+	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
+	  bash scripts/broker.sh start || exit $$?; started=yes; \
+	fi; \
+	if [ -n "$(LOCAL_BROKER)" ]; then export KAFKA_BOOTSTRAP="127.0.0.1:$${KAFKA_PORT:-9092}"; fi; \
+	$(PY) -m bench.peers.run $(PEERS_ARGS); rc=$$?; \
 	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
 	exit $$rc
 
