@@ -36,16 +36,23 @@ worker: install
 fake-llm: install
 	$(VENV)/bin/agents-stream fake-llm --port 8089
 
-# The whole suite against a real broker. A broker this target started is stopped again.
+# The whole suite against a real broker. A broker this target started is stopped again. tests/unit (pure logic,
+# CPU-bound, no broker) runs alongside the setup and tests/integration (real workers, mostly waiting on the broker
+# and on timeouts): its output goes to .data/test-unit.log and is printed at the end; either failing fails the target.
 test: install
-	bash scripts/chromium.sh
-	@started=""; \
+	@mkdir -p .data; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/unit > .data/test-unit.log 2>&1 & unit=$$!; \
+	stop_unit() { kill $$unit 2>/dev/null; wait $$unit 2>/dev/null; }; \
+	bash scripts/chromium.sh || { rc=$$?; stop_unit; exit $$rc; }; \
+	started=""; \
 	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
-	  bash scripts/broker.sh start || exit $$?; started=yes; \
+	  bash scripts/broker.sh start || { rc=$$?; stop_unit; exit $$rc; }; started=yes; \
 	fi; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests; rc=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/integration; rc=$$?; \
 	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
-	exit $$rc
+	wait $$unit; urc=$$?; \
+	echo "---- tests/unit (run alongside; .data/test-unit.log) ----"; cat .data/test-unit.log; \
+	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$urc
 
 # The chaos run at full size (tests/chaos.py, docs/chaos.md): 3 workers, 5,000 tasks, kills, a broker restart.
 # CHAOS_ARGS adds options (e.g. CHAOS_ARGS="--tasks 1000"). A broker this target started is stopped again.
