@@ -21,12 +21,6 @@ log = logging.getLogger(__name__)
 Alert = Callable[[str, dict[str, Any]], None]
 
 
-#: how soon a gap still reported after its seek is sought again. A seek only moves aiokafka's fetch position (no
-#: request of its own), and one right after a rebalance can be overtaken by records fetched before it: B6 saw a
-#: partition wait out a 5 s pause here after a failover. 1 s keeps the cost at one seek a second per partition.
-REREAD_EVERY_S = 1.0
-
-
 class Flow:
     """Which input partitions this worker fetches, and reading them again when records never arrived.
 
@@ -150,12 +144,12 @@ class Flow:
             self.alert("alert.partitions_resumed", {"partitions": sorted(f"{tp.topic}:{tp.partition}" for tp in stuck)})
 
     def reread(self, tp: TP, offset: int) -> bool:
-        """Records of ``tp`` from ``offset`` never reached the ledger: seek back there (once per offset every
-        REREAD_EVERY_S: the records already fetched past the gap arrive meanwhile and report the same gap).
+        """Records of ``tp`` from ``offset`` never reached the ledger: seek back there (once per offset every few
+        seconds: the records already fetched past the gap arrive meanwhile and report the same gap).
         True when a seek was started (the ledger logs it and alerts)."""
         now = time.monotonic()
         last = self._rereads.get(tp)
-        if last is not None and last[0] == offset and now - last[1] < REREAD_EVERY_S:
+        if last is not None and last[0] == offset and now - last[1] < 5.0:
             return False
         self._rereads[tp] = (offset, now)
         task = asyncio.ensure_future(self._seek(tp, offset))
