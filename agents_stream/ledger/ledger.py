@@ -136,6 +136,11 @@ class Ledger:
                     {"first": gap, "next_seen": message.offset},
                 )
             return
+        expected = self.watermark.next_offset(tp)
+        if expected is not None and message.offset < expected:
+            # Handled already since the partition was assigned: a re-read of a gap can deliver records that the
+            # fetch before it delivered too. Applying one again would send a finished task's result twice.
+            return
         try:
             self._route(tp, message, event.key, event.value)
         except Exception as exc:

@@ -188,3 +188,19 @@ async def test_a_second_final_outcome_after_the_task_finished_here_goes_on_the_t
     assert f.ledger.apply_here("t1", outcome.succeeded(Run(TASK, 2, "w1"), Answer("late", "high", "p"))) is None
     assert json.loads(f.tasks["t1"]["result"])["output"] == "first" and f.sent == before
 
+
+async def test_a_record_handled_again_since_the_assignment_changes_nothing() -> None:
+    """A re-read of a gap can deliver a record the fetch before it delivered too: the ledger, already past that
+    offset, does not apply it again (a finished task's result would be sent a second time)."""
+    f = _ledger()
+    _received(f)
+    await _spin()
+    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("once", "high", "primary:p")))
+    await _spin()
+    sent = len(f.sent)
+    f.ledger.handle(faust_event(HOME, 7, b"t1", TASK.model_dump_json().encode()))
+    await _spin()
+    assert len(f.sent) == sent, "the record at offset 7 was applied twice"
+    f.ledger.handle(faust_event(HOME, 8, b"t1", TASK.model_dump_json().encode()))  # a real redelivery, later
+    await _spin()
+    assert [t for t, _ in f.sent[sent:]] == [topics.RESULTS], "a new record of a finished task re-emits its result"
