@@ -47,7 +47,7 @@ def test_rules_and_the_config_that_loads_them_pass_promtool_check() -> None:
     expression is valid PromQL."""
     done = promtool("check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"SUCCESS: {len(rules())} rules found" in done.stdout, f"prometheus.yml does not load {RULES}:\n{done.stdout}"
+    assert f"SUCCESS: {len(rules())} rules found" in done.stdout, f"prometheus.yml does not load {RULES}:\n{done}"
     done = promtool("check", "rules", str(RULES))
     assert done.returncode == 0, done.stdout + done.stderr
 
