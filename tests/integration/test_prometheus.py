@@ -51,6 +51,23 @@ class Prometheus:
         assert body["status"] == "success", f"{path} {params}: {body}"
         return body["data"]
 
+    async def ready(self, timeout: float = 20.0) -> None:
+        """Prometheus answers /-/ready (its storage opened, its config and rules loaded)."""
+
+        async def answers() -> bool:
+            assert self.proc.poll() is None, f"Prometheus exited with {self.proc.returncode}:\n{self.tail()}"
+            try:
+                async with aiohttp.ClientSession() as session:
+                    async with session.get(f"{self.url}/-/ready", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        return r.status == 200
+            except (aiohttp.ClientError, TimeoutError):
+                return False
+
+        try:
+            await eventually(answers, timeout=timeout, interval=0.2, what="Prometheus ready")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{self.tail()}") from None
+
     async def query(self, promql: str) -> list[dict[str, Any]]:
         return (await self.api("query", query=promql))["result"]
 
@@ -136,6 +153,7 @@ async def test_every_dashboard_query_and_recording_rule_returns_series(cluster_f
     prom = start_prometheus([f"127.0.0.1:{w.web_port}" for w in workers])
     for w in workers:
         await w.wait_ready()
+    await prom.ready()
 
     # A 503 (a retry), an answer that misses the task's schema (a format retry), then one that fits.
     fake_llm.enqueue(status(503), ok("not JSON"), ok('{"answer": "42"}'))
