@@ -39,8 +39,10 @@ fake-llm: install
 # The whole suite against a real broker. A broker this target started is stopped again. tests/unit (pure logic,
 # CPU-bound, no broker) runs alongside the setup and tests/integration (real workers, mostly waiting on the broker
 # and on timeouts): its output goes to .data/test-unit.log and is printed at the end; either failing fails the target.
+# Prometheus and promtool (scripts/prometheus.sh) come first: tests/unit's rule tests run promtool.
 test: install
 	@mkdir -p .data; \
+	bash scripts/prometheus.sh || exit $$?; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/unit > .data/test-unit.log 2>&1 & unit=$$!; \
 	stop_unit() { kill $$unit 2>/dev/null; wait $$unit 2>/dev/null; }; \
 	bash scripts/chromium.sh || { rc=$$?; stop_unit; exit $$rc; }; \
@@ -69,6 +71,7 @@ chaos: install
 	exit $$rc
 
 test-unit: install
+	bash scripts/prometheus.sh
 	$(PY) -m pytest -q tests/unit
 
 # ruff, mypy (pyproject [tool.mypy]) and the dependency audit; all run, and any failing fails the target
