@@ -47,6 +47,7 @@ from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
 from agents_stream.ops import metrics
 from agents_stream.ops.notify import Notifier
+from agents_stream.ops.recent import RecentTasks
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.tables import leases
@@ -94,6 +95,7 @@ class Ledger:
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
         self.expiry = Expiry(settings, tables.tasks, outbox)
         self.delegation = Delegation(settings, worker_id, outbox)
+        self.recent = RecentTasks(settings.console_recent)  # the console's recent list: the tasks changed last here
         #: the job orchestrator when this app runs it; it shares this loop
         self.orchestrator = orchestrator
         #: the offsets held for each running task, with the watermark generation of each hold
@@ -350,6 +352,7 @@ class Ledger:
         record = new or old
         if record is not None:
             self.scanner.note(task_id, record)
+            self.recent.task(task_id, record, task.job_id if task else None, time.time())
         outcome = leases.ended(old, new)
         if outcome is not None:
             ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
@@ -433,6 +436,9 @@ class Ledger:
         self.poison.forget(tps)
         self.watermark.forget(tps)
         self.scanner.forget(tps)
+        self.recent.forget({tp.partition for tp in tps})
+        if self.orchestrator is not None:
+            self.orchestrator.recent.forget({tp.partition for tp in tps})
         for task_id, offs in list(self.task_offsets.items()):
             kept = [held for held in offs if held[0] not in tps]
             if kept:
