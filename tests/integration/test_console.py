@@ -363,6 +363,12 @@ async def test_console_draws_live_charts_and_lists_recent_tasks_from_two_workers
         await produce(topics.JOBS, [(job_id.encode(), json.dumps({"job_id": job_id, "plan": plan}).encode())])
         await results_for({t["task_id"] for t in batch}, timeout=30)
 
+        async def job_done() -> bool:
+            return any(j["job_id"] == job_id and j["state"] == "succeeded" for j in (await a.get("/recent"))["jobs"])
+
+        # Both steps done before the outage, so only the tasks sent during it can be held.
+        await eventually(job_done, timeout=30, what="the job's two steps done")
+
         # The provider goes down: the breaker opens, new tasks are held and wait as lag.
         await fake_llm.set_mode(outage=True, latency=0.0)
         down = [task(agent, f"down-{i}-{uuid.uuid4().hex[:6]}") for i in range(6)]
