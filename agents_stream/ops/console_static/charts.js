@@ -98,7 +98,9 @@
       f.svg.append(node("line", { x1: PAD.left, x2: f.width - PAD.right, y1: y(g), y2: y(g), class: "grid" }));
     }
     for (const g of [0, top / 2, top]) {
-      f.svg.append(node("text", { x: PAD.left - 5, y: y(g) + 4, class: "axis", "text-anchor": "end" }, fmt(g, top < 10 ? 1 : 0)));
+      // 0.25 stays 0.25, 2.5 stays 2.5, 20 is 20: the labels of niceMax's gridlines, exactly
+      const label = g >= 10 ? String(Math.round(g)) : String(Number(g.toFixed(2)));
+      f.svg.append(node("text", { x: PAD.left - 5, y: y(g) + 4, class: "axis", "text-anchor": "end" }, label));
     }
     // Runs of known values, each an area and a line; a lone value is a dot.
     let run = [];
