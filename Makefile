@@ -43,12 +43,15 @@ fake-llm: install
 # broker, or bound a time that a second test's CPU would stretch), then the rest two at a time (pytest-xdist; every
 # test has its own app id and topics; the ones that run the job orchestrator share one xdist group).
 # Prometheus and promtool (scripts/prometheus.sh) come first: tests/unit's rule tests run promtool.
+# Chromium (scripts/chromium.sh, Debian's packages) and the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI;
+# kept once per machine, so a new clone does not install it again) are installed while tests/unit runs.
 test: install
 	@mkdir -p .data; \
 	bash scripts/prometheus.sh || exit $$?; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/unit > .data/test-unit.log 2>&1 & unit=$$!; \
 	stop_unit() { kill $$unit 2>/dev/null; wait $$unit 2>/dev/null; }; \
 	bash scripts/chromium.sh || { rc=$$?; stop_unit; exit $$rc; }; \
+	bash scripts/litellm.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	started=""; \
 	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
 	  bash scripts/broker.sh start || { rc=$$?; stop_unit; exit $$rc; }; started=yes; \
