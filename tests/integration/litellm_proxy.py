@@ -24,11 +24,12 @@ from .harness import ROOT, free_port
 VENV = ROOT / ".data" / "litellm-venv"
 CONFIG = Path(__file__).with_name("litellm_config.yaml")
 
-#: LiteLLM's documented switches for a machine without internet
+#: what keeps LiteLLM off the network (docs/decisions.md, "LiteLLM as a provider": what it would fetch)
 OFFLINE_ENV = {
     "LITELLM_LOCAL_MODEL_COST_MAP": "True",  # the packaged price map, not the one on GitHub
     "HF_HUB_OFFLINE": "1",  # a Hugging Face tokenizer lookup fails at once instead of waiting on the network
     "LITELLM_MODE": "PRODUCTION",  # DEV (the default) loads a .env file found from the working directory up
+    "LITELLM_LOCAL_ANTHROPIC_BETA_HEADERS": "True",  # the packaged table an Anthropic model would fetch (none here)
 }
 
 
