@@ -115,9 +115,10 @@ async def test_agents_behind_a_real_litellm_proxy(cluster_factory, tmp_path: Pat
             agents["tracker"], instruction="Where is my order?", context_data={"order_id": "o-42"})
         limited, busy = task(agents["limited"], instruction="Summarise."), task(agents["busy"], instruction="Sum.")
         published = time.time()
-        for t in (priced, tracker, limited, busy):
-            await produce(topics.task_topic(t["agent_name"]), [encode(t)])
+        await asyncio.gather(*(produce(topics.task_topic(t["agent_name"]), [encode(t)])
+                               for t in (priced, tracker, limited, busy)))
         first = await results([priced, tracker, limited, busy])
+        print(f"litellm: the first four results {time.time() - published:.1f} s after they were published")
 
         text_cost = pricing.cost(PRICES["text-model"], 1234, 567)
         assert text_cost == 0.008755
@@ -143,15 +144,15 @@ async def test_agents_behind_a_real_litellm_proxy(cluster_factory, tmp_path: Pat
             assert len(learned) == 1, f"exactly one worker learned {provider}'s wait from the other: {views}"
             print(f"litellm: {provider} shut for {wait:g} s on both workers (propagation {learned[0] * 1000:.1f} ms)")
 
-        later = [task(agents[k], instruction=f"Summarise {i}.") for k in ("limited", "busy") for i in range(6)]
-        for t in later:
-            await produce(topics.task_topic(t["agent_name"]), [encode(t)])
-        rest = await results(later)
+        later = {k: [task(agents[k], instruction=f"Summarise {i}.") for i in range(6)] for k in ("limited", "busy")}
+        await asyncio.gather(*(produce(topics.task_topic(agents[k]), [encode(t) for t in ts])
+                               for k, ts in later.items()))
+        rest = await results(later["limited"] + later["busy"])
         assert all(r["source"] == "alternate:lite_text:text-model" for r in rest.values())
         scraped = [await w.get("/metrics") for w in (a, b)]
         assert calls(scraped, "lite_cool") == {"rate_limited": 1.0}, "no call while LiteLLM's Retry-After runs"
         assert calls(scraped, "lite_busy") == {"rate_limited": 1.0}, "no call while llm_provider-retry-after runs"
-        assert calls(scraped, "lite_text") == {"success": 3.0 + len(later)}
+        assert calls(scraped, "lite_text") == {"success": 3.0 + len(rest)}
         assert calls(scraped, "lite_agent") == {"success": 2.0}
         for w in (a, b):
             assert proxy.key not in w.log_path.read_text(errors="replace"), "the key never reaches a log"
