@@ -63,7 +63,7 @@ def build(record: Path, name: str = "desk") -> MCPServer:
         return answer
 
     @server.tool()
-    def create_ticket(title: str, priority: int, ctx: Context) -> dict[str, Any]:
+    def create_ticket(ctx: Context, title: str = "untitled", priority: int = 1) -> dict[str, Any]:
         """Open a support ticket (a side effect: one ticket per idempotency key)."""
         number = len([a for a in answers.values() if isinstance(a, dict) and "ticket" in a]) + 1
         return note(ctx, "create_ticket", {"title": title, "priority": priority},
