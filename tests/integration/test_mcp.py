@@ -100,7 +100,8 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
     and the model reads both results."""
     agent = unique("desk")
     stdio_record = tmp_path / "stdio-calls.jsonl"
-    toml = config(fake_llm.url, agent, {"desk_http": f'url = "{http_mcp.url}"', "desk_stdio": stdio_server(stdio_record)})
+    servers = {"desk_http": f'url = "{http_mcp.url}"', "desk_stdio": stdio_server(stdio_record)}
+    toml = config(fake_llm.url, agent, servers)
     c = cluster_factory([agent], None, toml=toml)
     await c.started()
     t = task(agent, instruction="Open a ticket for customer c-7.")
