@@ -164,6 +164,8 @@ class McpServerConfig(BaseModel):
     connect_timeout_s: float = Field(default=15.0, gt=0)
     #: the longest pause between two attempts to connect to a server that does not answer
     reconnect_max_s: float = Field(default=15.0, gt=0)
+    #: a connected server is asked for its tools this often: a server that died is seen without waiting for a call
+    ping_interval_s: float = Field(default=10.0, gt=0)
     #: calls in flight at once, cluster-wide (split among live workers); None: no limit
     max_concurrency: int | None = Field(default=None, ge=1)
     #: overrides of the top-level ``[breaker]`` defaults for this server's breaker

@@ -123,13 +123,30 @@ class McpConnection:
                      ", ".join(t.name for t in tools) or "none")
             self._on_change(self, None)
             try:
-                # until a call finds the connection lost; a transport that fails cancels this wait (the SDK's task
-                # group is this task's), and leaving the client raises what failed
-                await self._lost.wait()
+                # until a call or a ping finds the connection lost; a transport that fails cancels this wait (the
+                # SDK's task group is this task's), and leaving the client raises what failed
+                while not self._lost.is_set():
+                    try:
+                        await asyncio.wait_for(self._lost.wait(), self.config.ping_interval_s)
+                    except TimeoutError:
+                        await self._ping(client)
                 raise ConnectionError("the connection was lost")
             finally:
                 self._client = None
                 self._lost.set()  # calls still waiting on this connection end now
+
+    async def _ping(self, client: Any) -> None:
+        """Is the server still there? ``ping`` is gone from the 2026 protocol, so the first page of ``tools/list``
+        (every version has it) is asked: any answer, an error too, is alive; a closed connection or no answer within
+        ``connect_timeout_s`` is not."""
+        from mcp import MCPError
+        from mcp_types import CONNECTION_CLOSED
+
+        try:
+            await asyncio.wait_for(client.list_tools(cache_mode="refresh"), self.config.connect_timeout_s)
+        except MCPError as exc:
+            if exc.code == CONNECTION_CLOSED:
+                raise ConnectionError(f"the connection was closed ({exc.message})") from None
 
     async def _target(self, stack: AsyncExitStack) -> Any:
         from mcp import StdioServerParameters

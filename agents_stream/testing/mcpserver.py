@@ -3,13 +3,12 @@
     python -m agents_stream.testing.mcpserver --record calls.jsonl                      # stdio
     python -m agents_stream.testing.mcpserver --record calls.jsonl --http 8091           # streamable HTTP at /mcp
 
-Its tools (a small ticket desk): ``create_ticket`` (a side effect, idempotent by the call's key), ``lookup_customer``,
-``sleep`` (answers after ``seconds``), ``refuse`` (an ``isError`` result). Every ``tools/call`` appends one JSON line
-to ``--record``: the tool, its arguments, the idempotency key from ``_meta`` (``agents-stream/idempotency-key``),
-the attempt, and ``replay``: whether that key was seen before (then the stored answer is sent again, no second
-ticket). The file is read back at start, so a server started again (a stdio server lives and dies with its worker)
-still knows every key. ``--fail-first N`` answers the first N calls of ``create_ticket`` with an HTTP 503 (HTTP
-only) to show retries.
+Its tools (a small ticket desk): ``create_ticket`` (a side effect, idempotent by the call's key),
+``lookup_customer``, ``sleep`` (answers after ``seconds``, recorded as it starts), ``refuse`` (an ``isError``
+result). Every call appends one JSON line to ``--record``: the tool, its arguments, the idempotency key from
+``_meta`` (``agents-stream/idempotency-key``), the attempt, and ``replay``: whether that key was seen before (then
+the stored answer is sent again, no second ticket). The file is read back at start, so a server started again (a
+stdio server lives and dies with its worker) still knows every key.
 """
 
 from __future__ import annotations
@@ -77,9 +76,10 @@ def build(record: Path, name: str = "desk") -> MCPServer:
 
     @server.tool()
     async def sleep(seconds: float, ctx: Context) -> str:
-        """Answer after ``seconds``."""
+        """Answer after ``seconds`` (recorded when it starts)."""
+        answer = note(ctx, "sleep", {"seconds": seconds}, f"slept {seconds:g}s")
         await asyncio.sleep(seconds)
-        return note(ctx, "sleep", {"seconds": seconds}, f"slept {seconds:g}s")
+        return answer
 
     @server.tool()
     def refuse(reason: str, ctx: Context) -> str:

@@ -4,17 +4,24 @@ a server down at start; a SIGKILL after the calls were journaled."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import random
+import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agents_stream.config import McpServerConfig
 from agents_stream.contract import topics
+from agents_stream.execution.mcp_servers import McpConnection
 from agents_stream.testing.fakellm import call, hang, ok, tool_calls
 from agents_stream.testing.mcpserver import read_calls
 
@@ -169,3 +176,71 @@ async def test_a_worker_killed_after_mcp_calls_were_journaled_calls_none_of_them
     assert after == before, "no journaled call ran again"
     assert all(x["attempt"] == 1 and not x["replay"] and x["key"].split(":")[1] == "0" for x in after)
     print(f"\nmcp: {len(after)} calls for {len(ids)} tasks across a SIGKILL; keys {[x['key'] for x in after]}")
+
+
+def children_running(pattern: str) -> list[int]:
+    """This process's children whose command line contains ``pattern``."""
+    out = subprocess.run(["pgrep", "-P", str(os.getpid())], capture_output=True, text=True).stdout.split()
+    found = []
+    for pid in map(int, out):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except FileNotFoundError:
+            continue
+        if pattern in cmdline:
+            found.append(pid)
+    return found
+
+
+async def test_a_connection_tells_retryable_failures_from_answers_and_comes_back_by_itself(http_mcp, tmp_path):
+    """The SDK's behaviour the retries rely on, against real server processes (no worker): a call past its timeout is
+    a TimeoutError, a call cut by the server's death a ConnectionError at once (not at its timeout), a call while the
+    server is down is a ConnectionError, an isError result comes back as data; the connection comes back by itself,
+    listing again, for an HTTP server restarted and for a stdio server whose process was killed (seen by the ping,
+    with no call)."""
+    changes: list[str | None] = []
+    await http_mcp.start()
+    server = McpServerConfig(name="desk", url=http_mcp.url, reconnect_max_s=0.5, ping_interval_s=0.2)
+    http = McpConnection(server, on_change=lambda c, error: changes.append(error), rng=random.Random(0))
+    stdio_record = tmp_path / "stdio-calls.jsonl"
+    command = [sys.executable, "-m", "agents_stream.testing.mcpserver", "--record", str(stdio_record), "--name", "sd"]
+    stdio = McpConnection(McpServerConfig(name="sd", command=command, cwd=str(ROOT), reconnect_max_s=0.5,
+                                          ping_interval_s=0.5),
+                          on_change=lambda c, error: None, rng=random.Random(0))
+    owners = [asyncio.ensure_future(http.run()), asyncio.ensure_future(stdio.run())]
+    try:
+        await eventually(lambda: http.connected and stdio.connected, timeout=20, interval=0.1, what="both listed")
+        refused = await http.call("refuse", {"reason": "closed on Sundays"}, {}, 5)
+        assert refused["isError"] is True and "closed on Sundays" in json.dumps(refused)
+        with pytest.raises(TimeoutError):
+            await http.call("sleep", {"seconds": 5}, {}, 0.5)
+        assert http.generation == 1, "the pings (every 0.2 s) of a live server never made it connect again"
+
+        slow = asyncio.ensure_future(http.call("sleep", {"seconds": 8}, {}, 10))
+        await eventually(lambda: {"seconds": 8} in [x["arguments"] for x in read_calls(http_mcp.record)],
+                         timeout=5, interval=0.1, what="the slow call at the server")
+        started = time.monotonic()
+        http_mcp.stop()
+        with pytest.raises(ConnectionError):
+            await slow
+        assert time.monotonic() - started < 3, "a call cut by a lost connection fails at once, not at its timeout"
+        await eventually(lambda: not http.connected, timeout=5, interval=0.1, what="the connection seen lost")
+        with pytest.raises(ConnectionError, match="not connected"):
+            await http.call("lookup_customer", {"customer_id": "c"}, {}, 5)
+        await http_mcp.start()
+        await eventually(lambda: http.connected and http.generation == 2, timeout=15, interval=0.1,
+                         what="the HTTP server listed again")
+        assert (await http.call("lookup_customer", {"customer_id": "c"}, {}, 5))["isError"] is False
+        assert changes[0] is None and changes[1] is not None and changes[-1] is None, changes
+
+        (pid,) = children_running("--name sd")
+        os.kill(pid, signal.SIGKILL)
+        await eventually(lambda: stdio.connected and stdio.generation == 2, timeout=15, interval=0.1,
+                         what="a new stdio server listed")
+        answer = await stdio.call("lookup_customer", {"customer_id": "c"}, {}, 5)
+        assert answer["structuredContent"]["name"] == "Ada" and children_running("--name sd") != [pid]
+    finally:
+        for owner in owners:
+            owner.cancel()
+        await asyncio.gather(*owners, return_exceptions=True)
+    assert children_running("--name sd") == [], "a stopped connection stops its stdio server"
