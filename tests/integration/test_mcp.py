@@ -107,15 +107,17 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
     and the model reads both results."""
     agent = unique("desk")
     stdio_record = tmp_path / "stdio-calls.jsonl"
-    servers = {"desk_http": f'url = "{http_mcp.url}"', "desk_stdio": stdio_server(stdio_record)}
+    # breakers live in the shared circuits log: each test's servers get names of their own
+    on_http, on_stdio = unique("desk_http"), unique("desk_stdio")
+    servers = {on_http: f'url = "{http_mcp.url}"', on_stdio: stdio_server(stdio_record)}
     toml = config(fake_llm.url, agent, servers)
     c = cluster_factory([agent], None, toml=toml)
     await c.started()
     t = task(agent, instruction="Open a ticket for customer c-7.")
     await produce(topics.task_topic(agent), [encode(t)])
-    down = await control_events("mcp.unavailable", "desk_http", agent, timeout=30)
+    down = await control_events("mcp.unavailable", on_http, agent, timeout=30)
     assert down[0]["details"]["holding"] is True and "ConnectError" in down[0]["details"]["error"], down
-    assert "desk_http" in c.workers[0].tail(200) and "cannot be used" in c.workers[0].tail(200)
+    assert f"MCP server {on_http} (http://127.0.0.1:{http_mcp.port}/mcp) cannot be used" in c.workers[0].tail(200)
     assert not [r for r in fake_llm.requests if r.task_id == t["task_id"]], "no model call before the tools are known"
 
     fake_llm.enqueue(
@@ -142,7 +144,7 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
     assert "T-1" in body and "Ada" in body, "the model's next turn reads both results"
     assert [x["name"] for x in result["transcript"]["tool_calls"]] == ["create_ticket", "s_lookup_customer"]
     breakers = (await c.workers[0].get("/circuits"))["providers"]
-    assert [(breakers[b]["state"], breakers[b]["calls_in_window"]) for b in ("mcp:desk_http", "mcp:desk_stdio")] == [
+    assert [(breakers[b]["state"], breakers[b]["calls_in_window"]) for b in (f"mcp:{on_http}", f"mcp:{on_stdio}")] == [
         ("closed", 1), ("closed", 1)], "one breaker per server, in the shared circuits, each counted its call"
 
 
@@ -154,7 +156,8 @@ async def test_a_worker_killed_after_mcp_calls_were_journaled_calls_none_of_them
     task, each with its key, none again, and every task has exactly one result."""
     await http_mcp.start()
     agent = unique("desk")
-    c = cluster_factory([agent], None, toml=config(fake_llm.url, agent, {"desk_http": f'url = "{http_mcp.url}"'}))
+    toml = config(fake_llm.url, agent, {unique("desk_http"): f'url = "{http_mcp.url}"'})
+    c = cluster_factory([agent], None, toml=toml)
     await c.started("a")
     fake_llm.set_mode(tool_turns=["create_ticket"])  # turn 0 of every task: create_ticket (its defaults)
     fake_llm.enqueue(hang(60), hang(60), hang(60))  # turn 1 of every task: in flight at the kill
