@@ -22,7 +22,6 @@ from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Callable
 
 from agents_stream.config import McpServerConfig
-from agents_stream.contract.errors import TransientError
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.mcp_tools import McpTool, from_listing
 from agents_stream.execution.tools import ToolError
@@ -211,9 +210,11 @@ class McpConnection:
             if exc.code in (INVALID_PARAMS, METHOD_NOT_FOUND):
                 raise ToolError(f"{tool}: {exc.message}") from None
             raise McpServerError(f"MCP server {self.name} answered error {exc.code}: {exc.message}") from None
-        except (OSError, TransientError, TimeoutError, ToolError):
-            raise
-        except Exception as exc:  # the transport broke under the call (a closed stream, an HTTP error)
+        except TimeoutError:
+            raise  # slow, not gone: retried on the same connection
+        except Exception as exc:
+            if not _broken_transport(exc):  # e.g. a result that is not what the protocol says: an answer, not a loss
+                raise McpServerError(f"MCP server {self.name}: the call failed: {_why(exc)}") from None
             lost.set()
             raise ConnectionError(f"MCP server {self.name}: {_why(exc)}") from None
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)
@@ -282,6 +283,19 @@ class McpServers:
                                {"server": connection.describe(), "error": error, "agents": agents,
                                 "holding": connection.tools is None})
         self._on_change()
+
+
+def _broken_transport(exc: BaseException) -> bool:
+    """Whether a call's exception says the connection broke (a socket, a stream, an HTTP exchange), not the call."""
+    import anyio
+    import httpx2
+
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    broken = (OSError, httpx2.TransportError, anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream)
+    if isinstance(exc, httpx2.HTTPStatusError):
+        return exc.response.status_code >= 500 or exc.response.status_code == 429
+    return isinstance(exc, broken)
 
 
 def _why(exc: BaseException) -> str:
