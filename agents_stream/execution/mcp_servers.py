@@ -158,6 +158,8 @@ class McpConnection:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
+        logging.getLogger("httpx2").setLevel(logging.WARNING)  # one INFO line per request (keepalives too) otherwise
+
         headers = {header: os.environ.get(var, "") for header, var in self.config.headers_env.items()}
         missing = [var for var in self.config.headers_env.values() if not os.environ.get(var)]
         if missing:

@@ -7,12 +7,13 @@ import logging
 import random
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from agents_stream.config import AppConfig, McpServerConfig
+from agents_stream.config import AppConfig, McpServerConfig, load_config
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.mcp_servers import McpServers
@@ -297,3 +298,11 @@ def test_two_servers_offering_one_tool_name_hold_the_agent_and_say_to_set_a_pref
         connection.tools, connection.generation = from_listing(connection.config, [TICKET], connection)[0], 1
     why = mcp.agent_for(plans["a"])
     assert isinstance(why, str) and "two tools share a name" in why and "prefix" in why
+
+
+def test_the_example_config_of_the_readme_builds():
+    """docs/examples/mcp-desk.toml: an agent of two servers, one over HTTP and one stdio with a prefix and a list."""
+    config = load_config(Path(__file__).resolve().parents[2] / "docs" / "examples" / "mcp-desk.toml")
+    plan = build(config, "desk")
+    assert [(s.name, s.url is not None, s.prefix, s.tools) for s in plan.mcp] == [
+        ("desk", True, "", None), ("crm", False, "crm_", ["lookup_customer"])]
