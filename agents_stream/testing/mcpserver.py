@@ -6,8 +6,9 @@
 Its tools (a small ticket desk): ``create_ticket`` (a side effect, idempotent by the call's key),
 ``lookup_customer``, ``sleep`` (answers after ``seconds``, recorded as it starts), ``refuse`` (an ``isError``
 result). Every call appends one JSON line to ``--record``: the tool, its arguments, the idempotency key from
-``_meta`` (``agents-stream/idempotency-key``), the attempt, and ``replay``: whether that key was seen before (then
-the stored answer is sent again, no second ticket). The file is read back at start, so a server started again (a
+``_meta`` (``agents-stream/idempotency-key``), the attempt, ``replay``: whether that key was seen before (then
+the stored answer is sent again, no second ticket), the request's Authorization header and which DESK_*, KAFKA* and
+AGENTS_STREAM_* variables the server's environment has. The file is read back at start, so a server started again (a
 stdio server lives and dies with its worker) still knows every key.
 """
 
@@ -55,8 +56,12 @@ def build(record: Path, name: str = "desk") -> MCPServer:
         if key is not None:
             replay = key in answers
             answer = answers.setdefault(key, answer)
+        http = ctx.request_context.request  # the HTTP request over streamable HTTP; None over stdio
         line = {"tool": tool, "arguments": arguments, "key": key, "attempt": meta.get(ATTEMPT_META),
-                "replay": replay, "answer": answer, "pid": os.getpid(), "at": time.time()}
+                "replay": replay, "answer": answer, "pid": os.getpid(), "at": time.time(),
+                # what reached the server besides the call: a header sent from headers_env, variables from env_from
+                "authorization": getattr(http, "headers", {}).get("authorization"),
+                "environment": sorted(k for k in os.environ if k.startswith(("DESK_", "AGENTS_STREAM_", "KAFKA")))}
         with record.open("a") as f:
             f.write(json.dumps(line) + "\n")
         return answer

@@ -79,7 +79,8 @@ def config(fake_url: str, agent: str, servers: dict[str, str]) -> str:
 
 def stdio_server(record: Path) -> str:
     command = [sys.executable, "-m", "agents_stream.testing.mcpserver", "--record", str(record), "--name", "desk2"]
-    return f"command = {json.dumps(command)}\ncwd = {json.dumps(str(ROOT))}\nprefix = \"s_\""
+    return (f"command = {json.dumps(command)}\ncwd = {json.dumps(str(ROOT))}\nprefix = \"s_\"\n"
+            'env_from = ["DESK_STDIO_SECRET"]')
 
 
 async def control_events(kind: str, server: str, agent: str, timeout: float) -> list[dict[str, Any]]:
@@ -104,14 +105,16 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
     """The HTTP server is down when the worker starts: the worker is ready, the agent's task waits (mcp.unavailable,
     no model call) and nothing fails. Once the server is up its tools are listed; the model is offered both servers'
     tools with their own input schemas, calls one of each, every call carries <task_id>:<turn>:<call_id> in _meta,
-    and the model reads both results."""
+    and the model reads both results. The HTTP server gets its header from the environment (never logged), the
+    stdio server only the variables named in env_from."""
     agent = unique("desk")
     stdio_record = tmp_path / "stdio-calls.jsonl"
     # breakers live in the shared circuits log: each test's servers get names of their own
     on_http, on_stdio = unique("desk_http"), unique("desk_stdio")
-    servers = {on_http: f'url = "{http_mcp.url}"', on_stdio: stdio_server(stdio_record)}
+    http_server = f'url = "{http_mcp.url}"\nheaders_env = {{ Authorization = "DESK_HTTP_AUTH" }}'
+    servers = {on_http: http_server, on_stdio: stdio_server(stdio_record)}
     toml = config(fake_llm.url, agent, servers)
-    c = cluster_factory([agent], None, toml=toml)
+    c = cluster_factory([agent], None, toml=toml, DESK_HTTP_AUTH="Bearer desk-s3cret", DESK_STDIO_SECRET="x")
     await c.started()
     t = task(agent, instruction="Open a ticket for customer c-7.")
     await produce(topics.task_topic(agent), [encode(t)])
@@ -140,6 +143,9 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
     assert [(x["key"], x["attempt"], x["arguments"]) for x in ticket] == [
         (f"{t['task_id']}:0:c1", 1, {"title": "Refund c-7", "priority": 2})]
     assert [x["key"] for x in customer] == [f"{t['task_id']}:0:c2"]
+    assert ticket[0]["authorization"] == "Bearer desk-s3cret", "headers_env: the header, its value from the env"
+    assert customer[0]["environment"] == ["DESK_STDIO_SECRET"], "a stdio server gets env_from, not the worker's env"
+    assert "desk-s3cret" not in c.workers[0].tail(100_000), "a header's value never reaches the log"
     body = json.dumps(last.body)
     assert "T-1" in body and "Ada" in body, "the model's next turn reads both results"
     assert [x["name"] for x in result["transcript"]["tool_calls"]] == ["create_ticket", "s_lookup_customer"]

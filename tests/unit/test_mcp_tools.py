@@ -16,7 +16,7 @@ from pydantic import ValidationError
 from agents_stream.config import AppConfig, McpServerConfig, load_config
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.mcp_servers import McpServers
+from agents_stream.execution.mcp_servers import McpConnection, McpServers
 from agents_stream.execution.mcp_tools import (
     ATTEMPT_META,
     KEY_META,
@@ -306,3 +306,13 @@ def test_the_example_config_of_the_readme_builds():
     plan = build(config, "desk")
     assert [(s.name, s.url is not None, s.prefix, s.tools) for s in plan.mcp] == [
         ("desk", True, "", None), ("crm", False, "crm_", ["lookup_customer"])]
+
+
+def test_a_server_is_named_in_logs_without_its_credentials():
+    """Logs and control events name a URL without userinfo, query or fragment, and a command by its program only."""
+    secret = McpServerConfig(name="s", url="https://bot:pw@mcp.example.com:8443/v1/mcp?token=abc#frag")
+    assert McpConnection(secret, on_change=lambda c, e: None, rng=random.Random()).describe() == (
+        "https://mcp.example.com:8443/v1/mcp")
+    command = McpServerConfig(name="s", command=["/opt/files-server", "--token", "abc"])
+    assert McpConnection(command, on_change=lambda c, e: None, rng=random.Random()).describe() == (
+        "stdio command /opt/files-server")
