@@ -149,9 +149,14 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
     body = json.dumps(last.body)
     assert "T-1" in body and "Ada" in body, "the model's next turn reads both results"
     assert [x["name"] for x in result["transcript"]["tool_calls"]] == ["create_ticket", "s_lookup_customer"]
-    breakers = (await c.workers[0].get("/circuits"))["providers"]
-    assert [(breakers[b]["state"], breakers[b]["calls_in_window"]) for b in (f"mcp:{on_http}", f"mcp:{on_stdio}")] == [
-        ("closed", 1), ("closed", 1)], "one breaker per server, in the shared circuits, each counted its call"
+
+
+    async def counted() -> bool:  # a call's verdict reaches the view through the circuits log: wait for it
+        breakers = (await c.workers[0].get("/circuits"))["providers"]
+        seen = [(breakers[b]["state"], breakers[b]["calls_in_window"]) for b in (f"mcp:{on_http}", f"mcp:{on_stdio}")]
+        return seen == [("closed", 1), ("closed", 1)]
+
+    await eventually(counted, timeout=10, what="one breaker per server in the shared circuits, each counting its call")
 
 
 async def test_a_worker_killed_after_mcp_calls_were_journaled_calls_none_of_them_again(
