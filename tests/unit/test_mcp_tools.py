@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import random
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from pydantic import ValidationError
 from agents_stream.config import AppConfig, McpServerConfig, load_config
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.mcp_servers import McpConnection, McpServers
+from agents_stream.execution.mcp_servers import McpConnection, McpServers, ensure_sdk
 from agents_stream.execution.mcp_tools import (
     ATTEMPT_META,
     KEY_META,
@@ -316,3 +317,10 @@ def test_a_server_is_named_in_logs_without_its_credentials():
     command = McpServerConfig(name="s", command=["/opt/files-server", "--token", "abc"])
     assert McpConnection(command, on_change=lambda c, e: None, rng=random.Random()).describe() == (
         "stdio command /opt/files-server")
+
+
+def test_a_worker_without_the_sdk_refuses_agents_of_mcp_servers_saying_what_to_install(monkeypatch):
+    """The SDK is an extra: a worker whose agents name a server and that lacks it stops at start with the fix."""
+    monkeypatch.setitem(sys.modules, "mcp", None)
+    with pytest.raises(ValueError, match=re.escape("pip install 'agents-stream[mcp]'")):
+        ensure_sdk(["desk"])
