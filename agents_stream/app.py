@@ -24,11 +24,14 @@ from agents_stream.contract import topics
 from agents_stream.contract.events import (
     ApprovalTimeout,
     CacheLookup,
+    CallParked,
+    CallsDelegated,
     Heartbeat,
     JobDeadline,
     LeaseExpired,
     OutcomeEvent,
     RecordsExpired,
+    StepDone,
     TaskFailed,
     TaskSucceeded,
     encode,
@@ -45,8 +48,9 @@ from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
-from agents_stream.ops import web
+from agents_stream.ops import metrics, web
 from agents_stream.ops.notify import Notifier
+from agents_stream.ops.samples import Sample, SampleRing
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
@@ -87,8 +91,10 @@ class Runtime(Service):
         )
         self.ledger.on_gap = self.flow.reread
         self.ready = False  # output topics declared and executor running: /readyz says ready
+        self.samples = SampleRing(settings.console_sample_s, settings.console_history_s)  # the console's charts
         self.stopping = False
         self.finishing: set[str] = set()  # tasks whose final outcome this worker sent while stopping
+        self.via_topic: set[tuple[str, int]] = set()  # runs (task_id, dispatch) whose outcomes go on the topic
 
     def _build_parts(
         self, app: AgentsStreamApp, settings: Settings, config: AppConfig, agents: list[str], tables: Tables,
@@ -201,7 +207,26 @@ class Runtime(Service):
     # -- what the parts call -----------------------------------------------------------------------------------
 
     async def send_outcome(self, task_id: str, outcome: OutcomeEvent) -> None:
-        """Executor → ledger. Outcomes are retried until the broker confirms them; heartbeats are not."""
+        """Executor → ledger: applied here when this worker's ledger holds the task (``Ledger.apply_here``),
+        else sent on the outcomes topic, retried until the broker confirms it (heartbeats are not retried).
+
+        A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
+        follow it there. A journal entry (StepDone) returns once it is durable, a final outcome at once."""
+        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
+            run = (task_id, outcome.dispatch)
+            durable = None
+            if run not in self.via_topic and self.member():
+                durable = self.ledger.apply_here(task_id, outcome)
+            if durable is not None:
+                if isinstance(outcome, StepDone):
+                    await durable
+                return
+            if isinstance(outcome, StepDone):
+                self.via_topic.add(run)
+            else:
+                self.via_topic.discard(run)
+        elif isinstance(outcome, CallParked | CallsDelegated):
+            self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here
         body = encode(outcome)  # the executor named this worker in it
 
         def send() -> Any:
@@ -217,6 +242,14 @@ class Runtime(Service):
         )
         if self.stopping and isinstance(outcome, (TaskSucceeded, TaskFailed)):
             self.finishing.add(task_id)
+
+    def member(self) -> bool:
+        """This worker still owns the partitions it believes it owns: a commit it sent less than half a session
+        timeout ago was accepted by the group's coordinator. A worker cut off from the group for longer (a stalled
+        loop, a broker away) may have lost them without knowing yet: its outcomes then go on the topic, where the
+        partition's owner, whoever it is now, applies them (docs/decisions.md, "Outcomes applied where they ran")."""
+        consumer: Any = self.app.consumer
+        return bool(consumer.member_since(self.settings.session_timeout_s / 2))
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         self.outbox.control(event, subject, agent, details)
@@ -251,6 +284,17 @@ class Runtime(Service):
         return self.flow.consumer_lag()
 
     # -- what the app's timers and rebalance signals call --------------------------------------------------------
+
+    def sample(self) -> None:
+        """One sample for the console's charts, from what the worker keeps in memory (no table, no broker)."""
+        if not self.ready:
+            return  # nothing runs yet: zeros would read as an idle worker
+        lag = sum(n for topic, n in self.consumer_lag().items() if topics.agent_of(topic) is not None)
+        breakers = {name: str(view.get("state")) for name, view in self.circuits.describe().items()}
+        self.samples.add(Sample(
+            at=time.time(), ended=metrics.tasks_ended(), lag=lag, in_flight=metrics.provider_calls_in_flight(),
+            held=self.executor.held, breakers=breakers,
+        ))
 
     def on_revoked(self, revoked: set[TP]) -> None:
         self.flow.revoked(revoked)
@@ -301,6 +345,13 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             runtime.flow.check()
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
+
+    @app.timer(interval=settings.console_sample_s)
+    async def console_sample() -> None:
+        try:
+            runtime.sample()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.warning("Console sample failed (%r); the charts miss this point, the next tick tries again", exc)
 
     @app.timer(interval=max(0.5, settings.expiry_interval_s))
     async def expiry_sweep() -> None:

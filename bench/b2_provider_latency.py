@@ -80,7 +80,7 @@ async def run(tmp: Path, n: int, n_sync: int, n_agent: int = 0) -> tuple[list[Ro
     o, s = res["ours"]["rate"], res["sync"]["rate"]
     rows = [
         Row("B2", f"agents-stream, 1 worker, provider 200 ms over HTTP (N={n:,})", _value(res["ours"]),
-            "≥ 250 tasks/s", o >= 250),
+            "≥ 300 tasks/s (94% of the 320 ceiling)", o >= 300),
         Row("B2", "  provider calls in flight at once (peak, seen by the fake LLM)",
             f"{res['fake_llm'].get('peak_in_flight')} of 64 slots"),
         Row("B2", f"synchronous one-at-a-time worker (N={n_sync})", f"{s:,.1f} tasks/s"),

@@ -1,8 +1,8 @@
 """B4: a worker SIGKILLed under steady load (2 workers, one app id, 8 partitions).
 
 The provider is `local` with 0.5 s of simulated latency, so half a second of work is in flight on the
-killed worker. Which worker owns which partition is read from the outcome events (each names its worker;
-the outcomes topic is co-partitioned with the task topic). Three figures:
+killed worker. Which worker owns which partition is read from the task table's changelog (a task's lease record
+names the worker that took it; the changelog is co-partitioned with the task topic). Three figures:
 - partitions back: seconds from the SIGKILL until each partition the killed worker owned produced a result
   for a task published after the kill (first and last partition). Bound: the group session timeout
   (AGENTS_STREAM_SESSION_TIMEOUT_S, 10 s) plus a rebalance.
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import common
-from bench.common import PRODUCT_DEFAULTS, Watch, flow_ready, partition_of, publish_paced, task_ids, unique
+from bench.common import PRODUCT_DEFAULTS, Watch, flow_ready, lease_owner, partition_of, publish_paced, task_ids, unique
 from bench.report import Row
 from tests.integration.harness import Cluster
 
@@ -41,8 +41,8 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
     topic = f"agent.tasks.{agent}"
     w0 = common.track(cluster.worker("w0").start())
     out = Watch("agent.results")
-    outcomes = Watch(f"agent.outcomes.{cluster.app_id}", keep_values=True)
-    owner: dict[int, int] = {}  # partition → pid of the worker whose outcome for it came last
+    leases = Watch(f"{cluster.app_id}-tasks-changelog", keep_values=True)
+    owner: dict[int, int] = {}  # partition → pid of the worker that leased a task of it last
     watcher: asyncio.Task | None = None
     publisher: asyncio.Task | None = None
     w1 = None
@@ -51,19 +51,20 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
         w1 = common.track(cluster.worker("w1").start())
         await w1.wait_ready(timeout=120)
         await out.start()
-        await outcomes.start()
+        await leases.start()
         await flow_ready(topic, out, agent)
 
         async def follow() -> None:
-            # outcome events, latest owner per partition (heartbeats and outcomes both name the worker)
+            # each task's first changelog record is its lease, naming the worker that took it: latest per partition
             done: set[str] = set()
             while True:
-                for key, value in list(outcomes.values.items()):
+                for key, value in list(leases.values.items()):
                     if key in done:
                         continue
                     done.add(key)
-                    worker = json.loads(value).get("worker", "")
-                    owner[partition_of(key)] = int(worker.split(":")[1])
+                    worker = lease_owner(value)
+                    if worker:
+                        owner[partition_of(json.loads(key))] = int(worker.split(":")[1])
                 await asyncio.sleep(0.1)
 
         watcher = asyncio.ensure_future(follow())
@@ -72,7 +73,7 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
         sent: dict[str, float] = {}
         publisher = asyncio.ensure_future(publish_paced(topic, agent, ids, rate, sent))
         await asyncio.sleep(before_s)
-        # ownership from the outcomes of the last few seconds only (the group settled after w1 joined)
+        # ownership from the leases of the last few seconds only (the group settled after w1 joined)
         owner.clear()
         await asyncio.sleep(min(3.0, before_s / 2))
         victim = w1.proc.pid
@@ -121,7 +122,7 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
             if t is not None:
                 t.cancel()
         await out.stop()
-        await outcomes.stop()
+        await leases.stop()
         cluster.close()
     res = {
         "rate": rate, "killed_partitions": killed_parts, "back_s": back,

@@ -21,7 +21,7 @@ from typing import Any
 
 from bench import common
 from bench.b5_memory import _delete_topic, load_changelog
-from bench.common import PRODUCT_DEFAULTS, Watch, flow_ready, partition_of, publish_paced, task_ids, unique
+from bench.common import PRODUCT_DEFAULTS, Watch, flow_ready, lease_owner, partition_of, publish_paced, task_ids, unique
 from bench.report import Row
 from tests.integration.harness import Cluster
 
@@ -59,7 +59,7 @@ async def run(tmp: Path, n: int, *, standby: int = 1, rate: float = 40.0, after_
     changelog = f"{cluster.app_id}-tasks-changelog"
     _, load_s, size = await load_changelog(changelog, agent, n)
     out = Watch("agent.results")
-    outcomes = Watch(f"agent.outcomes.{cluster.app_id}", keep_values=True)
+    leases = Watch(changelog, keep_values=True)  # each task's lease record names the worker that took it
     publisher: asyncio.Task | None = None
     victim = survivor = None
     try:
@@ -72,7 +72,7 @@ async def run(tmp: Path, n: int, *, standby: int = 1, rate: float = 40.0, after_
         await survivor.wait_ready(timeout=1800)
         second_ready_s = time.monotonic() - t1
         await out.start()
-        await outcomes.start()
+        await leases.start()
         await flow_ready(topic, out, agent)
         standby_s = await _settled(cluster.tmp / "data-w1", quiet_s=10.0, timeout=1800)
         ids = task_ids("b6", int(rate * (20 + after_timeout_s)))
@@ -80,8 +80,10 @@ async def run(tmp: Path, n: int, *, standby: int = 1, rate: float = 40.0, after_
         publisher = asyncio.ensure_future(publish_paced(topic, agent, ids, rate, sent))
         await asyncio.sleep(8.0)
         owner: dict[int, str] = {}
-        for key, value in list(outcomes.values.items())[-400:]:
-            owner[partition_of(key)] = json.loads(value).get("worker", "")
+        for key, value in list(leases.values.items())[-400:]:
+            worker = lease_owner(value)
+            if worker:
+                owner[partition_of(json.loads(key))] = worker
         pid = str(victim.proc.pid)
         killed = sorted(p for p, w in owner.items() if w.split(":")[1:2] == [pid])
         if not killed:
@@ -104,7 +106,7 @@ async def run(tmp: Path, n: int, *, standby: int = 1, rate: float = 40.0, after_
         if publisher is not None:
             publisher.cancel()
         await out.stop()
-        await outcomes.stop()
+        await leases.stop()
         cluster.close()
         await _delete_topic(changelog)
     all_back = max(back.values(), default=float("nan"))

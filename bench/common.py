@@ -69,6 +69,19 @@ def partition_of(task_id: str) -> int:
     return partition_for(task_id.encode(), PARTITIONS)
 
 
+def lease_owner(value: bytes | None) -> str | None:
+    """The worker a task-table changelog record names as the lease's owner (None for a tombstone or another
+    kind of entry)."""
+    if not value:
+        return None
+    try:
+        record = json.loads(value)
+    except ValueError:
+        return None
+    owner = record.get("owner") if isinstance(record, dict) else None
+    return owner if isinstance(owner, str) and owner.count(":") >= 2 else None
+
+
 # -- results ---------------------------------------------------------------------------
 
 

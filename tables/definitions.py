@@ -2,30 +2,181 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import faust
+import orjson
+from agents_stream.tables.writes import DELETED, WriteBuffer, chain
+from faust.streams import current_event
+from rocksdict import WriteBatch
 
 from agents_stream.settings import Settings
 
+__all__ = ["LedgerTable", "PromptTableManager", "Tables", "define_tables", "writing"]
+
+log = logging.getLogger(__name__)
+
+#: the partition a table write goes to when no Faust event is being handled (``writing``)
+_partition: ContextVar[int | None] = ContextVar("agents_stream_table_partition", default=None)
+_MISSING = object()
+
+
+@contextmanager
+def writing(partition: int) -> Iterator[None]:
+    """Table reads and writes in this block are of ``partition``: for the ledger applying an outcome of its own
+    executor between two events, where Faust has no current event to take the partition from."""
+    token = _partition.set(partition)
+    try:
+        yield
+    finally:
+        _partition.reset(token)
+
+
+def _key_bytes(key: str) -> bytes:
+    # What Faust's json key serializer makes of a str without orjson (ASCII, escaped): the keys already in every
+    # deployed store and changelog. Faust switches to orjson (raw UTF-8) when it is importable, so the keys are
+    # encoded here, the same way whatever is installed.
+    return json.dumps(key).encode()
+
 
 class LedgerTable(faust.Table):
-    """A Table that keeps the future of its last changelog send, so the ledger can await durability.
+    """A Table whose writes are coalesced and flushed once per loop iteration, each with a future to await.
 
-    Faust sends changelog records fire-and-forget (FAUST-NOTES.md "Tables"). Its ``on_key_set`` and
-    ``on_key_del`` call ``send_changelog`` directly (not ``_send_changelog``), so that is where the future
-    is caught: one changelog record per table write, the one the ledger awaits.
+    Faust sends a changelog record per write, fire-and-forget (FAUST-NOTES.md "Tables"), and encodes each value
+    twice (store and changelog). Here a write is staged (``tables/writes.py``); reads see it at once; the flush,
+    scheduled on the event loop by the first write, encodes each key's last value once, writes one RocksDB batch
+    per partition and sends one changelog record per key. ``last_changelog`` is the future of the last write:
+    it settles with the broker's answer for the record that carries it, and the ledger holds its offsets until then.
+
+    A write takes its partition from the Faust event being handled, as Faust's own does, or from ``writing``.
     """
 
     last_changelog: Any = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.staged = WriteBuffer()
+
+    # -- writes --------------------------------------------------------------------------------------
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self._stage(key, value)
+
+    def __delitem__(self, key: str) -> None:
+        self._stage(key, DELETED)
+
+    def _stage(self, key: str, value: Any) -> None:
+        partition = self._current_partition()
+        if partition is None:
+            raise TypeError(f"table {self.name}: a write outside the ledger's event handling (key {key!r})")
+        if not len(self.staged):
+            asyncio.get_running_loop().call_soon(self.flush)
+        self.last_changelog = self.staged.stage(partition, key, value)
+
+    def flush(self) -> None:
+        """Send what is staged: one changelog record per key (its last value), one RocksDB batch per partition."""
+        staged = self.staged.take()
+        if not staged:
+            return
+        try:
+            batches: dict[int, WriteBatch] = {}
+            records = []
+            for key, write in staged:
+                key_bytes = _key_bytes(key)
+                value = None if write.value is DELETED else orjson.dumps(write.value)
+                batch = batches.get(write.partition)
+                if batch is None:
+                    batch = batches[write.partition] = WriteBatch(raw_mode=True)
+                if value is None:
+                    batch.delete(key_bytes)
+                else:
+                    batch.put(key_bytes, value)
+                records.append((write, key_bytes, value))
+            store: Any = self.data
+            for partition, batch in batches.items():
+                store._db_for_partition(partition).write(batch)
+        except Exception as exc:
+            # The local store refused a write: what was staged never reaches the changelog, the offsets that wait
+            # for it stay held, and the worker stops so that the next owner recovers the partition from the log.
+            log.critical(
+                "Table %s: writing %d keys to RocksDB failed (%r); the worker stops so its partitions are recovered "
+                "from the changelog elsewhere. Check the data dir's disk", self.name, len(staged), exc,
+            )
+            asyncio.ensure_future(self.app.crash(exc))
+            return
+        for write, key_bytes, value in records:
+            chain(self._send_raw(write.partition, key_bytes, value), write.sent)
+
     def send_changelog(
         self, partition: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None,
     ) -> Any:
-        self.last_changelog = super().send_changelog(partition, key, value, key_serializer, value_serializer)
-        return self.last_changelog
+        """One changelog record of ``key`` with ``value`` (None: a tombstone); an outbox retry calls this."""
+        raw = None if value is None else orjson.dumps(value)
+        return self._send_raw(partition, _key_bytes(key), raw)
+
+    def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        # Faust's own send: its callback keeps the partition's persisted changelog offset in RocksDB.
+        return super().send_changelog(partition, key, value, key_serializer="raw", value_serializer="raw")
+
+    # -- reads ---------------------------------------------------------------------------------------
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The key's value: a staged write first, then the store (the current partition's, when one is known)."""
+        write = self.staged.lookup(key)
+        if write is not None:
+            return default if write.value is DELETED else write.value
+        raw = self._read(_key_bytes(key))
+        return default if raw is None else orjson.loads(raw)
+
+    def __getitem__(self, key: str) -> Any:
+        value = self.get(key, _MISSING)
+        if value is _MISSING:
+            raise KeyError(key)
+        return value
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, str) and self.get(key, _MISSING) is not _MISSING
+
+    def keys(self) -> Any:
+        self.flush()  # iterating reads the stores: what is staged goes there first
+        return super().keys()
+
+    def items(self) -> Any:
+        self.flush()
+        return super().items()
+
+    def values(self) -> Any:
+        self.flush()
+        return super().values()
+
+    def __iter__(self) -> Any:
+        self.flush()
+        return super().__iter__()
+
+    def _read(self, key: bytes) -> bytes | None:
+        store: Any = self.data
+        partition = self._current_partition()
+        if partition is not None:
+            return store._db_for_partition(partition).get(key)
+        for db in list(store._dbs.values()):  # a web view: whichever partition this worker holds it in
+            value = db.get(key)
+            if value is not None:
+                return value
+        return None
+
+    @staticmethod
+    def _current_partition() -> int | None:
+        partition = _partition.get()
+        if partition is not None:
+            return partition
+        event = current_event()
+        return None if event is None else event.message.partition
 
 
     def scan(self, partition: int, after: bytes | None, limit: int) -> tuple[list[tuple[str, Any]], bytes | None]:

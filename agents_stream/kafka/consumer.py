@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 from time import monotonic
-from typing import Any, Callable, Mapping, Optional, cast
+from typing import Any, Callable, Iterable, Mapping, Optional, cast
 
 from aiokafka.structs import OffsetAndMetadata
 from faust.transport.consumer import ensure_TPset
@@ -52,6 +52,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         commitable = {tp: off for tp, off in offsets.items() if tp in assigned}
         if not commitable:
             return False
+        sent = monotonic()
         try:
             await consumer.commit(
                 {ensure_aiokafka_TP(tp): OffsetAndMetadata(off, "") for tp, off in commitable.items()}
@@ -59,6 +60,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         except Exception as exc:  # every failure is retried next round; see above
             cast("WatermarkConsumer", self.consumer)._last_commit_error = exc
             return False
+        cast("WatermarkConsumer", self.consumer).member_at = sent
         now = monotonic()
         self.tp_last_committed_at.update({tp: now for tp in commitable})
         return True
@@ -69,12 +71,32 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
 
 
 
+def commit_again(
+    candidates: Iterable[TP], committed: Mapping[TP, int | None], managed: frozenset[str],
+) -> dict[TP, int]:
+    """When nothing moved: one managed partition's committed offset, to commit again (a no-op for the group), so a
+    quiet worker still learns each commit interval that the coordinator counts it a member (``member_at``)."""
+    for tp in sorted(candidates):
+        offset = committed.get(tp)
+        if tp.topic in managed and offset is not None:
+            return {tp: offset}
+    return {}
+
+
 FAULT_DROP_FETCHED = "AGENTS_STREAM_FAULT_DROP_FETCHED"
 
 
 class WatermarkConsumer(AIOKafkaConsumer):
     _last_commit_error: BaseException | None = None
     _drop_fetched: dict[str, int] | None = None
+    #: when (monotonic) the last commit the group coordinator accepted was sent: this worker was a member of the
+    #: group's current generation then, and its assignment cannot have gone to another member before its session
+    #: (at least session timeout after that, less a heartbeat interval) expired
+    member_at: float | None = None
+
+    def member_since(self, seconds: float) -> bool:
+        """True when a commit sent within the last ``seconds`` was accepted (see ``member_at``)."""
+        return self.member_at is not None and monotonic() - self.member_at < seconds
 
     async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
         records = await super()._getmany(active_partitions, timeout)
@@ -127,6 +149,15 @@ class WatermarkConsumer(AIOKafkaConsumer):
             tracked = cast("set[TP]", commits.watermark.tracked())  # the ledger holds offsets of TPs
             tps.update(tp for tp in tracked if topics is None or tp in topics or tp.topic in topics)
         return tps
+
+    def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
+        candidates = list(tps)
+        offsets = super()._filter_committable_offsets(candidates)
+        if offsets or self.member_since(self.app.conf.broker_commit_interval):
+            return offsets
+        commits = self._commits()
+        managed = commits.managed_topics if commits is not None else frozenset()
+        return commit_again(candidates, self._committed_offset, managed)
 
     def _new_offset(self, tp: TP) -> Optional[int]:
         commits = self._commits()

@@ -161,6 +161,8 @@ class Flow:
         consumer = self.consumer
         if self._rebalancing() or tp not in consumer.assignment():
             return  # the rebalance seeks to the commits, which never pass the gap
+        if (self.watermark.next_offset(tp) or 0) > offset:
+            return  # the records of the gap arrived meanwhile (fetched before the seek was asked for)
         try:
             earliest = (await asyncio.wait_for(consumer.earliest_offsets(tp), timeout=10.0)).get(tp)
             if earliest is not None and offset < earliest:

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from functools import partial
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from faust.types import TP
 
@@ -34,24 +35,24 @@ from agents_stream.contract.models import TaskPayload, parse_task
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger import endings, identity, sizes
+from agents_stream.ledger import identity, sizes
 from agents_stream.ledger.cache import AnswerCache
-from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
+from agents_stream.ledger.cancel import Cancellation
 from agents_stream.ledger.delegation import Delegation
+from agents_stream.ledger.effects import Effects
 from agents_stream.ledger.expiry import Expiry
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
-from agents_stream.ledger.records import parked, record_of, result_json, timer_key
+from agents_stream.ledger.records import record_of, result_json
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
-from agents_stream.ops import metrics
 from agents_stream.ops.notify import Notifier
+from agents_stream.ops.recent import RecentTasks
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.tables import leases
-from agents_stream.tables.definitions import Tables
-from agents_stream.tables.delegation import SendTask
+from agents_stream.tables.definitions import Tables, writing
 from agents_stream.tables.leases import TaskRecord
 
 log = logging.getLogger(__name__)
@@ -94,10 +95,14 @@ class Ledger:
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
         self.expiry = Expiry(settings, tables.tasks, outbox)
         self.delegation = Delegation(settings, worker_id, outbox)
+        self.recent = RecentTasks(settings.console_recent)  # the console's recent list: the tasks changed last here
         #: the job orchestrator when this app runs it; it shares this loop
         self.orchestrator = orchestrator
-        #: the offsets held for each running task, with the watermark generation of each hold
-        self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
+        #: carries out each transition (its writes, sends and follow-ups) and holds each running task's offsets
+        self.effects = Effects(
+            tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
+            cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
+        )
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
         self.on_gap: Callable[[TP, int], bool] = lambda tp, offset: True
@@ -132,6 +137,11 @@ class Ledger:
                     "alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None,
                     {"first": gap, "next_seen": message.offset},
                 )
+            return
+        expected = self.watermark.next_offset(tp)
+        if expected is not None and message.offset < expected:
+            # Handled already since the partition was assigned: a re-read of a gap can deliver records that the
+            # fetch before it delivered too. Applying one again would send a finished task's result twice.
             return
         try:
             self._route(tp, message, event.key, event.value)
@@ -173,7 +183,7 @@ class Ledger:
             decided = self.gate.on_decision(tp, message.offset, key, value, message.headers, message.timestamp)
             if decided is not None:
                 task_id, (record, new, effects) = decided
-                self._apply(tp, message.offset, task_id, record, new, effects)
+                self.effects.apply(tp, message.offset, task_id, record, new, effects)
         elif self.orchestrator is not None and message.topic in self.orchestrator.topics:
             self.orchestrator.handle(tp, message.offset, key, value)
         else:
@@ -202,7 +212,7 @@ class Ledger:
             return
         answered = self.cancellation.on_arrival(tp, offset, task.task_id, record, value, digest)
         if answered is not None:  # cancelled before it arrived: answered, never run
-            self._apply(tp, offset, task.task_id, *answered)
+            self.effects.apply(tp, offset, task.task_id, *answered)
             return
         requeue_id, history = requeue_headers(headers)
         if record is not None and record.state == leases.RUNNING and record.owner != self.worker_id:
@@ -228,7 +238,7 @@ class Ledger:
             digest=digest,
         )
         _, new, effects = self.gate.admit(tp, record, new, effects)  # the agent's share of parked tasks is bounded
-        self._apply(tp, offset, task.task_id, record, new, effects, task=task)
+        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task)
 
     # -- outcome events ----------------------------------------------------------------
 
@@ -258,15 +268,40 @@ class Ledger:
             timed_out = (self.gate.on_timeout(task_id, record, event.level) if isinstance(event, ApprovalTimeout)
                          else self.gate.park_call(tp, task_id, record, event))
             if timed_out is not None:
-                self._apply(tp, offset, task_id, *timed_out)
+                self.effects.apply(tp, offset, task_id, *timed_out)
             return
         if isinstance(event, CallsDelegated | SubtaskResult):  # agents as tools: sub-tasks out, results in
-            self._apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event))
+            self.effects.apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event))
             return
         changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:
             new, effects, extra = changed
-            self._apply(tp, offset, task_id, record, new, effects, extra=extra)
+            self.effects.apply(tp, offset, task_id, record, new, effects, extra=extra)
+
+    def apply_here(self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone) -> asyncio.Future[None] | None:
+        """An outcome of this worker's own executor, applied at once (no trip through the outcomes topic), when
+        this ledger holds the task's offset: its partition is this worker's and its table is live here. None
+        otherwise: the outcome goes on the outcomes topic to whoever owns the partition now.
+
+        The future settles once the transition's writes and sends are durable. It runs between two events, on
+        the loop's one thread, so the ledger stays the tables' one writer (docs/decisions.md, "Outcomes applied
+        where they ran")."""
+        held = self.effects.task_offsets.get(task_id)
+        if not held:
+            return None
+        tp, offset, _ = held[0]
+        durable: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        with writing(tp.partition):
+            record = record_of(self.table, task_id)
+            changed = self._lease_change(tp, task_id, record, event, time.time())
+            if changed is None:
+                durable.set_result(None)  # nothing to apply (a task already finished, a stale journal entry)
+                return durable
+            new, effects, extra = changed
+            self.effects.apply(
+                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_settle, durable),
+            )
+        return durable
 
     def _lease_change(
         self, tp: TP, task_id: str, record: TaskRecord | None, event: OutcomeEvent, at: float | None,
@@ -330,85 +365,6 @@ class Ledger:
         """{agent: {day: {partition: usd}}} for this worker's partitions, for the circuits' presence events."""
         return spend_report(self.table, partitions, agents, now)
 
-    # -- applying a transition --------------------------------------------------------------
-
-    def _apply(
-        self,
-        tp: TP,
-        offset: int,
-        task_id: str,
-        old: TaskRecord | None,
-        new: TaskRecord | None,
-        effects: Sequence[leases.Effect | SendTask | CancelTask | StopRun],
-        task: TaskPayload | None = None,
-        extra: list[Send] | None = None,
-    ) -> None:
-        sends: list[Send] = list(extra or [])
-        after: list[Callable[[], object]] = []
-        if new is not None and new != old:
-            sends += self._write(tp, task_id, old, new)
-        record = new or old
-        if record is not None:
-            self.scanner.note(task_id, record)
-        outcome = leases.ended(old, new)
-        if outcome is not None:
-            ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
-            after.append(lambda: metrics.tasks.labels(*ended).inc())
-        for effect in effects:
-            self._effect(tp, offset, task_id, record, effect, task, sends, after)
-        if sends or after:
-            self.outbox.deliver(tp, offset, sends, after)
-
-    def _write(self, tp: TP, task_id: str, old: TaskRecord | None, new: TaskRecord) -> list[Send]:
-        """Write the task's new record (and its timer, when it starts or stops being parked); their sends."""
-        self.table[task_id] = new.to_json()
-        sends = [self.outbox.changelog(self.table, tp.partition, task_id)]
-        timer = timer_key(task_id)
-        if parked(new) and not parked(old):
-            self.timers[timer] = {"kind": "task"}
-            sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
-        elif parked(old) and not parked(new):
-            del self.timers[timer]
-            sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
-        return sends
-
-    def _effect(
-        self, tp: TP, offset: int, task_id: str, record: Any, effect: leases.Effect | SendTask | CancelTask | StopRun,
-        task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]],
-    ) -> None:
-        """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
-        if isinstance(effect, leases.Track):
-            self.task_offsets.setdefault(task_id, []).append((tp, offset, self.watermark.open(tp, offset)))
-        elif isinstance(effect, leases.Dispatch):
-            payload = task or TaskPayload.model_validate_json(record.payload)
-            # Dispatch once the lease record is durable, so a crash cannot leave a provider call without a record.
-            done = leases.completed_steps(record)
-            after.append(partial(self.executor.dispatch, payload, effect.dispatch, done))
-        elif isinstance(effect, leases.EmitResult):
-            sends += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
-        elif isinstance(effect, leases.DeadLetter):
-            dead, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
-            sends += dead
-            after.append(counted)
-        elif isinstance(effect, leases.Control):
-            if effect.event == "task.redispatched":
-                log.info(
-                    "Task %s: the lease of %s lapsed; dispatching it here as attempt %d",
-                    task_id, effect.details.get("previous_owner"), effect.details.get("dispatch"),
-                )
-            self.outbox.control(effect.event, task_id, record.agent if record else None, effect.details)
-        elif isinstance(effect, leases.Notify):
-            after.append(partial(self.gate.notify, task_id, record, effect.level))
-        elif isinstance(effect, SendTask):
-            sends.append(self.delegation.send(effect))
-        elif isinstance(effect, CancelTask):
-            sends.append(self.cancellation.send(effect, task_id, record))
-        elif isinstance(effect, StopRun):  # once the cancel is durable: a crash first leaves the run going
-            after.append(partial(self.executor.cancel, task_id))
-        elif isinstance(effect, leases.Settle):
-            for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
-                after.append(partial(self.watermark.close, held_tp, held_offset, gen))
-
     # -- the scanner, approvals and rebalances ------------------------------------------------
 
     def scan(self, now: float) -> list[tuple[str, int]]:
@@ -433,9 +389,12 @@ class Ledger:
         self.poison.forget(tps)
         self.watermark.forget(tps)
         self.scanner.forget(tps)
-        for task_id, offs in list(self.task_offsets.items()):
-            kept = [held for held in offs if held[0] not in tps]
-            if kept:
-                self.task_offsets[task_id] = kept
-            else:
-                del self.task_offsets[task_id]
+        self.effects.forget(tps)
+        self.recent.forget({tp.partition for tp in tps})
+        if self.orchestrator is not None:
+            self.orchestrator.recent.forget({tp.partition for tp in tps})
+
+
+def _settle(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)

@@ -46,6 +46,29 @@ async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluste
     assert [json.loads(m.value)["state"] for m in changelog] == ["running", "succeeded"]
 
 
+async def test_a_worker_finishes_the_tasks_it_holds_without_the_outcomes_topic(cluster_factory, fake_llm):
+    """Issue 17's short path: once the worker is a confirmed member of its group (a commit accepted), the outcome
+    of a task it leased and ran is applied by its own ledger; every task still has exactly one result, and no
+    final outcome record crosses agent.outcomes.<app> (docs/decisions.md, "Outcomes applied where they ran")."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url)
+    await c.started()
+    warm = task(agent)
+    await produce(topics.task_topic(agent), [encode(warm)])
+    await results_for({warm["task_id"]}, timeout=60)
+    await eventually(lambda: _sum_committed(c.app_id, topics.task_topic(agent)), timeout=20, what="a commit")
+    ts = [task(agent, n=i) for i in range(20)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    results = await results_for(ids, timeout=60)
+    assert {k: len(v) for k, v in results.items()} == {i: 1 for i in ids}
+    finals = await read_topic(
+        topics.outcomes_topic(c.app_id), until=lambda seen: False, timeout=5,
+        keep=lambda m: m.key.decode() in ids and json.loads(m.value)["kind"] in ("succeeded", "failed"),
+    )
+    assert finals == [], f"{len(finals)} of {len(ids)} final outcomes went through the topic"
+
+
 async def test_keyless_task_is_routed_to_its_partition_and_answered_once(cluster_factory, fake_llm):
     """Scenario A with the console producer's keyless messages: routed home, one result, offsets committed."""
     agent = unique("analyzer")

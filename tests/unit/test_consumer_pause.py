@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 import faust
 from faust.types import TP
 
-from agents_stream.kafka.consumer import WatermarkConsumer
+from agents_stream.kafka.consumer import WatermarkConsumer, commit_again
 
 
 async def _ignore(*args: object) -> None:
@@ -32,3 +34,24 @@ def test_pausing_keeps_the_batch_in_delivery() -> None:
     assert consumer.paused_partitions() == {a}
     consumer.resume_partitions({a})
     assert consumer.active_partitions() == {a, b} and not consumer.paused_partitions()
+
+
+def test_a_quiet_consumer_commits_a_managed_partition_again_to_learn_it_is_still_a_member() -> None:
+    """With nothing new to commit, one managed partition's committed offset is committed again (a no-op for the
+    group), so outcomes can still be applied where they ran; never a partition without a commit, or unmanaged."""
+    a, b, other = TP("agent.tasks.x", 0), TP("agent.tasks.x", 1), TP("agent.outcomes.app", 0)
+    managed = frozenset({"agent.tasks.x"})
+    assert commit_again([other, b, a], {a: None, b: 7, other: 3}, managed) == {b: 7}
+    assert commit_again([b, a], {a: 0, b: 7}, managed) == {a: 0}
+    assert commit_again([other], {other: 3}, managed) == {}
+    assert commit_again([a], {}, managed) == {}
+
+
+def test_membership_is_fresh_only_for_the_time_asked() -> None:
+    app = faust.App("test-consumer-member", broker="kafka://127.0.0.1:1")  # never started: no connection
+    consumer = WatermarkConsumer(
+        app.transport, callback=_ignore, on_partitions_revoked=_ignore, on_partitions_assigned=_ignore,
+    )
+    assert not consumer.member_since(60.0), "no commit accepted yet"
+    consumer.member_at = time.monotonic() - 3.0
+    assert consumer.member_since(5.0) and not consumer.member_since(2.0)

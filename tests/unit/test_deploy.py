@@ -16,7 +16,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -142,7 +142,7 @@ def test_entrypoint_advertises_the_containers_own_address() -> None:
 
 def test_prometheus_mounts_its_config_and_finds_every_worker_replica(compose: dict[str, Any]) -> None:
     """Prometheus reads deploy/prometheus/prometheus.yml, which resolves the service name to every replica
-    (DNS A records)."""
+    (DNS A records), and the alert rules it names."""
     prom = compose["services"]["prometheus"]
     mounted = binds(prom)
     target = next(a.split("=", 1)[1] for a in prom["command"] if a.startswith("--config.file="))
@@ -154,6 +154,12 @@ def test_prometheus_mounts_its_config_and_finds_every_worker_replica(compose: di
     assert sd["names"] == ["worker"] and sd["type"] == "A", "compose answers the service name with every replica's IP"
     assert str(sd["port"]) == compose["services"]["worker"]["environment"]["WEB_PORT"]
     assert jobs[0].get("metrics_path", "/metrics") == "/metrics"
+    # The rule files (relative to the config file) are mounted where the config looks for them.
+    assert config["rule_files"], "no alert rules"
+    for pattern in map(PurePosixPath, config["rule_files"]):
+        in_container = str(PurePosixPath(target).parent / pattern.parent)
+        assert mounted.get(in_container) == DEPLOY / "prometheus" / pattern.parent, f"{in_container} is not mounted"
+        assert list(mounted[in_container].glob(pattern.name)), f"no {pattern} in the repo"
 
 
 def test_grafana_mounts_the_provisioning_and_dashboard_files(compose: dict[str, Any]) -> None:

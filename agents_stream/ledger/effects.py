@@ -1,0 +1,148 @@
+"""Carrying out a task's transition: its record and timer written, its effects' sends held with the offset, and what
+runs once they are durable (a dispatch, a metric, the held offsets released)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from functools import partial
+from typing import Any, Callable, Sequence
+
+from faust.types import TP
+
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.executor import Executor
+from agents_stream.kafka.outbox import Outbox, Send
+from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger import endings
+from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
+from agents_stream.ledger.delegation import Delegation
+from agents_stream.ledger.gate import ApprovalGate
+from agents_stream.ledger.records import parked, timer_key
+from agents_stream.ledger.scanner import Scanner
+from agents_stream.ops import metrics
+from agents_stream.ops.recent import RecentTasks
+from agents_stream.tables import leases
+from agents_stream.tables.definitions import Tables
+from agents_stream.tables.delegation import SendTask
+from agents_stream.tables.leases import TaskRecord
+
+__all__ = ["Effects"]
+
+log = logging.getLogger(__name__)
+
+Effect = leases.Effect | SendTask | CancelTask | StopRun
+
+
+class Effects:
+    """Applies a transition the ledger decided: writes the task table, holds the event's offset until every send
+    is confirmed, then runs the follow-ups. Also the offsets held for each running task (``Track``/``Settle``)."""
+
+    def __init__(
+        self, tables: Tables, executor: Executor, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
+        delegation: Delegation, cancellation: Cancellation, scanner: Scanner, recent: RecentTasks,
+    ) -> None:
+        self.table = tables.tasks
+        self.timers = tables.timers
+        self.executor = executor
+        self.watermark = watermark
+        self.outbox = outbox
+        self.gate = gate
+        self.delegation = delegation
+        self.cancellation = cancellation
+        self.scanner = scanner
+        self.recent = recent
+        #: the offsets held for each running task, with the watermark generation of each hold
+        self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
+
+    def apply(
+        self,
+        tp: TP,
+        offset: int,
+        task_id: str,
+        old: TaskRecord | None,
+        new: TaskRecord | None,
+        effects: Sequence[Effect],
+        task: TaskPayload | None = None,
+        extra: list[Send] | None = None,
+        durable: Callable[[], object] | None = None,
+    ) -> None:
+        """Write ``new`` (when it differs from ``old``), carry out ``effects``; ``extra`` sends are held with the
+        offset too; ``durable`` is called once all of it is durable."""
+        sends: list[Send] = list(extra or [])
+        after: list[Callable[[], object]] = []
+        if new is not None and new != old:
+            sends += self._write(tp, task_id, old, new)
+        record = new or old
+        if record is not None:
+            self.scanner.note(task_id, record)
+            self.recent.task(task_id, record, task.job_id if task else None, time.time())
+        outcome = leases.ended(old, new)
+        if outcome is not None:
+            ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
+            after.append(lambda: metrics.tasks.labels(*ended).inc())
+        for effect in effects:
+            self._effect(tp, offset, task_id, record, effect, task, sends, after)
+        if durable is not None:
+            after.insert(0, durable)  # first: a follow-up that fails must not leave its waiter waiting
+        if sends or after:
+            self.outbox.deliver(tp, offset, sends, after)
+
+    def _write(self, tp: TP, task_id: str, old: TaskRecord | None, new: TaskRecord) -> list[Send]:
+        """Write the task's new record (and its timer, when it starts or stops being parked); their sends."""
+        self.table[task_id] = new.to_json()
+        sends = [self.outbox.changelog(self.table, tp.partition, task_id)]
+        timer = timer_key(task_id)
+        if parked(new) and not parked(old):
+            self.timers[timer] = {"kind": "task"}
+            sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
+        elif parked(old) and not parked(new):
+            del self.timers[timer]
+            sends.append(self.outbox.changelog(self.timers, tp.partition, timer))
+        return sends
+
+    def _effect(
+        self, tp: TP, offset: int, task_id: str, record: Any, effect: Effect,
+        task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]],
+    ) -> None:
+        """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
+        if isinstance(effect, leases.Track):
+            self.task_offsets.setdefault(task_id, []).append((tp, offset, self.watermark.open(tp, offset)))
+        elif isinstance(effect, leases.Dispatch):
+            payload = task or TaskPayload.model_validate_json(record.payload)
+            # Dispatch once the lease record is durable, so a crash cannot leave a provider call without a record.
+            done = leases.completed_steps(record)
+            after.append(partial(self.executor.dispatch, payload, effect.dispatch, done))
+        elif isinstance(effect, leases.EmitResult):
+            sends += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
+        elif isinstance(effect, leases.DeadLetter):
+            dead, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
+            sends += dead
+            after.append(counted)
+        elif isinstance(effect, leases.Control):
+            if effect.event == "task.redispatched":
+                log.info(
+                    "Task %s: the lease of %s lapsed; dispatching it here as attempt %d",
+                    task_id, effect.details.get("previous_owner"), effect.details.get("dispatch"),
+                )
+            self.outbox.control(effect.event, task_id, record.agent if record else None, effect.details)
+        elif isinstance(effect, leases.Notify):
+            after.append(partial(self.gate.notify, task_id, record, effect.level))
+        elif isinstance(effect, SendTask):
+            sends.append(self.delegation.send(effect))
+        elif isinstance(effect, CancelTask):
+            sends.append(self.cancellation.send(effect, task_id, record))
+        elif isinstance(effect, StopRun):  # once the cancel is durable: a crash first leaves the run going
+            after.append(partial(self.executor.cancel, task_id))
+        elif isinstance(effect, leases.Settle):
+            for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
+                after.append(partial(self.watermark.close, held_tp, held_offset, gen))
+
+    def forget(self, tps: set[TP]) -> None:
+        """Partitions revoked: the offsets held for their tasks now belong to the next owner."""
+        for task_id, offs in list(self.task_offsets.items()):
+            kept = [held for held in offs if held[0] not in tps]
+            if kept:
+                self.task_offsets[task_id] = kept
+            else:
+                del self.task_offsets[task_id]

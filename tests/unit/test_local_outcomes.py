@@ -1,0 +1,156 @@
+"""Outcomes the ledger applies where they ran (Ledger.apply_here).
+
+An outcome of this worker's executor is applied without the outcomes topic only while the ledger holds the task's
+offset, and what it waits for is the durability of the writes it caused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from types import SimpleNamespace
+from typing import Any
+
+from agents_stream.tables import leases
+from agents_stream.tables.definitions import Tables
+from faust.types import TP
+
+from agents_stream.contract import topics
+from agents_stream.contract.events import StepDone
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import run as outcome
+from agents_stream.execution.run import Answer, Run
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ops.notify import Notifier
+from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+
+AGENT = "a"
+TOPIC = topics.task_topic(AGENT)
+TASK = TaskPayload(task_id="t1", agent_name=AGENT, instruction="Sum it up.")
+HOME = TP(TOPIC, topics.partition_for(b"t1", 4))  # the task's own partition: no re-route
+
+
+async def _spin() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+# -- outcomes applied where they ran ----------------------------------------------------------------------------
+
+class PendingTable(Table):
+    """A table whose writes are confirmed only when the test says so."""
+
+    def _confirmed(self) -> None:
+        self.last_changelog = asyncio.get_running_loop().create_future()
+        self.unconfirmed.append(self.last_changelog)
+
+    def confirm_all(self) -> None:
+        for fut in self.unconfirmed:
+            if not fut.done():
+                fut.set_result("ok")
+        self.unconfirmed.clear()
+
+
+def _ledger(tasks: Table | None = None) -> SimpleNamespace:
+    outbox, sent = recording_outbox()
+    tasks = tasks if tasks is not None else Table()
+    dispatched: list[Any] = []
+    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a))
+    ledger = Ledger(Settings(partitions=4), executor=executor, worker_id="w1",  # type: ignore[arg-type]
+                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
+    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, dispatched=dispatched, watermark=outbox.watermark)
+
+
+def _received(f: SimpleNamespace, tp: TP = HOME, offset: int = 7) -> None:
+    """The task arrived on ``tp``@``offset`` and was leased and dispatched here."""
+    f.watermark.start(tp, offset)
+    f.ledger.handle(faust_event(tp, offset, b"t1", TASK.model_dump_json().encode()))
+
+
+def _run() -> Run:
+    return Run(TASK, 1, "w1")
+
+
+async def test_a_final_outcome_of_a_task_held_here_is_applied_without_the_outcomes_topic() -> None:
+    """The result is stored and sent, the task's offset is released (the commit passes it), and nothing goes on
+    the outcomes topic."""
+    f = _ledger()
+    tp = HOME
+    _received(f, tp)
+    await _spin()
+    assert f.dispatched and f.tasks["t1"]["state"] == leases.RUNNING
+    assert f.watermark.commit_offset(tp) == 7, "the running task holds its offset"
+    durable = f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer({"n": 1}, "high", "primary:p")))
+    assert durable is not None
+    await _spin()
+    assert durable.done()
+    assert f.tasks["t1"]["state"] == leases.SUCCEEDED
+    [result] = [json.loads(v or b"") for t, v in f.sent if t == topics.RESULTS]
+    assert (result["task_id"], result["status"], result["output"]) == ("t1", "succeeded", {"n": 1})
+    assert f.watermark.commit_offset(tp) == 8, "the finished task no longer holds the commit"
+    assert not [t for t, _ in f.sent if t == topics.outcomes_topic(Settings().app_id)]
+
+
+async def test_an_outcome_of_a_task_this_ledger_does_not_hold_goes_on_the_topic() -> None:
+    """Not received here, or its partition revoked since: apply_here declines, so the owner applies it."""
+    f = _ledger()
+    assert f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("x", "high", "primary:p"))) is None
+    tp = HOME
+    _received(f, tp)
+    await _spin()
+    f.ledger.forget({tp})
+    assert f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("x", "high", "primary:p"))) is None
+    assert f.tasks["t1"]["state"] == leases.RUNNING
+
+
+async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confirmed() -> None:
+    """The loop acts on a journal entry only once it is durable: the future waits for the table's changelog."""
+    tasks = PendingTable()
+    tasks.unconfirmed = []
+    f = _ledger(tasks)
+    tp = HOME
+    _received(f, tp, 0)
+    tasks.confirm_all()
+    await _spin()
+    assert f.dispatched
+    durable = f.ledger.apply_here("t1", StepDone(worker="w1", dispatch=1, index=0, output={"turn": 1}))
+    assert durable is not None
+    await _spin()
+    assert not durable.done(), "settled before its write was confirmed"
+    assert json.loads(tasks["t1"]["steps_done"]) == [{"turn": 1}]
+    tasks.confirm_all()
+    await _spin()
+    assert durable.done()
+    assert f.watermark.commit_offset(tp) == 0, "a journal entry does not end the task: its offset stays held"
+
+
+async def test_a_second_final_outcome_after_the_task_finished_here_goes_on_the_topic() -> None:
+    """The task's offsets were released with its first outcome: a second one (a re-dispatch racing) is not
+    applied here; the owner applies it from the topic, where it changes nothing."""
+    f = _ledger()
+    _received(f)
+    await _spin()
+    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("first", "high", "primary:p")))
+    await _spin()
+    before = list(f.sent)
+    assert f.ledger.apply_here("t1", outcome.succeeded(Run(TASK, 2, "w1"), Answer("late", "high", "p"))) is None
+    assert json.loads(f.tasks["t1"]["result"])["output"] == "first" and f.sent == before
+
+
+async def test_a_record_handled_again_since_the_assignment_changes_nothing() -> None:
+    """A re-read of a gap can deliver a record the fetch before it delivered too: the ledger, already past that
+    offset, does not apply it again (a finished task's result would be sent a second time)."""
+    f = _ledger()
+    _received(f)
+    await _spin()
+    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("once", "high", "primary:p")))
+    await _spin()
+    sent = len(f.sent)
+    f.ledger.handle(faust_event(HOME, 7, b"t1", TASK.model_dump_json().encode()))
+    await _spin()
+    assert len(f.sent) == sent, "the record at offset 7 was applied twice"
+    f.ledger.handle(faust_event(HOME, 8, b"t1", TASK.model_dump_json().encode()))  # a real redelivery, later
+    await _spin()
+    assert [t for t, _ in f.sent[sent:]] == [topics.RESULTS], "a new record of a finished task re-emits its result"
