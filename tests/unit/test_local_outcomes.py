@@ -73,6 +73,16 @@ def _run() -> Run:
     return Run(TASK, 1, "w1")
 
 
+async def _finished_here(output: str) -> SimpleNamespace:
+    """A ledger that received the task, ran it here and applied its answer ``output`` where it ran."""
+    f = _ledger()
+    _received(f)
+    await _spin()
+    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer(output, "high", "primary:p")))
+    await _spin()
+    return f
+
+
 async def test_a_final_outcome_of_a_task_held_here_is_applied_without_the_outcomes_topic() -> None:
     """The result is stored and sent, the task's offset is released (the commit passes it), and nothing goes on
     the outcomes topic."""
@@ -129,11 +139,7 @@ async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confir
 async def test_a_second_final_outcome_after_the_task_finished_here_goes_on_the_topic() -> None:
     """The task's offsets were released with its first outcome: a second one (a re-dispatch racing) is not
     applied here; the owner applies it from the topic, where it changes nothing."""
-    f = _ledger()
-    _received(f)
-    await _spin()
-    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("first", "high", "primary:p")))
-    await _spin()
+    f = await _finished_here("first")
     before = list(f.sent)
     assert f.ledger.apply_here("t1", outcome.succeeded(Run(TASK, 2, "w1"), Answer("late", "high", "p"))) is None
     assert json.loads(f.tasks["t1"]["result"])["output"] == "first" and f.sent == before
@@ -142,11 +148,7 @@ async def test_a_second_final_outcome_after_the_task_finished_here_goes_on_the_t
 async def test_a_record_handled_again_since_the_assignment_changes_nothing() -> None:
     """A re-read of a gap can deliver a record the fetch before it delivered too: the ledger, already past that
     offset, does not apply it again (a finished task's result would be sent a second time)."""
-    f = _ledger()
-    _received(f)
-    await _spin()
-    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("once", "high", "primary:p")))
-    await _spin()
+    f = await _finished_here("once")
     sent = len(f.sent)
     f.ledger.handle(faust_event(HOME, 7, b"t1", TASK.model_dump_json().encode()))
     await _spin()
