@@ -15,7 +15,7 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY agents_stream ./agents_stream
 COPY tables ./tables
-RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt . && rm -rf /src/build
+RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt ".[tracing]" && rm -rf /src/build
 COPY --chmod=0755 deploy/worker/entrypoint.sh /usr/local/bin/agents-stream-entrypoint
 
 # Each container keeps its RocksDB tables in its own /data (an anonymous volume
