@@ -33,6 +33,7 @@ from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import tracing
 from agents_stream.ops.notify import Notifier
 from agents_stream.ops.tracing_sdk import Traces
+from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok, status
 from tests.unit.ledger_fakes import Table, faust_event
@@ -370,3 +371,24 @@ async def test_a_tool_call_is_an_execute_tool_span_with_its_key_and_a_failing_on
         "lookup", "c1", "t1:1:c1")
     assert good.status.status_code == StatusCode.UNSET and bad.status.status_code == StatusCode.ERROR
     assert parent_id(good) == tracing.parse_traceparent(PARENT)[1]  # type: ignore[index]
+
+
+async def test_a_job_is_one_trace_and_each_step_task_carries_its_context(spans: InMemorySpanExporter) -> None:
+    """A job submitted with a traceparent: its `job submit` span continues it, the job's record keeps that span's
+    traceparent, and each step's task goes out under a `publish` span of it, with its traceparent in the headers."""
+    world = World()
+    tables = Tables(tasks=world.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    orchestrator = Orchestrator(world.ledger.outbox, tables, ["a", "b"], SETTINGS)
+    request = {"job_id": "j1", "plan": {"tasks": [
+        {"id": "x", "agent": "a", "instruction": "first"}, {"id": "y", "agent": "b", "instruction": "also first"}]}}
+    orchestrator.handle(TP(topics.JOBS, 0), 0, b"j1", json.dumps(request).encode(), [("traceparent", PARENT.encode())])
+    for _ in range(10):
+        await asyncio.sleep(0)
+    (job,) = by_name(spans)["job submit"]
+    assert parent_id(job) == tracing.parse_traceparent(PARENT)[1]  # type: ignore[index]
+    assert orchestrator.table["j1"]["trace"] == traceparent_of(job)
+    publishes = by_name(spans)["publish agent.tasks.a"] + by_name(spans)["publish agent.tasks.b"]
+    assert len(publishes) == 2 and all(parent_id(p) == span_id(job) for p in publishes)
+    steps = {t: tracing.header_traceparent(h) for t, _, _, h in world.sent if t.startswith("agent.tasks.")}
+    assert steps == {(p.attributes or {})["messaging.destination.name"]: traceparent_of(p) for p in publishes}
+    assert {(p.attributes or {})["agents_stream.task_id"] for p in publishes} == {"j1/x", "j1/y"}
