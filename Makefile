@@ -38,23 +38,33 @@ fake-llm: install
 
 # The whole suite against a real broker. A broker this target started is stopped again. tests/unit (pure logic,
 # CPU-bound, no broker) runs alongside the setup and tests/integration (real workers, mostly waiting on the broker
-# and on timeouts): its output goes to .data/test-unit.log and is printed at the end; either failing fails the target.
+# and on timeouts): its output goes to .data/test-unit.log and is printed at the end; any pytest failing fails the
+# target. tests/integration runs in two phases: the tests marked `exclusive` one at a time (they restart the shared
+# broker, or bound a time that a second test's CPU would stretch), then the rest two at a time (pytest-xdist; every
+# test has its own app id and topics; the ones that run the job orchestrator share one xdist group).
 # Prometheus and promtool (scripts/prometheus.sh) come first: tests/unit's rule tests run promtool.
+# Chromium (scripts/chromium.sh, Debian's packages) and the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI;
+# kept once per machine, so a new clone does not install it again) are installed while tests/unit runs.
 test: install
 	@mkdir -p .data; \
 	bash scripts/prometheus.sh || exit $$?; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/unit > .data/test-unit.log 2>&1 & unit=$$!; \
 	stop_unit() { kill $$unit 2>/dev/null; wait $$unit 2>/dev/null; }; \
 	bash scripts/chromium.sh || { rc=$$?; stop_unit; exit $$rc; }; \
+	bash scripts/litellm.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	started=""; \
 	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
 	  bash scripts/broker.sh start || { rc=$$?; stop_unit; exit $$rc; }; started=yes; \
 	fi; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 tests/integration; rc=$$?; \
+	echo "---- tests/integration, the tests that run alone (-m exclusive) ----"; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m exclusive tests/integration; xrc=$$?; \
+	echo "---- tests/integration, the rest: two at a time (pytest-xdist) ----"; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadgroup -m "not exclusive" tests/integration; \
+	rc=$$?; \
 	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
 	wait $$unit; urc=$$?; \
 	echo "---- tests/unit (run alongside; .data/test-unit.log) ----"; cat .data/test-unit.log; \
-	if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$urc
+	if [ $$xrc -ne 0 ]; then exit $$xrc; fi; if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$urc
 
 # The chaos run at full size (tests/chaos.py, docs/chaos.md): 3 workers, 5,000 tasks, kills, a broker restart.
 # CHAOS_ARGS adds options (e.g. CHAOS_ARGS="--tasks 1000"). A broker this target started is stopped again.

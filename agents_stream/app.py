@@ -48,8 +48,9 @@ from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
-from agents_stream.ops import tracing, web
+from agents_stream.ops import metrics, tracing, web
 from agents_stream.ops.notify import Notifier
+from agents_stream.ops.samples import Sample, SampleRing
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
@@ -93,6 +94,7 @@ class Runtime(Service):
         )
         self.ledger.on_gap = self.flow.reread
         self.ready = False  # output topics declared and executor running: /readyz says ready
+        self.samples = SampleRing(settings.console_sample_s, settings.console_history_s)  # the console's charts
         self.stopping = False
         self.finishing: set[str] = set()  # tasks whose final outcome this worker sent while stopping
         self.via_topic: set[tuple[str, int]] = set()  # runs (task_id, dispatch) whose outcomes go on the topic
@@ -299,6 +301,17 @@ class Runtime(Service):
 
     # -- what the app's timers and rebalance signals call --------------------------------------------------------
 
+    def sample(self) -> None:
+        """One sample for the console's charts, from what the worker keeps in memory (no table, no broker)."""
+        if not self.ready:
+            return  # nothing runs yet: zeros would read as an idle worker
+        lag = sum(n for topic, n in self.consumer_lag().items() if topics.agent_of(topic) is not None)
+        breakers = {name: str(view.get("state")) for name, view in self.circuits.describe().items()}
+        self.samples.add(Sample(
+            at=time.time(), ended=metrics.tasks_ended(), lag=lag, in_flight=metrics.provider_calls_in_flight(),
+            held=self.executor.held, breakers=breakers,
+        ))
+
     def on_revoked(self, revoked: set[TP]) -> None:
         self.flow.revoked(revoked)
         self.ledger.forget(revoked)
@@ -348,6 +361,13 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             runtime.flow.check()
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
+
+    @app.timer(interval=settings.console_sample_s)
+    async def console_sample() -> None:
+        try:
+            runtime.sample()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.warning("Console sample failed (%r); the charts miss this point, the next tick tries again", exc)
 
     @app.timer(interval=max(0.5, settings.expiry_interval_s))
     async def expiry_sweep() -> None:

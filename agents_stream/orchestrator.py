@@ -36,6 +36,7 @@ from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.ops import tracing
 from agents_stream.ops.notify import with_signature
+from agents_stream.ops.recent import RecentJobs
 from agents_stream.settings import Settings
 from agents_stream.tables import jobs as machine
 from agents_stream.tables.definitions import Tables
@@ -102,6 +103,7 @@ class Orchestrator:
         self.agents = agents  # every configured agent: a job may use agents other workers run
         self.topics = frozenset({topics.JOBS, topics.JOB_EVENTS})
         self._asked: dict[str, float] = {}
+        self.recent = RecentJobs(settings.console_recent)  # the console's recent list: the jobs changed last here
 
     def handle(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any = None) -> None:
         if tp.topic == topics.JOBS:
@@ -172,6 +174,9 @@ class Orchestrator:
         payloads = {e.task_id: self._payload(job_id, e) for e in dispatched}
         new = machine.stamp(new, {task_id: task_digest(p) for task_id, p in payloads.items()})
         sends = self._write(tp, job_id, old, new)
+        shown = new or old
+        if shown is not None:
+            self.recent.job(job_id, shown, tp.partition, time.time())
         # The job result goes out only once the record saying the job ended is durable: otherwise a crash in
         # between could let the next owner finish the job differently and emit a second, different result.
         final: list[Send] = []

@@ -273,6 +273,20 @@ class Settings:
         "Dead-letter reads (GET /dlq, GET /dlq/<ref>, requeue look-ups) one worker runs at once; more answer 503 "
         "with Retry-After.",
     )
+    console_sample_s: float = _setting(
+        "AGENTS_STREAM_CONSOLE_SAMPLE_S", 2.0,
+        "How often a worker samples its throughput, consumer lag, calls in flight, held tasks and breakers for the "
+        "console's charts (GET /samples), in memory.",
+    )
+    console_history_s: float = _setting(
+        "AGENTS_STREAM_CONSOLE_HISTORY_S", 600.0,
+        "How far back the console's charts reach: the samples each worker keeps in memory (a few hundred bytes each).",
+    )
+    console_recent: int = _setting(
+        "AGENTS_STREAM_CONSOLE_RECENT", 200,
+        "Tasks, and jobs, each worker keeps in memory for the console's recent list (GET /recent): the last ones "
+        "its ledger changed.",
+    )
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
 
     #: never printed, logged or sent
@@ -304,6 +318,11 @@ class Settings:
             value = getattr(self, f.name)
             if isinstance(f.default, float) and isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{f.metadata['env']}={value!r} is not a finite number")
+        if not 0 < self.console_sample_s <= self.console_history_s:
+            raise ValueError(
+                f"AGENTS_STREAM_CONSOLE_SAMPLE_S={self.console_sample_s!r} must be above 0 and at most "
+                f"AGENTS_STREAM_CONSOLE_HISTORY_S={self.console_history_s!r}"
+            )
 
     def jobs_enabled(self) -> bool:
         if self.jobs == "auto":

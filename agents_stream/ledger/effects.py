@@ -4,6 +4,7 @@ runs once they are durable (a dispatch, a metric, the held offsets released)."""
 from __future__ import annotations
 
 import logging
+import time
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -20,6 +21,7 @@ from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.records import parked, timer_key
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.ops import metrics, tracing
+from agents_stream.ops.recent import RecentTasks
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
 from agents_stream.tables.delegation import SendTask
@@ -38,7 +40,7 @@ class Effects:
 
     def __init__(
         self, tables: Tables, executor: Executor, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
-        delegation: Delegation, cancellation: Cancellation, scanner: Scanner,
+        delegation: Delegation, cancellation: Cancellation, scanner: Scanner, recent: RecentTasks,
     ) -> None:
         self.table = tables.tasks
         self.timers = tables.timers
@@ -49,6 +51,7 @@ class Effects:
         self.delegation = delegation
         self.cancellation = cancellation
         self.scanner = scanner
+        self.recent = recent
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
 
@@ -76,6 +79,7 @@ class Effects:
         record = new or old
         if record is not None:
             self.scanner.note(task_id, record)
+            self.recent.task(task_id, record, task.job_id if task else None, time.time())
         traced = None
         if span is not None or (record is not None and record.trace is not None and tracing.on()):
             parent = trace or (record.trace if record is not None else None)

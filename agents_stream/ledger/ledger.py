@@ -49,6 +49,7 @@ from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
 from agents_stream.ops import tracing
 from agents_stream.ops.notify import Notifier
+from agents_stream.ops.recent import RecentTasks
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.tables import leases
@@ -95,12 +96,13 @@ class Ledger:
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
         self.expiry = Expiry(settings, tables.tasks, outbox)
         self.delegation = Delegation(settings, worker_id, outbox)
+        self.recent = RecentTasks(settings.console_recent)  # the console's recent list: the tasks changed last here
         #: the job orchestrator when this app runs it; it shares this loop
         self.orchestrator = orchestrator
         #: carries out each transition (its writes, sends and follow-ups) and holds each running task's offsets
         self.effects = Effects(
             tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
-            cancellation=self.cancellation, scanner=self.scanner,
+            cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
         )
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
@@ -394,6 +396,9 @@ class Ledger:
         self.watermark.forget(tps)
         self.scanner.forget(tps)
         self.effects.forget(tps)
+        self.recent.forget({tp.partition for tp in tps})
+        if self.orchestrator is not None:
+            self.orchestrator.recent.forget({tp.partition for tp in tps})
 
 
 def _settle(fut: asyncio.Future[None]) -> None:

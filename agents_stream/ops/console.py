@@ -15,6 +15,7 @@ CONSOLE_DIR = Path(__file__).with_name("console_static")
 ASSETS = {
     "index.html": "text/html; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
+    "charts.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }

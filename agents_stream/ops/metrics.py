@@ -133,6 +133,21 @@ def consumer_lag(
     return lag
 
 
+def _sum(metric: Any, sample: str) -> float:
+    return sum(s.value for family in metric.collect() for s in family.samples if s.name == sample)
+
+
+def tasks_ended() -> float:
+    """Tasks this worker's ledger saw end since it started, every agent and outcome (``agents_stream_tasks_total``
+    summed): the console's throughput is its rate."""
+    return _sum(tasks, "agents_stream_tasks_total")
+
+
+def provider_calls_in_flight() -> int:
+    """Provider calls this worker has started and not yet seen end, every provider summed."""
+    return int(_sum(provider_in_flight, "agents_stream_provider_calls_in_flight"))
+
+
 def render(
     circuits: dict[str, Any],
     held_now: int,

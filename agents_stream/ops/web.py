@@ -1,4 +1,5 @@
-"""The worker's web views: health, readiness, metrics, a task's and a job's record, breakers, approvals, dead letters.
+"""The worker's web views: health, readiness, metrics, a task's and a job's record, breakers, approvals, dead letters,
+the console's samples and recent list (agents_stream.ops.web_live).
 
 Reads are answered by whichever worker is asked (table reads are forwarded to the
 key's owner, lists are gathered from every worker, a page at a time); reads of task
@@ -30,7 +31,9 @@ from agents_stream.ops.bodies import MAX_BODY, mutation_body
 from agents_stream.ops.notify import LinkClaim, LinkError, verify, with_signature
 from agents_stream.ops.pages import APPROVALS_LIMIT, limit_of, merge_approvals, page_approvals, parse_after
 from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather, routed
+from agents_stream.ops.samples import SampleRing
 from agents_stream.ops.web_dlq import register_dead_letter_views
+from agents_stream.ops.web_live import register_live_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals
@@ -62,6 +65,7 @@ class Worker(Protocol):
     ledger: Ledger
     executor: Executor
     circuits: Circuits
+    samples: SampleRing  # the console's charts (agents_stream.ops.samples)
 
     def consumer_lag(self) -> dict[str, int]: ...
 
@@ -107,8 +111,9 @@ def register(app: Any, runtime: Worker) -> None:
     app.web.web_app.middlewares.append(access.guard(settings))
     if not (settings.api_token or settings.read_token or settings.api_open):
         log.warning(
-            "Neither AGENTS_STREAM_API_TOKEN nor AGENTS_STREAM_READ_TOKEN is set: /tasks, /jobs, /approvals, /dlq and "
-            "/circuits refuse every request (401); /healthz, /readyz and /metrics still answer. Set a token to read."
+            "Neither AGENTS_STREAM_API_TOKEN nor AGENTS_STREAM_READ_TOKEN is set: /tasks, /jobs, /approvals, /dlq, "
+            "/circuits, /samples and /recent refuse every request (401); /healthz, /readyz and /metrics still answer. "
+            "Set a token to read."
         )
     if runtime.ledger.policies and not settings.api_token and not settings.api_open:
         log.warning(
@@ -126,6 +131,7 @@ def register(app: Any, runtime: Worker) -> None:
     _cancel_and_link_views(app, settings)
     _health_views(app, runtime)
     _record_views(app, runtime)
+    register_live_views(app, runtime)
 
     from agents_stream.ops.console import register_console
 

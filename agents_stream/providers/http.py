@@ -23,9 +23,13 @@ from agents_stream.contract.errors import (
 )
 from agents_stream.providers.base import Provider
 
-__all__ = ["HTTPProvider", "error_for", "parse_retry_after"]
+__all__ = ["GATEWAY_RETRY_AFTER", "HTTPProvider", "error_for", "parse_retry_after"]
 
 log = logging.getLogger(__name__)
+
+#: the header a LiteLLM proxy's 429 carries the wait in: the Retry-After of the provider behind it, renamed, and its
+#: own rpm limiter's (the proxy sends a plain Retry-After only when all of a model's deployments are cooling down)
+GATEWAY_RETRY_AFTER = "llm_provider-retry-after"
 
 #: a probe only asks "is anybody there?"; it must not stall the resume loop
 PROBE_TIMEOUT_S = 2.0
@@ -49,6 +53,14 @@ def parse_retry_after(value: str | None, *, now: datetime | None = None) -> floa
         when = when.replace(tzinfo=UTC)
     now = now or datetime.now(UTC)
     return max(0.0, (when - now).total_seconds())
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    """A 429's own Retry-After; when it names none, the one a gateway forwarded (GATEWAY_RETRY_AFTER)."""
+    retry_after = parse_retry_after(headers.get("Retry-After"))
+    if retry_after is None:
+        retry_after = parse_retry_after(headers.get(GATEWAY_RETRY_AFTER))
+    return retry_after
 
 
 def error_for(
@@ -109,7 +121,7 @@ def _status_error(
             provider=name,
         )
     if status == 429:
-        retry_after = parse_retry_after((headers or {}).get("Retry-After"))
+        retry_after = _retry_after(headers or {})
         when = f"after {retry_after:g}s" if retry_after is not None else "later"
         return RateLimited(
             f"{name} answered 429 (rate limited){said}: retry {when}",

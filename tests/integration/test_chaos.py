@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.chaos import run_chaos
+
+#: it restarts the shared broker
+pytestmark = pytest.mark.exclusive
 
 
 async def test_chaos_kills_broker_restart_outage_and_poison_lose_and_duplicate_nothing(tmp_path, workers_data):

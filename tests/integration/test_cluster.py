@@ -30,6 +30,10 @@ from agents_stream.contract import topics
 
 from .harness import ROOT, encode, eventually, task
 
+#: three brokers of its own: a core of CPU while they start
+pytestmark = pytest.mark.exclusive
+
+
 CLUSTER_SH = ROOT / "scripts" / "cluster.sh"
 AGENT = "analyst"
 PARTITIONS = 6  # two leaders per broker per topic

@@ -111,8 +111,11 @@ class Page:
     async def text(self, css: str) -> str:
         return await self.js("const n = document.querySelector(arguments[0]); return n ? n.textContent : null;", css)
 
-    async def screenshot(self, path: Path) -> None:
+    async def screenshot(self, path: Path, height: int = 900) -> None:
+        """The page's top ``height`` pixels (1280 wide) as a PNG."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        await self.run(self.driver.execute_cdp_cmd, "Emulation.setDeviceMetricsOverride",
+                       {"width": 1280, "height": height, "deviceScaleFactor": 1, "mobile": False})
         assert await self.run(self.driver.save_screenshot, str(path)), f"screenshot {path} not written"
 
     async def errors(self) -> list[str]:
@@ -152,6 +155,7 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
         await page.wait("the live counters", lambda d: d.execute_script(
             "return document.querySelectorAll('#ready-cards .card').length") == 4)
         await page.type("#operator", "alice")
+        await page.js("document.getElementById('approvals').scrollIntoView()")  # below the charts and recent list
         await page.screenshot(SCREENSHOTS / "console-approvals.png")
 
         # No token: the worker refuses, the console says so, nothing is decided.
@@ -292,3 +296,129 @@ async def test_console_shows_an_agent_loops_transcript_as_a_timeline(cluster_fac
     assert rows[0][1].startswith("0primary:fake:fake-model") and rows[0][1].endswith("lookup_order")
     assert "lookup_order (" in rows[1][1] and rows[1][1].endswith("1 attemptok")
     assert rows[-1][1].endswith("final answer")
+
+
+# -- the live charts and the recent list, against two workers doing real work -----------------------------------------
+
+PROBLEM_STATES = {"failed", "dead_lettered"}
+
+
+async def _unauthorised(worker: Any, path: str) -> int:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(f"http://127.0.0.1:{worker.web_port}{path}", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return r.status
+
+
+def _drawn(d: Any, chart: str) -> dict[str, str]:
+    """What charts.js says it drew into a chart (its figure's data attributes) and how many SVG points it has."""
+    return d.execute_script(
+        "const f = document.getElementById(arguments[0]); if (!f) return {}; "
+        "const pts = [...f.querySelectorAll('polyline')].reduce((n, p) => n + p.points.numberOfItems, 0) "
+        "  + f.querySelectorAll('circle.dot').length; "
+        "return {...f.dataset, svg_points: String(pts), rects: String(f.querySelectorAll('rect.b-open').length)};",
+        chart,
+    )
+
+
+def _recent_rows(d: Any) -> dict[str, str]:
+    return d.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#recent-body tr')]"
+        ".map(r => [r.dataset.recentTask, r.dataset.state]));"
+    )
+
+
+async def test_console_draws_live_charts_and_lists_recent_tasks_from_two_workers(cluster_factory, fake_llm, tmp_path):
+    """Two workers do real work (a failing task, a batch, a job, an outage that opens the breaker and holds tasks,
+    the recovery) and the console shows it: the charts, gathered from both workers, draw throughput, lag, calls in
+    flight, the held tasks and the breaker's open stretch; the recent list shows every task with its state (held
+    during the outage), newest first. Without the token neither view answers."""
+    from agents_stream.testing.fakellm import status
+
+    agent = unique("live")
+    breaker = "[breaker]\nfailure_threshold = 3\nsuccess_threshold = 1\nopen_timeout_s = 2\nwindow_s = 30\n"
+    c = cluster_factory([agent], fake_llm.url, extra=breaker, AGENTS_STREAM_API_TOKEN=TOKEN,
+                        AGENTS_STREAM_CONSOLE_SAMPLE_S="0.5", AGENTS_STREAM_JOBS="1")
+    a, b, driver = await asyncio.gather(c.started("a"), c.started("b"),
+                                        asyncio.to_thread(chromium, tmp_path / "chromium-profile"))
+    try:
+        assert await _unauthorised(a, "/samples") == 401 and await _unauthorised(b, "/recent?limit=5") == 401
+        page = Page(driver)
+        await page.run(driver.get, f"http://127.0.0.1:{a.web_port}/")
+        await page.wait("the charts refused without a token", lambda d: "Refused (401)" in (d.execute_script(
+            "const n = document.getElementById('charts-error'); return n.hidden ? '' : n.textContent") or ""))
+        await page.type("#token", TOKEN)
+        await page.click("#token-save")
+
+        # A task that fails for good (400), alone so the scripted answer is its own; then a batch and a job.
+        bad = task(agent, f"bad-{uuid.uuid4().hex[:8]}", instruction="a request the model refuses")
+        fake_llm.enqueue(status(400))
+        await produce(topics.task_topic(agent), [encode(bad)])
+        await results_for({bad["task_id"]}, timeout=30)
+        await fake_llm.set_mode(latency=1.0)  # calls stay in flight across samples
+        batch = [task(agent, f"ok-{i}-{uuid.uuid4().hex[:6]}") for i in range(16)]
+        job_id = unique("job")
+        plan = {"tasks": [{"id": "facts", "agent": agent, "instruction": "collect facts"},
+                          {"id": "summary", "agent": agent, "instruction": "summarise", "depends_on": ["facts"]}]}
+        await produce(topics.task_topic(agent), [encode(t) for t in batch])
+        await produce(topics.JOBS, [(job_id.encode(), json.dumps({"job_id": job_id, "plan": plan}).encode())])
+        await results_for({t["task_id"] for t in batch}, timeout=30)
+
+        async def job_done() -> bool:
+            return any(j["job_id"] == job_id and j["state"] == "succeeded" for j in (await a.get("/recent"))["jobs"])
+
+        # Both steps done before the outage, so only the tasks sent during it can be held.
+        await eventually(job_done, timeout=30, what="the job's two steps done")
+
+        # The provider goes down: the breaker opens, new tasks are held and wait as lag.
+        await fake_llm.set_mode(outage=True, latency=0.0)
+        down = [task(agent, f"down-{i}-{uuid.uuid4().hex[:6]}") for i in range(6)]
+        await produce(topics.task_topic(agent), [encode(t) for t in down])
+        await page.wait("held tasks in the recent list and on the chart", lambda d: (
+            "held" in _recent_rows(d).values() and float(_drawn(d, "chart-held").get("max") or 0) > 0
+            and int(_drawn(d, "chart-breakers").get("open") or 0) > 0), timeout=30)
+        await page.screenshot(SCREENSHOTS / "console-live-outage.png", height=1200)
+
+        await fake_llm.set_mode(outage=False)
+        await results_for({t["task_id"] for t in down}, timeout=40)
+        expected = {t["task_id"]: "succeeded" for t in batch + down}
+        expected[f"{job_id}/facts"] = expected[f"{job_id}/summary"] = "succeeded"
+        bad_state = (await a.get(f"/tasks/{bad['task_id']}"))["state"]
+        assert bad_state in PROBLEM_STATES, bad_state
+        expected[bad["task_id"]] = bad_state
+        await page.wait("every task with its final state in the recent list", lambda d: all(
+            _recent_rows(d).get(k) == v for k, v in expected.items()), timeout=30)
+        await page.wait("the job done in the recent jobs", lambda d: d.execute_script(
+            "const r = document.querySelector(`#recent-jobs-body tr[data-recent-job='${arguments[0]}']`); "
+            "return !!r && r.dataset.state === 'succeeded' && r.textContent.includes('2 / 2');", job_id))
+        await page.wait("the breaker closed again", lambda d: d.execute_script(
+            "return document.querySelector('#chart-breakers .now').textContent === 'all closed'"))
+        await page.run(driver.execute_script, "window.scrollTo(0, 0)")
+        await page.screenshot(SCREENSHOTS / "console-live.png", height=1200)
+
+        # A row opens its task in the look-up (its record, and its transcript when it has one).
+        await page.click(f'#recent-body tr[data-recent-task="{bad["task_id"]}"] button.link-button')
+        await page.wait("the listed task opened", lambda d: d.execute_script(
+            "const r = document.getElementById('lookup-result'); return !r.hidden && "
+            "document.getElementById('lookup-title-text').textContent === 'Task ' + arguments[0] && "
+            "r.textContent.includes(arguments[1])", bad["task_id"], bad_state))
+        charts = {name: await page.run(_drawn, driver, name) for name in (
+            "chart-throughput", "chart-lag", "chart-in-flight", "chart-held", "chart-breakers")}
+        rows = await page.run(_recent_rows, driver)
+        order = await page.js("return [...document.querySelectorAll('#recent-body tr')].map(r => r.dataset.recentTask)")
+        samples, recent = await a.get("/samples"), await b.get("/recent?limit=200")
+        assert await page.errors() == [], "no script errors or CSP violations in the console"
+    finally:
+        await asyncio.to_thread(driver.quit)
+
+    for name in ("chart-throughput", "chart-lag", "chart-in-flight", "chart-held"):
+        drawn = charts[name]
+        assert int(drawn["points"]) >= 10 and int(drawn["svg_points"]) == int(drawn["points"]), (name, drawn)
+        assert float(drawn["max"]) > 0, (name, drawn)
+    assert float(charts["chart-held"]["max"]) <= len(down)
+    breakers = charts["chart-breakers"]
+    assert "fake" in breakers["names"].split(",") and int(breakers["open"]) > 0 and int(breakers["rects"]) >= 1
+    assert all(rows.get(k) == v for k, v in expected.items()), rows
+    assert order.index(down[0]["task_id"]) < order.index(batch[0]["task_id"]) < order.index(bad["task_id"])
+    # Gathered: both workers' samples and tasks (tasks spread over both workers' partitions).
+    assert len(samples["workers"]) == 2 and samples["unreachable"] == [], samples["workers"]
+    assert {e["worker"] for e in recent["tasks"]} == set(samples["workers"]), "each worker lists its own tasks"

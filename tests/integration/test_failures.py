@@ -12,6 +12,8 @@ import subprocess
 import time
 from collections import Counter
 
+import pytest
+
 from agents_stream.contract import topics
 from agents_stream.ledger.poison import poison_key
 from agents_stream.testing.fakellm import status
@@ -171,6 +173,7 @@ async def test_sigterm_with_calls_in_flight_exits_cleanly_and_loses_nothing(clus
     assert max(calls_per_task(fake_llm, ids).values()) <= 2
 
 
+@pytest.mark.exclusive  # it restarts the shared broker
 async def test_broker_restart_with_tasks_in_flight_completes_every_task_once(cluster_factory, fake_llm):
     """Layer 3: the broker goes away mid-work (failed sends and commits) and returns; the worker survives
     and loses nothing."""

@@ -12,10 +12,15 @@ from collections import Counter
 from typing import Any
 from urllib.parse import quote
 
+import pytest
+
 from agents_stream.contract import topics
 from agents_stream.testing.fakellm import ok
 
 from .harness import BOOTSTRAP, READ_TOKEN, ROOT, eventually, produce, read_topic, results_for, unique
+
+#: one orchestrating app at a time: every app that runs jobs reads agent.jobs
+pytestmark = pytest.mark.xdist_group("jobs")
 
 
 def job_results(job_id: str, timeout: float = 90) -> Any:

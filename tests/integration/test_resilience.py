@@ -12,6 +12,8 @@ import math
 import time
 from typing import Any
 
+import pytest
+
 from agents_stream.config import Price
 from agents_stream.contract import topics
 from agents_stream.execution import pricing
@@ -424,6 +426,7 @@ async def test_budget_sends_work_to_the_cheaper_tier_or_holds_it(cluster_factory
           f"next 'cheaper' task went to {r2['source']}, next 'hold' task held")
 
 
+@pytest.mark.exclusive  # it counts calls per second
 async def test_requests_per_second_limit_is_shared_by_the_workers(cluster_factory):
     """rps is a cluster-wide limit: two workers together start no more calls in any window than rps
     allows (plus the bursts)."""

@@ -16,6 +16,7 @@ import uuid
 from collections import Counter
 from typing import Any, Callable
 
+import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberAssignment, ConsumerProtocolMemberMetadata
 from aiokafka.partitioner import DefaultPartitioner
@@ -135,6 +136,7 @@ def print_table(rows: list[tuple[str, str]]) -> None:
     print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows))
 
 
+@pytest.mark.exclusive  # the group must settle within a bound
 async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, fake_llm, tmp_path):
     """1 → 3 workers and back to 1 while 100 calls of 30 s run: each rebalance ends in seconds, not after the calls;
     every task ends with exactly one distinct result, and no call that kept running is made twice."""

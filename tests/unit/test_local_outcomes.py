@@ -1,7 +1,6 @@
-"""Coalesced table writes (tables/writes.py) and outcomes the ledger applies where they ran (Ledger.apply_here).
+"""Outcomes the ledger applies where they ran (Ledger.apply_here).
 
-A staged write answers whoever waits for it only once the record carrying its key's last value is confirmed; an
-outcome of this worker's executor is applied without the outcomes topic only while the ledger holds the task's
+An outcome of this worker's executor is applied without the outcomes topic only while the ledger holds the task's
 offset, and what it waits for is the durability of the writes it caused.
 """
 
@@ -12,10 +11,8 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
-import pytest
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
-from agents_stream.tables.writes import DELETED, WriteBuffer, chain
 from faust.types import TP
 
 from agents_stream.contract import topics
@@ -37,53 +34,6 @@ HOME = TP(TOPIC, topics.partition_for(b"t1", 4))  # the task's own partition: no
 async def _spin() -> None:
     for _ in range(10):
         await asyncio.sleep(0)
-
-
-# -- the write buffer ---------------------------------------------------------------------------------------
-
-async def test_a_key_written_twice_before_the_flush_is_one_write_with_its_last_value_and_one_future() -> None:
-    buffer = WriteBuffer()
-    first = buffer.stage(3, "k", {"v": 1})
-    second = buffer.stage(3, "k", {"v": 2})
-    other = buffer.stage(3, "j", "x")
-    assert first is second and other is not first
-    assert buffer.lookup("k").value == {"v": 2}  # type: ignore[union-attr]
-    buffer.stage(3, "j", DELETED)
-    staged = buffer.take()
-    assert [(key, write.value) for key, write in staged] == [("k", {"v": 2}), ("j", DELETED)]
-    assert len(buffer) == 0 and buffer.lookup("k") is None
-
-
-async def test_a_key_is_staged_in_one_partition_only() -> None:
-    buffer = WriteBuffer()
-    buffer.stage(1, "k", 1)
-    with pytest.raises(ValueError, match="partition 2"):
-        buffer.stage(2, "k", 2)
-
-
-async def test_a_staged_future_settles_as_the_send_that_carries_it() -> None:
-    loop = asyncio.get_running_loop()
-    for settle in ("ok", ValueError("refused"), None):
-        source, target = loop.create_future(), loop.create_future()
-        chain(source, target)
-        assert not target.done()
-        if settle is None:
-            source.cancel()
-        elif isinstance(settle, Exception):
-            source.set_exception(settle)
-        else:
-            source.set_result(settle)
-        await _spin()
-        if settle is None:
-            assert target.cancelled()
-        elif isinstance(settle, Exception):
-            assert target.exception() is settle
-        else:
-            assert target.result() == "ok"
-    done, target = loop.create_future(), loop.create_future()
-    done.set_result("early")
-    chain(done, target)
-    assert target.result() == "early"
 
 
 # -- outcomes applied where they ran ----------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from agents_stream.contract.errors import (
 )
 from agents_stream.providers import Prompt, Provider, Usage, build_provider, render_prompt
 from agents_stream.providers.anthropic import ANTHROPIC_VERSION, AnthropicProvider
-from agents_stream.providers.http import parse_retry_after
+from agents_stream.providers.http import GATEWAY_RETRY_AFTER, error_for, parse_retry_after
 from agents_stream.providers.local import LocalProvider
 from agents_stream.testing.fakellm import FakeLLM, hang, malformed, ok, refusal, status
 
@@ -139,6 +139,21 @@ async def test_429_without_retry_after(fake: FakeLLM, make: MakeProvider) -> Non
     """A 429 that names no delay leaves retry_after None, so the backoff policy decides."""
     fake.enqueue(status(429))
     assert (await fails(make(), RateLimited)).retry_after is None
+
+
+def test_429_behind_a_gateway_reads_the_forwarded_retry_after() -> None:
+    """A LiteLLM proxy forwards the provider's Retry-After as llm_provider-retry-after (its own rpm limiter sends only
+    that too): a 429 without a Retry-After of its own waits that long; one with its own keeps it."""
+    config = ProviderConfig(name="gateway", kind="openai", model="m")
+    forwarded = error_for(config, status=429, headers={GATEWAY_RETRY_AFTER: "60"})
+    assert isinstance(forwarded, RateLimited) and forwarded.retry_after == 60.0
+    assert "retry after 60s" in str(forwarded)
+    both = error_for(config, status=429, headers={"Retry-After": "3", GATEWAY_RETRY_AFTER: "60"})
+    assert isinstance(both, RateLimited) and both.retry_after == 3.0
+    unreadable = error_for(config, status=429, headers={"Retry-After": "soon", GATEWAY_RETRY_AFTER: "7"})
+    assert isinstance(unreadable, RateLimited) and unreadable.retry_after == 7.0
+    neither = error_for(config, status=429, headers={GATEWAY_RETRY_AFTER: "later"})
+    assert isinstance(neither, RateLimited) and neither.retry_after is None
 
 
 def test_parse_retry_after_forms() -> None:

@@ -12,6 +12,9 @@
   const READY_EVERY_MS = 3000;
   const APPROVALS_EVERY_MS = 4000;
   const BREAKERS_EVERY_MS = 5000;
+  const SAMPLES_EVERY_MS = 3000;
+  const RECENT_EVERY_MS = 4000;
+  const RECENT_LIMIT = 50;
   const RETRY_DECIDED_AFTER_MS = 20000; // a decision sent but still parked after this: offer the buttons again
 
   const $ = (id) => document.getElementById(id);
@@ -97,6 +100,8 @@
     // Task data needs the token: show it now rather than at the next poll.
     refreshApprovals();
     refreshBreakers();
+    refreshCharts();
+    refreshRecent();
   }
 
   function forgetToken() {
@@ -262,6 +267,165 @@
       card("format retries", number(total(s, "agents_stream_format_retries_total")), "outputs off schema"),
       card("breaker opens", number(total(s, "agents_stream_breaker_opens")), "since the log's start"),
     );
+  }
+
+  // -- charts ----------------------------------------------------------------------------------------------------------
+
+  // Every worker's samples on one time grid (GET /samples), drawn by charts.js.
+  const LINES = [
+    ["chart-throughput", "ended_per_s", { digits: 1, unit: "tasks/s" }],
+    ["chart-lag", "lag", { unit: "records" }],
+    ["chart-in-flight", "in_flight", { unit: "calls" }],
+    ["chart-held", "held", { unit: "tasks" }],
+  ];
+  let lastSamples = null;
+
+  // The time axis: the range chosen, but no older than the first sample (a young cluster fills the width),
+  // and never shorter than MIN_SPAN_S or 15 samples.
+  const MIN_SPAN_S = 30;
+
+  function shownFrom(data) {
+    const t = data.series.t;
+    const workers = Array.isArray(data.series.workers) ? data.series.workers : [];
+    const last = t[t.length - 1];
+    const first = workers.findIndex((n) => n > 0);
+    const range = Number($("charts-range").value) || 600;
+    const span = Math.min(range, Math.max(first < 0 ? 0 : last - t[first], MIN_SPAN_S, 15 * (data.interval_s || 2)));
+    const from = t.findIndex((ti) => ti >= last - span);
+    return from < 0 ? 0 : from;
+  }
+
+  function drawCharts() {
+    const data = lastSamples;
+    const charts = window.AgentsStreamCharts;
+    if (!data || !charts) return;
+    const from = shownFrom(data);
+    const t = data.series.t.slice(from);
+    for (const [id, key, opts] of LINES) {
+      const values = Array.isArray(data.series[key]) ? data.series[key].slice(from) : [];
+      charts.line($(id), t, values, opts);
+    }
+    const states = {};
+    for (const [name, column] of Object.entries(data.breakers || {})) {
+      if (Array.isArray(column)) states[name] = column.slice(from);
+    }
+    charts.breakers($("chart-breakers"), t, states);
+    // A held task is the alert of the hour: its chart says so in red while any is held.
+    const held = $("chart-held").dataset.last;
+    $("chart-held").classList.toggle("alert", Number(held) > 0);
+  }
+
+  async function refreshCharts() {
+    const r = await api("GET", "/samples");
+    const error = $("charts-error");
+    const d = r.data;
+    if (!r.ok || !d || !d.series || !Array.isArray(d.series.t) || !d.series.t.length) {
+      error.textContent = "Could not load the charts: " + problem(r);
+      show(error, true);
+      return;
+    }
+    const unreachable = Array.isArray(d.unreachable) ? d.unreachable.map(String) : [];
+    error.textContent = unreachable.length ? "Not answering, their samples are missing: " + unreachable.join(", ") : "";
+    show(error, unreachable.length > 0);
+    const workers = Array.isArray(d.workers) ? d.workers.length : 0;
+    $("charts-workers").textContent = `· ${workers} worker${workers === 1 ? "" : "s"}, a sample every ${number(d.interval_s, 1)} s`;
+    lastSamples = d;
+    drawCharts();
+  }
+
+  // -- recent tasks and jobs -------------------------------------------------------------------------------------------
+
+  const TASK_STATE = {
+    succeeded: "ok", running: "info", held: "bad", awaiting_approval: "warn", awaiting_subtasks: "warn",
+    failed: "bad", dead_lettered: "bad", rejected: "bad", cancelled: "",
+  };
+  const JOB_STATE = { planning: "info", running: "info", succeeded: "ok", partial: "warn", failed: "bad" };
+  const ACTIVE = new Set(["running", "held", "awaiting_approval", "awaiting_subtasks"]);
+  const PROBLEM = new Set(["failed", "dead_lettered", "rejected", "cancelled"]);
+  let lastRecent = null;
+
+  function stateBadge(state, classes) {
+    const s = String(state ?? "unknown");
+    return el("span", { cls: "badge " + (classes[s] ?? ""), text: s.replace("_", " "), data: { state: s } });
+  }
+
+  function shortWorker(w) {
+    const parts = String(w ?? "").split(":");
+    return parts[parts.length - 1];
+  }
+
+  function openTask(taskId) {
+    $("task-id").value = taskId;
+    showTask().then(() => $("lookup").scrollIntoView({ block: "start" }));
+  }
+
+  function openJob(jobId) {
+    $("job-id").value = jobId;
+    showJob().then(() => $("lookup").scrollIntoView({ block: "start" }));
+  }
+
+  function linkButton(text, onClick, title) {
+    return el("button", { cls: "link-button", type: "button", title, on: { click: onClick } }, el("code", { text }));
+  }
+
+  function recentTaskRow(t) {
+    const state = t.held ? "held" : String(t.state ?? "");
+    const id = String(t.task_id);
+    return el("tr", { data: { recentTask: id, state } },
+      el("td", { text: ago(t.at), title: `${when(t.at)} · worker ${t.worker ?? ""}` }),
+      el("td", { cls: "task" }, linkButton(id, () => openTask(id), "show this task (record, transcript)")),
+      el("td", { text: t.agent ?? "" }),
+      el("td", {}, stateBadge(state, TASK_STATE)),
+      el("td", { cls: "num", text: number(t.dispatch) }),
+      el("td", {}, t.job_id ? linkButton(String(t.job_id), () => openJob(String(t.job_id)), "show this job") : null),
+    );
+  }
+
+  function recentJobRow(j) {
+    const id = String(j.job_id);
+    return el("tr", { data: { recentJob: id, state: String(j.state ?? "") } },
+      el("td", { text: ago(j.at), title: `${when(j.at)} · worker ${shortWorker(j.worker)}` }),
+      el("td", {}, linkButton(id, () => openJob(id), j.goal ? `goal: ${j.goal}` : "show this job")),
+      el("td", {}, stateBadge(j.state, JOB_STATE)),
+      el("td", { cls: "num", text: `${number(j.steps_done)} / ${number(j.steps)}` }),
+    );
+  }
+
+  function drawRecent() {
+    const d = lastRecent;
+    if (!d) return;
+    const filter = $("recent-state").value;
+    const tasks = d.tasks.filter((t) => {
+      const state = t.held ? "held" : String(t.state);
+      if (filter === "active") return ACTIVE.has(state);
+      if (filter === "problem") return PROBLEM.has(state);
+      return !filter || state === filter;
+    });
+    $("recent-body").replaceChildren(...tasks.map(recentTaskRow));
+    const count = $("recent-count");
+    count.textContent = String(tasks.length);
+    count.className = "badge " + (tasks.some((t) => t.held || PROBLEM.has(String(t.state))) ? "warn" : "ok");
+    show($("recent-table"), tasks.length > 0);
+    show($("recent-empty"), tasks.length === 0);
+    $("recent-jobs-body").replaceChildren(...d.jobs.map(recentJobRow));
+    $("recent-jobs-count").textContent = String(d.jobs.length);
+    show($("recent-jobs-table"), d.jobs.length > 0);
+    show($("recent-jobs-empty"), d.jobs.length === 0);
+  }
+
+  async function refreshRecent() {
+    const r = await api("GET", "/recent?limit=" + RECENT_LIMIT);
+    const error = $("recent-error");
+    if (!r.ok || !r.data || !Array.isArray(r.data.tasks) || !Array.isArray(r.data.jobs)) {
+      error.textContent = "Could not load the recent tasks: " + problem(r);
+      show(error, true);
+      return;
+    }
+    const unreachable = Array.isArray(r.data.unreachable) ? r.data.unreachable.map(String) : [];
+    error.textContent = unreachable.length ? "Not answering, their tasks are missing: " + unreachable.join(", ") : "";
+    show(error, unreachable.length > 0);
+    lastRecent = r.data;
+    drawRecent();
   }
 
   // -- approvals inbox -------------------------------------------------------------------------------------------------
@@ -647,6 +811,12 @@
     every(READY_EVERY_MS, pollReady);
     every(APPROVALS_EVERY_MS, refreshApprovals);
     every(BREAKERS_EVERY_MS, refreshBreakers);
+    every(SAMPLES_EVERY_MS, refreshCharts);
+    every(RECENT_EVERY_MS, refreshRecent);
+    $("recent-state").addEventListener("change", drawRecent);
+    $("charts-range").addEventListener("change", drawCharts);
+    let resizing = null;
+    window.addEventListener("resize", () => { clearTimeout(resizing); resizing = setTimeout(drawCharts, 150); });
   }
 
   start();

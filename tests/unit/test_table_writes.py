@@ -1,0 +1,128 @@
+"""Table writes staged and flushed once per loop iteration (tables/writes.py, LedgerTable in tables/definitions.py).
+
+A key written twice before the flush is one changelog record with its last value; whoever waits for a write waits
+for that record; reads see a staged write at once; keys are the bytes Faust has always written (JSON, ASCII).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import faust
+import pytest
+from agents_stream.tables.definitions import define_tables, writing
+from agents_stream.tables.writes import DELETED, WriteBuffer, chain
+
+from agents_stream.settings import Settings
+
+
+async def _spin() -> None:
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+# -- the write buffer (pure) ---------------------------------------------------------------------------------------
+
+async def test_a_key_written_twice_before_the_flush_is_one_write_with_its_last_value_and_one_future() -> None:
+    buffer = WriteBuffer()
+    first = buffer.stage(3, "k", {"v": 1})
+    second = buffer.stage(3, "k", {"v": 2})
+    other = buffer.stage(3, "j", "x")
+    assert first is second and other is not first
+    assert buffer.lookup("k").value == {"v": 2}  # type: ignore[union-attr]
+    buffer.stage(3, "j", DELETED)
+    staged = buffer.take()
+    assert [(key, write.value) for key, write in staged] == [("k", {"v": 2}), ("j", DELETED)]
+    assert len(buffer) == 0 and buffer.lookup("k") is None
+
+
+async def test_a_key_is_staged_in_one_partition_only() -> None:
+    buffer = WriteBuffer()
+    buffer.stage(1, "k", 1)
+    with pytest.raises(ValueError, match="partition 2"):
+        buffer.stage(2, "k", 2)
+
+
+async def test_a_staged_future_settles_as_the_send_that_carries_it() -> None:
+    loop = asyncio.get_running_loop()
+    for settle in ("ok", ValueError("refused"), None):
+        source, target = loop.create_future(), loop.create_future()
+        chain(source, target)
+        assert not target.done()
+        if settle is None:
+            source.cancel()
+        elif isinstance(settle, Exception):
+            source.set_exception(settle)
+        else:
+            source.set_result(settle)
+        await _spin()
+        if settle is None:
+            assert target.cancelled()
+        elif isinstance(settle, Exception):
+            assert target.exception() is settle
+        else:
+            assert target.result() == "ok"
+    done, target = loop.create_future(), loop.create_future()
+    done.set_result("early")
+    chain(done, target)
+    assert target.result() == "early"
+
+
+# -- LedgerTable: a real Faust table on a real RocksDB store, its changelog records left in the producer buffer ------
+
+def _tables(tmp_path: Path) -> tuple[faust.App, faust.Table]:
+    app = faust.App("unit-ledger-table", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path),
+                    topic_partitions=4)  # never started: the changelog records stay in its producer buffer
+    return app, define_tables(app, Settings(partitions=4)).tasks
+
+
+def _records(app: faust.App) -> list[tuple[bytes, bytes | None, int]]:
+    """The changelog records sent so far (they wait in the unstarted producer's buffer)."""
+    pending = app.producer.buffer.pending
+    records = []
+    while not pending.empty():
+        message = pending.get_nowait().message
+        records.append((message.key, message.value, message.partition))
+    return records
+
+
+async def test_writes_of_one_iteration_are_one_record_per_key_and_one_rocksdb_batch(tmp_path: Path) -> None:
+    app, table = _tables(tmp_path)
+    with writing(2):
+        table["t-1"] = {"state": "running"}
+        table["t-1"] = {"state": "succeeded"}
+        table["spend|a"] = "0.5"
+        waited = table.last_changelog
+        assert table.get("t-1") == {"state": "succeeded"} and "t-1" in table, "a read sees the staged write"
+        assert _records(app) == [], "nothing is sent before the loop turns"
+    await _spin()
+    assert _records(app) == [(b'"t-1"', b'{"state":"succeeded"}', 2), (b'"spend|a"', b'"0.5"', 2)]
+    assert not waited.done(), "a write counts only once the broker confirmed its record"
+    db = table.data._db_for_partition(2)
+    assert db.get(json.dumps("t-1").encode()) == b'{"state":"succeeded"}'
+    assert table.get("t-1") == {"state": "succeeded"} and table.get("missing") is None
+    with writing(2):
+        del table["t-1"]
+        assert table.get("t-1") is None and "t-1" not in table
+    await _spin()
+    assert _records(app) == [(b'"t-1"', None, 2)] and db.get(json.dumps("t-1").encode()) is None
+
+
+async def test_keys_are_written_as_faust_wrote_them_and_read_back_from_any_partition(tmp_path: Path) -> None:
+    """A non-ASCII task id has the escaped JSON key of the records already in deployed stores and changelogs;
+    a read outside any partition (a web view) finds it wherever this worker holds it."""
+    app, table = _tables(tmp_path)
+    with writing(1):
+        table["tâche-é"] = {"n": 1}
+    await _spin()
+    [(key, _, _)] = _records(app)
+    assert key == b'"t\\u00e2che-\\u00e9"' == json.dumps("tâche-é").encode()
+    assert table.get("tâche-é") == {"n": 1}
+
+
+async def test_a_write_outside_an_event_and_without_a_partition_is_refused(tmp_path: Path) -> None:
+    _, table = _tables(tmp_path)
+    with pytest.raises(TypeError, match="outside the ledger"):
+        table["t-1"] = {"state": "running"}
