@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from agents_stream.contract import topics
-from agents_stream.contract.events import LeaseExpired, TaskFailed, TaskSucceeded, encode
+from agents_stream.contract.events import CallsDelegated, LeaseExpired, TaskFailed, TaskSucceeded, encode
 from agents_stream.contract.models import TaskPayload, Usage
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.tool_calls import ToolCaller
@@ -392,3 +392,28 @@ async def test_a_job_is_one_trace_and_each_step_task_carries_its_context(spans: 
     steps = {t: tracing.header_traceparent(h) for t, _, _, h in world.sent if t.startswith("agent.tasks.")}
     assert steps == {(p.attributes or {})["messaging.destination.name"]: traceparent_of(p) for p in publishes}
     assert {(p.attributes or {})["agents_stream.task_id"] for p in publishes} == {"j1/x", "j1/y"}
+
+
+async def test_a_delegated_call_is_an_invoke_agent_span_whose_context_the_subtask_carries(
+    spans: InMemorySpanExporter,
+) -> None:
+    """An agent loop's delegation: the transition's span hangs under the delegating run's span (the event's
+    trace), each sub-agent call is an `invoke_agent` span under it, and the sub-task goes out with that span's
+    traceparent in its headers (its own intake continues from there)."""
+    world = World()
+    lead = TaskPayload(task_id="lead-1", agent_name="a", instruction="report")
+    world.tasks["lead-1"] = leases.TaskRecord(
+        state=leases.RUNNING, agent="a", dispatch=1, owner="w1", lease_until=1e12, payload=lead.model_dump_json(),
+        topic="agent.tasks.a", partition=0, offset=0, received_at=0.0, trace=PARENT,
+    ).to_json()
+    run = "00-0af7651916cd43dd8448eb211c80319c-00f067aa0ba902b7-01"  # the delegating run's dispatch span
+    event = CallsDelegated(worker="w1", dispatch=1, turn=0, trace=run, calls=[
+        {"id": "c1", "agent": "analyzer", "instruction": "analyse", "context": None}])
+    await world.deliver(OUTCOMES, b"lead-1", encode(event))
+    (delegated,) = by_name(spans)["agent.delegated a"]
+    (call,) = by_name(spans)["invoke_agent analyzer"]
+    assert parent_id(delegated) == tracing.parse_traceparent(run)[1]  # type: ignore[index]
+    assert parent_id(call) == span_id(delegated)
+    assert (call.attributes or {})["gen_ai.agent.name"] == "analyzer"
+    (headers,) = [h for t, _, _, h in world.sent if t == "agent.tasks.analyzer"]
+    assert tracing.header_traceparent(headers) == traceparent_of(call)
