@@ -15,7 +15,9 @@ WORKDIR /src
 COPY pyproject.toml README.md constraints.txt ./
 COPY agents_stream ./agents_stream
 COPY tables ./tables
-RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt ".[tracing]" && rm -rf /src/build
+# [mcp]: agents may take tools from MCP servers (README "MCP tools"); a worker whose agents name none never imports it.
+# [tracing]: OpenTelemetry traces (README "Tracing"), imported only when OTEL_* turns them on.
+RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt '.[mcp,tracing]' && rm -rf /src/build
 COPY --chmod=0755 deploy/worker/entrypoint.sh /usr/local/bin/agents-stream-entrypoint
 
 # Each container keeps its RocksDB tables in its own /data (an anonymous volume

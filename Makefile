@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agents-stream needs Python 3.11+")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt --upgrade pip setuptools
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,tracing]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,mcp,tracing]'
 	touch $@
 
 install: $(STAMP)
@@ -40,8 +40,8 @@ fake-llm: install
 # CPU-bound, no broker) runs alongside the setup and tests/integration (real workers, mostly waiting on the broker
 # and on timeouts): its output goes to .data/test-unit.log and is printed at the end; any pytest failing fails the
 # target. tests/integration runs in two phases: the tests marked `exclusive` one at a time (they restart the shared
-# broker, or bound a time that a second test's CPU would stretch), then the rest two at a time (pytest-xdist; every
-# test has its own app id and topics; the ones that run the job orchestrator share one xdist group).
+# broker, run the job orchestrator, which answers whatever is on the shared agent.jobs, or bound a time that a second
+# test's CPU would stretch), then the rest two at a time (pytest-xdist; every other test has its own app id and topics).
 # Prometheus and promtool (scripts/prometheus.sh) come first: tests/unit's rule tests run promtool.
 # Chromium (scripts/chromium.sh, Debian's packages) and the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI;
 # kept once per machine, so a new clone does not install it again) are installed while tests/unit runs.
@@ -59,7 +59,7 @@ test: install
 	echo "---- tests/integration, the tests that run alone (-m exclusive) ----"; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m exclusive tests/integration; xrc=$$?; \
 	echo "---- tests/integration, the rest: two at a time (pytest-xdist) ----"; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -n 2 --dist loadgroup -m "not exclusive" tests/integration; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -n 2 -m "not exclusive" tests/integration; \
 	rc=$$?; \
 	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
 	wait $$unit; urc=$$?; \

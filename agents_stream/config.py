@@ -130,6 +130,64 @@ class ApprovalPolicy(BaseModel):
         return self
 
 
+class McpServerConfig(BaseModel):
+    """An MCP tool server (``[mcp.<name>]``): a stdio ``command`` the worker starts, or a streamable-HTTP ``url``.
+
+    Its tools are listed when the worker starts and offered to the agents that name it (``mcp = ["<name>"]``);
+    every call goes through the breaker ``mcp:<name>``, shared by all workers. Secrets come from the environment
+    (``env_from``, ``headers_env``), never the file.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    name: str = ""
+    #: the streamable-HTTP endpoint, e.g. "http://127.0.0.1:8000/mcp"
+    url: str | None = None
+    #: or the command that serves MCP on its stdin/stdout, e.g. ["python", "-m", "my_server"] (one per worker)
+    command: list[str] | None = None
+    cwd: str | None = None
+    #: the command's environment besides HOME, PATH, SHELL, TERM, USER and LOGNAME (the SDK's safe set)
+    env: dict[str, str] = Field(default_factory=dict)
+    #: names of the worker's own environment variables passed on to the command (tokens, keys)
+    env_from: list[str] = Field(default_factory=list)
+    #: HTTP headers sent to ``url``, each from the environment variable named: {"Authorization" = "DESK_AUTH"}
+    headers_env: dict[str, str] = Field(default_factory=dict)
+    #: only these of the server's tools are offered (its own names); None: all of them
+    tools: list[str] | None = None
+    #: put before each tool's name as the model sees it (two servers with a tool of one name)
+    prefix: str = ""
+    #: bound of one call attempt
+    timeout_s: float = Field(default=30.0, gt=0)
+    #: attempts after the first on a transient error (timeout, lost connection), with the call's same key
+    retries: int = Field(default=2, ge=0)
+    #: bound of connecting and listing the tools
+    connect_timeout_s: float = Field(default=15.0, gt=0)
+    #: the longest pause between two attempts to connect to a server that does not answer
+    reconnect_max_s: float = Field(default=15.0, gt=0)
+    #: a connected server is asked for its tools this often: a server that died is seen without waiting for a call
+    ping_interval_s: float = Field(default=10.0, gt=0)
+    #: calls in flight at once, cluster-wide (split among live workers); None: no limit
+    max_concurrency: int | None = Field(default=None, ge=1)
+    #: overrides of the top-level ``[breaker]`` defaults for this server's breaker
+    breaker: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerConfig:
+        if not (self.name.isascii() and self.name.replace("_", "").replace("-", "").isalnum()):
+            raise ValueError(f"MCP server name {self.name!r} must be letters, digits, - or _")
+        if (self.url is None) == (self.command is None):
+            raise ValueError(f"MCP server {self.name!r}: give url (streamable HTTP) or command (stdio), one of them")
+        if self.url is not None and not self.url.startswith(("http://", "https://")):
+            raise ValueError(f"MCP server {self.name!r}: url must start with http:// or https://")
+        if self.command is not None and (not self.command or not self.command[0]):
+            raise ValueError(f"MCP server {self.name!r}: command is the program and its arguments, not empty")
+        if self.headers_env and self.url is None:
+            raise ValueError(f"MCP server {self.name!r}: headers_env is for a url server")
+        if (self.env or self.env_from or self.cwd) and self.command is None:
+            raise ValueError(f"MCP server {self.name!r}: env, env_from and cwd are for a command server")
+        return self
+
+
 class AgentConfig(BaseModel):
     """A sub-agent: its task topic is ``agent.tasks.<name>``."""
 
@@ -174,6 +232,9 @@ class AgentConfig(BaseModel):
     agent: str | None = None
     #: human approval before a task runs (tables/approvals.py)
     approval: ApprovalPolicy | None = None
+    #: MCP servers (``[mcp.<name>]``) whose tools the agent's model may call; without ``agent`` the agent runs
+    #: as a tool-calling loop of those tools, ``system`` its instructions
+    mcp: list[str] = Field(default_factory=list)
 
 
 class AppConfig(BaseModel):
@@ -187,8 +248,10 @@ class AppConfig(BaseModel):
     breaker: BreakerConfig = Field(default_factory=BreakerConfig)
     #: USD per million tokens, by model name
     prices: dict[str, Price] = Field(default_factory=dict)
+    #: MCP tool servers agents may name
+    mcp: dict[str, McpServerConfig] = Field(default_factory=dict)
 
-    @field_validator("providers", "agents", mode="before")
+    @field_validator("providers", "agents", "mcp", mode="before")
     @classmethod
     def _name_entries(cls, value: object) -> object:
         if isinstance(value, dict):
@@ -212,6 +275,16 @@ class AppConfig(BaseModel):
                 raise ValueError(f"agent {agent.name!r}: give output_schema or output_model, not both")
             if agent.saga is not None and agent.agent is not None:
                 raise ValueError(f"agent {agent.name!r}: give saga or agent, not both")
+            unknown = [m for m in agent.mcp if m not in self.mcp]
+            if unknown:
+                raise ValueError(f"agent {agent.name!r} names unknown MCP servers {unknown} (add [mcp.<name>] tables)")
+            if agent.mcp and agent.saga is not None:
+                raise ValueError(f"agent {agent.name!r}: a saga calls no MCP tools; give saga or mcp, not both")
+        for server in self.mcp.values():
+            try:
+                BreakerConfig.model_validate({**self.breaker.model_dump(), **server.breaker})
+            except ValueError as exc:
+                raise ValueError(f"MCP server {server.name!r}: bad breaker settings: {exc}") from None
         for provider in self.providers.values():
             try:
                 breaker = self.breaker_for(provider.name)

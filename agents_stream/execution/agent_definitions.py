@@ -12,7 +12,8 @@ runs every task as a tool-calling loop: the model decides which tool to call
 next, each model turn and each tool result is journaled in the task's ledger
 record before the next action (``tables/journal.py``), and the loop resumes from
 the journal after a crash, a rebalance or a hold. Providers, the ladder,
-breakers, budgets and approvals still come from the config.
+breakers, budgets and approvals still come from the config. ``mcp=["desk"]``
+adds the tools of an MCP server (execution/mcp_tools.py), listed at start.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+from agents_stream.config import McpServerConfig
 from agents_stream.execution.named import load_named
 from agents_stream.execution.tools import Tool
 from agents_stream.tables.journal import Limits
@@ -51,11 +53,15 @@ class Agent:
     max_cost_usd: float | None = None
     #: the longest chain of agents calling agents (this one included) a task of this agent may start
     max_depth: int = 3
+    #: MCP servers whose tools the model may call too: names of the config's ``[mcp.<name>]`` tables, or servers
+    #: defined here (``McpServerConfig(name=..., url=...)`` or ``command=[...]``); their tools are listed at start
+    mcp: tuple[str | McpServerConfig, ...] | list[str | McpServerConfig] = ()
     by_name: dict[str, Tool] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         tools = tuple(self.tools)
         object.__setattr__(self, "tools", tools)
+        object.__setattr__(self, "mcp", tuple(self.mcp))
         names = [t.name for t in tools]
         if len(set(names)) != len(names):
             raise ValueError(f"agent {self.name!r}: two tools share a name in {names}")

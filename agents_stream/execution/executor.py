@@ -33,7 +33,8 @@ from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder, LookupFn
-from agents_stream.execution.plan import AgentPlan
+from agents_stream.execution.mcp_servers import McpServers, ensure_sdk
+from agents_stream.execution.plan import AgentPlan, mcp_servers
 from agents_stream.execution.prober import Prober
 from agents_stream.execution.run import Run
 from agents_stream.execution.steps import SendOutcome, StepRunner
@@ -85,6 +86,12 @@ class Executor(Service):
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
         self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, send_control, rng)
         self.prober = Prober(circuits, self._providers())
+        servers = mcp_servers(plans)
+        if servers:
+            ensure_sdk(sorted(servers))
+        #: the MCP servers of this worker's agents (None: no agent names one)
+        self.mcp = McpServers(servers, plans, send_control=send_control, on_change=on_flow_change,
+                              rng=rng) if servers else None
         self.runs: dict[str, Run] = {}  # task_id → its run, queued, running or held
         self._queue: asyncio.Queue[str] = asyncio.Queue()
         self._own: set[asyncio.Future[Any]] = set()  # slots, parked runs, heartbeats: stop() ends them
@@ -137,6 +144,8 @@ class Executor(Service):
             return False
         if self.ladder.budget_holds(plan):
             return True
+        if self.mcp is not None and self.mcp.holds(plan):
+            return True  # an MCP server of its agent was never listed: its tools are not known yet
         if plan.partial or plan.cache:
             return False  # it can still answer, from the cache or with the partial result
         return not any(self.circuits.available(t.provider.name)[0] for t in plan.tiers)
@@ -152,6 +161,8 @@ class Executor(Service):
             self._spawn(self._slot())
         self._spawn(self._heartbeats())
         self._spawn(self.prober.run())  # a breaker past its open timeout is probed without waiting for a task
+        if self.mcp is not None:  # connects and lists in the background: a server that is down holds its agents only
+            self._spawn(self.mcp.run())
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         fut = self.add_future(coro)
@@ -276,7 +287,12 @@ class Executor(Service):
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
         if plan.agent is not None:
-            return await self.agent_runner.run(run, plan, plan.agent)
+            agent = self.mcp.agent_for(plan) if self.mcp is not None and plan.mcp else plan.agent
+            if isinstance(agent, str):  # its MCP tools are not known yet: hold, as with no provider available
+                self.ladder.hold(run, agent)
+                run.wait = self.settings.probe_interval_s
+                return None
+            return await self.agent_runner.run(run, plan, agent)
         if not run.task.steps:
             return await self.ladder.answer(run, run.task)
         return await self.step_runner.run_steps(run)

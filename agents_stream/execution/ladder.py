@@ -236,7 +236,8 @@ class Ladder:
             return
         run.held = True
         self.held += 1
-        log.warning("Task %s held: %s; it resumes when a breaker lets a call through", run.task.task_id, reason)
+        log.warning("Task %s held: %s; it resumes by itself once that changes (a breaker lets a call through, a "
+                    "server's tools are listed)", run.task.task_id, reason)
         self._send_control("task.held", run.task.task_id, run.task.agent_name, {"reason": reason})
         if run.trace is not None:  # the hold as a span of its own, from task.held to task.released
             run.hold_span = tracing.span(f"hold {run.task.agent_name}", run.trace, attributes={

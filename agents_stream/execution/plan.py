@@ -5,14 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig, ProviderConfig
+from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig, McpServerConfig, ProviderConfig
 from agents_stream.contract.models import Confidence
 from agents_stream.execution.agent_definitions import Agent, load_agent
+from agents_stream.execution.mcp_tools import circuit_name
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.saga_definitions import SagaDefinition, load_saga
 from agents_stream.providers.base import Provider
 
-__all__ = ["AgentPlan", "Tier", "at_least", "with_tool_circuits"]
+__all__ = ["AgentPlan", "Tier", "at_least", "mcp_servers", "with_tool_circuits"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,8 @@ class AgentPlan:
     partial: bool  # may answer with the explicit partial result
     saga: SagaDefinition | None = None  # every task of the agent runs as this saga
     agent: Agent | None = None  # every task of the agent runs as this tool-calling loop
+    #: the MCP servers whose tools the loop offers besides the agent's own (listed at start: execution/mcp_servers.py)
+    mcp: tuple[McpServerConfig, ...] = ()
 
     @classmethod
     def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
@@ -69,6 +72,12 @@ class AgentPlan:
             acting = load_agent(cfg.agent) if cfg.agent else None
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
+        try:
+            servers = _servers_of(config, cfg, acting)
+        except ValueError as exc:
+            raise ValueError(f"agent {agent!r}: {exc}") from None
+        if servers and acting is None:  # a config-only agent of MCP tools: its system prompt is its instructions
+            acting = Agent(agent, instructions="")
         gated = [t.name for t in acting.tools if t.approval] if acting else []
         if gated and cfg.approval is None:
             raise ValueError(f"agent {agent!r}: tools {gated} ask for approval; give the agent approval levels "
@@ -76,6 +85,7 @@ class AgentPlan:
         return cls(
             saga=saga,
             agent=acting,
+            mcp=servers,
             config=cfg,
             tiers=tiers,
             light=light,
@@ -90,19 +100,51 @@ def at_least(confidence: str, lowest: str) -> bool:
     return CONFIDENCE_ORDER.index(confidence) <= CONFIDENCE_ORDER.index(lowest)
 
 
+def _servers_of(config: AppConfig, cfg: AgentConfig, acting: Agent | None) -> tuple[McpServerConfig, ...]:
+    """The MCP servers an agent names, in its config (``mcp = [...]``) and in its definition (names or servers)."""
+    named: list[str | McpServerConfig] = [*cfg.mcp, *(acting.mcp if acting else ())]
+    servers: dict[str, McpServerConfig] = {}
+    for entry in named:
+        if isinstance(entry, str):
+            if entry not in config.mcp:
+                raise ValueError(f"MCP server {entry!r} is not in the config (add an [mcp.{entry}] table)")
+            entry = config.mcp[entry]
+        if servers.get(entry.name, entry) != entry:
+            raise ValueError(f"two different MCP servers are named {entry.name!r}")
+        servers[entry.name] = entry
+    return tuple(servers.values())
+
+
+def mcp_servers(plans: dict[str, AgentPlan]) -> dict[str, McpServerConfig]:
+    """Every MCP server of the plans, by name (one connection each per worker); ValueError when two agents define
+    different servers under one name."""
+    servers: dict[str, McpServerConfig] = {}
+    for agent, plan in plans.items():
+        for server in plan.mcp:
+            if servers.get(server.name, server) != server:
+                raise ValueError(f"agent {agent!r}: another agent defines a different MCP server {server.name!r}")
+            servers[server.name] = server
+    return servers
+
+
 def with_tool_circuits(config: AppConfig, plans: dict[str, AgentPlan]) -> tuple[AppConfig, list[str]]:
-    """``config`` with one entry per tool of the plans' agents among its providers, and the tools' circuit names:
-    a tool's breaker and concurrency limit live in the circuits log beside the providers', shared by all workers."""
+    """``config`` with one entry per tool of the plans' agents, and one per MCP server, among its providers, and
+    their circuit names: a tool's (a server's) breaker and concurrency limit live in the circuits log beside the
+    providers', shared by all workers."""
     tools = {t.circuit: t for plan in plans.values() if plan.agent for t in plan.agent.tools}
-    if not tools:
+    servers = {circuit_name(s.name): s for s in mcp_servers(plans).values()}
+    if not tools and not servers:
         return config, []
     extra = {}
-    for name, t in tools.items():
-        breaker = dict(t.breaker)
+    bounds = [(name, t.name, t.timeout_s, t.retries, t.max_concurrency, t.breaker) for name, t in tools.items()]
+    bounds += [(name, s.name, s.timeout_s, s.retries, s.max_concurrency, tuple(s.breaker.items()))
+               for name, s in servers.items()]
+    for name, model, timeout_s, retries, max_concurrency, overrides in bounds:
+        breaker = dict(overrides)
         # a probe's place is freed after probe_timeout_s: longer than every attempt of one call can take
-        breaker.setdefault("probe_timeout_s", max(60.0, t.timeout_s * (t.retries + 1) + 10))
+        breaker.setdefault("probe_timeout_s", max(60.0, timeout_s * (retries + 1) + 10))
         extra[name] = ProviderConfig(
-            name=name, kind="local", base_url=name, model=t.name, timeout_s=t.timeout_s,
-            max_concurrency=t.max_concurrency, breaker=breaker,
+            name=name, kind="local", base_url=name, model=model, timeout_s=timeout_s,
+            max_concurrency=max_concurrency, breaker=breaker,
         )
-    return config.model_copy(update={"providers": {**config.providers, **extra}}), list(tools)
+    return config.model_copy(update={"providers": {**config.providers, **extra}}), [*tools, *servers]

@@ -106,15 +106,16 @@ class Tool:
         schema.pop("title", None)
         return ToolSpec(self.name, self.description, schema)
 
-    def validate(self, arguments: dict[str, Any]) -> BaseModel:
-        """The model's arguments checked; ToolError says what is wrong, in words the model can act on."""
+    def validate(self, arguments: dict[str, Any]) -> Any:
+        """The model's arguments checked (what ``invoke`` and ``approval`` get); ToolError says what is wrong, in
+        words the model can act on."""
         try:
             return self.arguments.model_validate(arguments)
         except ValidationError as exc:
             problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(arguments)'}: {e['msg']}" for e in exc.errors())
             raise ToolError(f"invalid arguments for {self.name}: {problems}") from None
 
-    async def invoke(self, ctx: ToolContext, arguments: BaseModel) -> Any:
+    async def invoke(self, ctx: ToolContext, arguments: Any) -> Any:
         """One attempt, bounded by ``timeout_s`` (a synchronous function runs in a thread)."""
         kwargs = {name: getattr(arguments, name) for name in type(arguments).model_fields}
         args = (ctx,) if self.takes_context else ()

@@ -216,9 +216,20 @@ def _drop_records(records: Any, drops: dict[str, int]) -> Any:
     return kept
 
 
+#: how many records Faust's producer buffer holds before the conductor stops delivering records until it drained
+#: (Faust: 100). A table flush puts a record per key into it at once. B1 alternating 100 and 2,000 (4,000 tasks, a
+#: loaded machine): 210, 204, 399 against 461, 410, 579 tasks/s (docs/decisions.md, issue 17 item 2).
+PRODUCER_BUFFER_MESSAGES = 2000
+
+
 class IdempotentProducer(AIOKafkaProducer):
     """Faust's aiokafka producer with idempotence on (Faust sets it only inside transactions): a batch retried
-    after a leader failover is written once, not twice (docs/cluster.md). Needs acks=all, which the app sets."""
+    after a leader failover is written once, not twice (docs/cluster.md). Needs acks=all, which the app sets.
+    Its buffer holds ``PRODUCER_BUFFER_MESSAGES`` before the consumer waits for it."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "enable_idempotence": True}

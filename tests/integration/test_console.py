@@ -327,6 +327,7 @@ def _recent_rows(d: Any) -> dict[str, str]:
     )
 
 
+@pytest.mark.exclusive  # it runs the job orchestrator, which reads and answers the shared agent.jobs
 async def test_console_draws_live_charts_and_lists_recent_tasks_from_two_workers(cluster_factory, fake_llm, tmp_path):
     """Two workers do real work (a failing task, a batch, a job, an outage that opens the breaker and holds tasks,
     the recovery) and the console shows it: the charts, gathered from both workers, draw throughput, lag, calls in

@@ -61,7 +61,7 @@ def bad_records(app_id: str, running: str) -> list[tuple[str, bytes | None, byte
     return [(t, k.encode() if isinstance(k, str) else k, v.encode()) for t, k, v in records]
 
 
-@pytest.mark.xdist_group("jobs")  # it runs the orchestrator (agent.jobs)
+@pytest.mark.exclusive  # it runs the job orchestrator, which reads and answers the shared agent.jobs
 async def test_bad_records_on_internal_topics_are_skipped_and_committed_past(cluster_factory, fake_llm):
     """A task is running when the bad records arrive (a forged deep answer for it among them); it and a task sent
     after them are answered, and the group's commit on each internal topic passes each bad record."""

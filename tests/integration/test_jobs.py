@@ -19,8 +19,8 @@ from agents_stream.testing.fakellm import ok
 
 from .harness import BOOTSTRAP, READ_TOKEN, ROOT, eventually, produce, read_topic, results_for, unique
 
-#: one orchestrating app at a time: every app that runs jobs reads agent.jobs
-pytestmark = pytest.mark.xdist_group("jobs")
+#: one orchestrating app at a time: every app that runs jobs reads the shared agent.jobs and answers what it reads
+pytestmark = pytest.mark.exclusive
 
 
 def job_results(job_id: str, timeout: float = 90) -> Any:
@@ -68,7 +68,7 @@ async def test_job_of_four_tasks_over_three_agents_survives_a_worker_kill(cluste
     # One distinct result: an event redelivered after the job ended re-emits the stored bytes (as tasks do).
     assert len({m.value for m in got}) == 1, f"one distinct job result, got {[m.value for m in got]}"
     result = json.loads(got[0].value)
-    assert result["status"] == "succeeded", result
+    assert result["status"] == "succeeded", json.dumps(result)
     assert {s: v["status"] for s, v in result["steps"].items()} == dict.fromkeys(
         ["facts", "draft", "review", "final"], "succeeded")
     assert list(result["output"]) == ["final"], "only the sink's output is embedded; the others are referenced"
@@ -111,7 +111,8 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
                   [(planned.encode(),
                     json.dumps({"job_id": planned, "goal": "do two things", "planner": planner}).encode())])
     result = json.loads((await job_results(planned))[0].value)
-    assert result["status"] == "succeeded" and set(result["steps"]) == {"a", "b"} and list(result["output"]) == ["b"]
+    assert result["status"] == "succeeded" and set(result["steps"]) == {"a", "b"} and list(result["output"]) == ["b"], \
+        json.dumps(result)
     plan_call = next(r for r in fake_llm.requests if r.task_id == f"{planned}/plan")
     assert "do two things" in plan_call.instruction and worker in plan_call.instruction
     cli_env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "WEB_PORT": str(c.workers[0].web_port),
@@ -141,7 +142,7 @@ async def test_planner_deadline_cancel_and_bad_requests(cluster_factory, fake_ll
     await produce(topics.JOBS,
                   [(unplanned.encode(), json.dumps({"job_id": unplanned, "goal": "g", "planner": planner}).encode())])
     result = json.loads((await job_results(unplanned))[0].value)
-    assert result["status"] == "failed" and result["reason"].startswith("planner_failed"), result
+    assert result["status"] == "failed" and result["reason"].startswith("planner_failed"), json.dumps(result)
     assert calls(fake_llm, unplanned) == Counter({"plan": 3}), (
         "the planner's answer was retried for format, then the job failed"
     )

@@ -50,7 +50,7 @@ async def record(index: int, entry: dict[str, Any]) -> None:
 
 
 async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> None:
-    config, names = with_tool_circuits(BASE, {"a": SimpleNamespace(agent=AGENT)})  # type: ignore[dict-item]
+    config, names = with_tool_circuits(BASE, {"a": SimpleNamespace(agent=AGENT, mcp=())})  # type: ignore[dict-item]
     assert names == [carrier.circuit] and carrier.circuit.endswith("test_tool_breaker.carrier")
     log = MemoryCircuitsLog()
     workers = []
@@ -98,7 +98,7 @@ PEAK: list[int] = []
 async def test_a_tools_concurrency_limit_holds_its_calls_to_it_across_a_turn() -> None:
     """Three calls of one turn to a tool with max_concurrency=1: they run one after another, none refused."""
     agent = Agent("b", "x", tools=[single_lane])
-    config, names = with_tool_circuits(BASE, {"b": SimpleNamespace(agent=agent)})  # type: ignore[dict-item]
+    config, names = with_tool_circuits(BASE, {"b": SimpleNamespace(agent=agent, mcp=())})  # type: ignore[dict-item]
     log = MemoryCircuitsLog()
     circuits = Circuits(config, ["local", *names], "w0", send=log.send, on_transition=lambda *t: None,
                         on_change=lambda: None, app_id="app")
