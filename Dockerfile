@@ -16,7 +16,8 @@ COPY pyproject.toml README.md constraints.txt ./
 COPY agents_stream ./agents_stream
 COPY tables ./tables
 # [mcp]: agents may take tools from MCP servers (README "MCP tools"); a worker whose agents name none never imports it.
-RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt '.[mcp]' && rm -rf /src/build
+# [tracing]: OpenTelemetry traces (README "Tracing"), imported only when OTEL_* turns them on.
+RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt '.[mcp,tracing]' && rm -rf /src/build
 COPY --chmod=0755 deploy/worker/entrypoint.sh /usr/local/bin/agents-stream-entrypoint
 
 # Each container keeps its RocksDB tables in its own /data (an anonymous volume

@@ -48,7 +48,7 @@ from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
-from agents_stream.ops import metrics, web
+from agents_stream.ops import metrics, tracing, web
 from agents_stream.ops.notify import Notifier
 from agents_stream.ops.samples import Sample, SampleRing
 from agents_stream.orchestrator import Orchestrator
@@ -59,6 +59,9 @@ from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
 
 log = logging.getLogger(__name__)
+
+#: how long a stopping worker lets its last spans be exported
+_TRACES_FLUSH_S = 5.0
 
 
 class Runtime(Service):
@@ -159,6 +162,13 @@ class Runtime(Service):
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
 
+    def start_tracing(self) -> None:
+        """OpenTelemetry traces, when OTEL_* asks for them (ops/tracing.py); this worker's spans name it."""
+        tracing.start("agents-stream", {
+            "service.instance.id": self.worker_id, "agents_stream.app_id": self.settings.app_id,
+            "agents_stream.agents": ",".join(self.agents),
+        })
+
     # Each part is a mode Service, started here with add_runtime_dependency (this Service owns it, and the order
     # holds; a plain add_dependency would start it after on_start) and stopped here in its place: children stop
     # only after on_stop, too late for the final commit.
@@ -192,6 +202,12 @@ class Runtime(Service):
         await self.notifier.stop()
         await self.circuits_log.stop()
         await self.flow.stop()
+        if tracing.on():  # the spans still queued go out, within a bound: a collector away must not hold the stop
+            try:
+                await asyncio.wait_for(asyncio.to_thread(tracing.stop), timeout=_TRACES_FLUSH_S)
+            except Exception as exc:
+                log.warning("Spans not all exported on shutdown (%r); the collector may miss this worker's last ones",
+                            exc)
 
     async def settle(self, timeout: float) -> bool:
         """While stopping: wait until the ledger has applied the outcomes of the calls that finished in the grace

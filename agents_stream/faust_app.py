@@ -56,6 +56,8 @@ class AgentsStreamApp(faust.App):
         await super().on_first_start()
 
     async def on_start(self) -> None:
+        if self.runtime is not None:  # before any record is read: the ledger's first intake is traced too
+            self.runtime.start_tracing()
         # Before the consumer joins its group (children start after on_start): see ensure_topics.
         changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
         replication = await ensure_topics(

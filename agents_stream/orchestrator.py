@@ -34,6 +34,7 @@ from agents_stream.contract.models import (
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
+from agents_stream.ops import tracing
 from agents_stream.ops.notify import with_signature
 from agents_stream.ops.recent import RecentJobs
 from agents_stream.settings import Settings
@@ -104,13 +105,13 @@ class Orchestrator:
         self._asked: dict[str, float] = {}
         self.recent = RecentJobs(settings.console_recent)  # the console's recent list: the jobs changed last here
 
-    def handle(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+    def handle(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any = None) -> None:
         if tp.topic == topics.JOBS:
-            self._on_request(tp, offset, key, value)
+            self._on_request(tp, offset, key, value, headers)
         else:
             self._on_event(tp, offset, key, value)
 
-    def _on_request(self, tp: TP, offset: int, key: bytes | None, value: bytes | None) -> None:
+    def _on_request(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any) -> None:
         try:
             request: JobRequest = parse_json_model(value, JobRequest, self.settings.payload_max_bytes)
         except PoisonMessage as poison:
@@ -118,7 +119,7 @@ class Orchestrator:
                 self.outbox, tp, offset, key, value, poison, what="job request", topic=topics.dlq_of(topics.JOBS),
             )
             return
-        if moved(self.outbox, self.settings.partitions, tp, offset, request.job_id, value, None):
+        if moved(self.outbox, self.settings.partitions, tp, offset, request.job_id, value, headers):
             return
         record = self._get(request.job_id)
         now = time.time()
@@ -128,9 +129,11 @@ class Orchestrator:
                 return
             new, effects = machine.cancel(record, by=request.by, reason=request.reason or "no reason given", now=now)
         else:
+            trace = _job_trace(request, tp, offset, headers) if record is None and tracing.on() else None
             new, effects = machine.submit(
                 record, job_id=request.job_id, plan=request.plan, goal=request.goal, planner=request.planner,
                 context_data=request.context_data, deadline=request.deadline_epoch(now), agents=self.agents, now=now,
+                trace=trace,
             )
         self._apply(tp, offset, request.job_id, record, new, effects)
 
@@ -177,14 +180,17 @@ class Orchestrator:
         # The job result goes out only once the record saying the job ended is durable: otherwise a crash in
         # between could let the next owner finish the job differently and emit a second, different result.
         final: list[Send] = []
+        trace = new.trace if new is not None and tracing.on() else None
         for effect in effects:
             if isinstance(effect, (machine.DispatchStep, machine.DispatchPlanner)):
-                sends.append(self._task_send(job_id, payloads[effect.task_id]))
+                sends.append(self._task_send(job_id, payloads[effect.task_id], trace))
             elif isinstance(effect, machine.Control) and effect.event.startswith("alert."):
                 log.warning("Job %s: a result was refused: %s", job_id, effect.details)
                 outbox.control(effect.event, job_id, None, effect.details)
             elif isinstance(effect, machine.EmitJobResult):
                 final.append(outbox.record(topics.JOB_RESULTS, job_id.encode(), effect.result.encode("utf-8")))
+                if trace is not None and new is not None and new.terminal and (old is None or not old.terminal):
+                    _job_result_span(job_id, trace, new)
             elif isinstance(effect, machine.Control):
                 outbox.control(effect.event, job_id, None, effect.details)
                 if effect.event == "job.cancelled":
@@ -234,7 +240,9 @@ class Orchestrator:
             output_schema=machine.PLAN_SCHEMA if isinstance(effect, machine.DispatchPlanner) else None,
         )
 
-    def _task_send(self, job_id: str, payload: TaskPayload) -> Send:
+    def _task_send(self, job_id: str, payload: TaskPayload, trace: str | None = None) -> Send:
+        """A step's task to its agent's topic (``trace``: the job's traceparent; the task's publish span is its
+        child, and the task's own trace hangs under it)."""
         body = payload.model_dump_json(exclude_none=True).encode("utf-8")
         limit = self.settings.payload_max_bytes
         if len(body) > limit:
@@ -251,7 +259,16 @@ class Orchestrator:
             )
             event = fan_in_event(failed, payload.agent_name, task_digest(payload))
             return self.outbox.record(topics.JOB_EVENTS, job_id.encode("utf-8"), event)
-        return self.outbox.record(topics.task_topic(payload.agent_name), payload.task_id.encode("utf-8"), body)
+        topic = topics.task_topic(payload.agent_name)
+        headers = None
+        span = tracing.span(f"publish {topic}", trace, kind="producer", attributes={
+            "messaging.system": "kafka", "messaging.operation.type": "send", "messaging.destination.name": topic,
+            "agents_stream.task_id": payload.task_id, "agents_stream.job_id": job_id,
+        }) if trace is not None else None
+        if span is not None:
+            headers = tracing.headers_with(None, span.traceparent)
+            span.end()
+        return self.outbox.record(topic, payload.task_id.encode("utf-8"), body, headers=headers)
 
     def _get(self, job_id: str) -> JobRecord | None:
         data = self.table.get(job_id)
@@ -309,6 +326,32 @@ def _skip(tp: TP, offset: int, job_id: str, exc: EventDecodeError) -> None:
     else:
         log.warning("Skipping malformed job event for %s at %s[%d]@%d: %s", job_id, tp.topic, tp.partition, offset,
                     exc.reason)
+
+
+def _job_trace(request: JobRequest, tp: TP, offset: int, headers: Any) -> str | None:
+    """The span of a job's submission (under its traceparent header, if it has one); its traceparent, which the
+    job's record keeps: its steps' tasks are traced under it."""
+    span = tracing.span("job submit", tracing.header_traceparent(headers), kind="consumer", attributes={
+        "agents_stream.job_id": request.job_id, "agents_stream.job.planner": request.planner,
+        "messaging.system": "kafka", "messaging.destination.name": tp.topic, "messaging.kafka.offset": offset,
+    })
+    if span is None:
+        return None
+    span.end()
+    return span.traceparent
+
+
+def _job_result_span(job_id: str, trace: str, record: JobRecord | None) -> None:
+    """The span of a job's end: its state and, when it did not succeed, why."""
+    span = tracing.span("job result", trace, attributes={
+        "agents_stream.job_id": job_id, "agents_stream.job.state": record.state if record else None,
+        "agents_stream.job.reason": record.reason if record else None,
+    })
+    if span is None:
+        return
+    if record is not None and record.reason:
+        span.fail(record.reason)
+    span.end()
 
 
 def job_timer_key(job_id: str) -> str:

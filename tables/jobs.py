@@ -116,6 +116,8 @@ class JobRecord(JsonRecord):
     reason: str | None = None  # why the job ended as it did (None when every step succeeded)
     #: contract.models.task_digest of the planner's task (a step's is its "digest"): only that task's result counts
     planner_digest: str | None = None
+    #: W3C traceparent of the job's span (ops/tracing.py): its steps' tasks are traced under it; None: not traced
+    trace: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -137,6 +139,7 @@ def submit(
     deadline: float | None = None,
     agents: Collection[str],
     now: float,
+    trace: str | None = None,
 ) -> tuple[JobRecord, list[Effect]]:
     """A job was submitted, with its plan or with a goal for ``planner`` to plan (a duplicate, or a redelivery).
 
@@ -156,6 +159,7 @@ def submit(
         deadline=deadline,
         goal=goal,
         planner=planner,
+        trace=trace,
     )
     if goal is not None:  # no plan (checked above): the planner writes one
         if planner is None or planner not in agents:

@@ -62,6 +62,9 @@ class TaskRecord(JsonRecord):
     waiting: str | None = None
     #: who cancelled the task, how and why (tables/cancel.py): JSON of by, via, reason and at
     cancel: str | None = None
+    #: W3C traceparent of the span of the task's intake (ops/tracing.py), the parent of its later spans (each
+    #: dispatch, its result) on any worker, after any restart; None when it came in while tracing was off
+    trace: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -142,6 +145,7 @@ def receive(
     history: str | None = None,
     approval: tuple[str, list[float]] | None = None,
     digest: str | None = None,
+    trace: str | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """A task message arrived (first delivery, duplicate, redelivery after a crash, or an operator's requeue).
 
@@ -152,13 +156,15 @@ def receive(
     ``approval`` (reason, each level's timeout) parks a new task for a human
     instead of dispatching it. Its offset is not tracked: the parked record is
     the task's recorded state, so the offset commits once that is durable.
+
+    ``trace`` (the intake span's traceparent) is kept by a task that starts here (new, or requeued).
     """
     if record is None or (
         requeue_id is not None and record.state in (FAILED, DEAD_LETTERED) and record.requeue_id != requeue_id
     ):
         return _first_delivery(
             record, agent=agent, payload=payload, topic=topic, partition=partition, offset=offset, now=now, me=me,
-            ttl=ttl, requeue_id=requeue_id, history=history, approval=approval, digest=digest,
+            ttl=ttl, requeue_id=requeue_id, history=history, approval=approval, digest=digest, trace=trace,
         )
     if record.terminal:
         # A finished task never reaches a provider again; a redelivery re-emits its result.
@@ -192,6 +198,7 @@ def _first_delivery(
     history: str | None,
     approval: tuple[str, list[float]] | None,
     digest: str | None = None,
+    trace: str | None = None,
 ) -> tuple[TaskRecord, list[Effect]]:
     """A new task, or a requeue of a failed or dead-lettered one: lease it here and dispatch (or park) it."""
     new = TaskRecord(
@@ -209,6 +216,7 @@ def _first_delivery(
         requeues=(record.requeues if record else 0) + (1 if requeue_id else 0),
         history=history,
         digest=digest,
+        trace=trace,
     )
     effects: list[Effect] = [Track(), Dispatch(1)]
     if approval is not None:

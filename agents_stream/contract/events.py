@@ -161,6 +161,10 @@ class CallsDelegated(_Versioned):
     dispatch: int
     turn: int
     calls: list[DelegatedCall] = Field(min_length=1)
+    #: the traceparent of the run that delegated (ops/tracing.py): the sub-agent calls' spans hang under it
+    trace: str | None = None
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"trace"})
 
 
 class SubtaskResult(_Versioned):

@@ -83,6 +83,7 @@ class AgentRunner:
             circuits=self.ladder.circuits,
             on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
             backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
+            trace=run.trace,
         )
         end = await loop.run()
         if isinstance(end, Unavailable):
@@ -96,7 +97,7 @@ class AgentRunner:
                               tool=end.tool, reason=end.reason)
         if isinstance(end, Delegated):  # the ledger publishes the sub-tasks; the task waits without a slot
             calls = [DelegatedCall.model_validate(c) for c in end.calls]
-            return CallsDelegated(worker=run.worker, dispatch=run.dispatch, turn=end.turn, calls=calls)
+            return CallsDelegated(worker=run.worker, dispatch=run.dispatch, turn=end.turn, calls=calls, trace=run.trace)
         return self._outcome(run, end)
 
     async def _turn(self, run: Run, plan: AgentPlan, conversation: Conversation) -> TurnAnswer | Unavailable | Rejected:

@@ -108,6 +108,7 @@ class Loop:
         backoff_base_s: float = 0.2,
         backoff_cap_s: float = 5.0,
         rng: random.Random | None = None,
+        trace: str | None = None,
     ) -> None:
         self.agent = agent
         self.task = task
@@ -121,7 +122,7 @@ class Loop:
         self._bytes = len(_compact(entries))  # kept up to date as entries are added: no re-serialising per entry
         self._check_budget_s = check_budget_s
         self.tools = ToolCaller(agent, task, circuits=circuits, backoff_base_s=backoff_base_s,
-                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random())
+                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random(), trace=trace)
         self._on_event = on_event
         self._lock = asyncio.Lock()
         self._broken = False

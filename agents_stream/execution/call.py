@@ -9,6 +9,7 @@ import time
 from dataclasses import replace
 from functools import partial
 from typing import Any, Awaitable, Callable
+from urllib.parse import urlsplit
 
 from agents_stream.config import CONFIDENCE_ORDER, AppConfig
 from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLarge, TransientError, classify
@@ -25,7 +26,7 @@ from agents_stream.execution.outputs import (
 )
 from agents_stream.execution.plan import AgentPlan, Tier
 from agents_stream.execution.run import Answer, Rejected, Run, TurnAnswer, Unavailable
-from agents_stream.ops import metrics
+from agents_stream.ops import metrics, tracing
 from agents_stream.providers.base import Completion, Prompt, Provider
 from agents_stream.providers.conversation import Conversation, Turn
 from agents_stream.resilience.backoff import backoff
@@ -214,13 +215,19 @@ class Caller:
         started = time.monotonic()
         in_flight = metrics.provider_in_flight.labels(provider.name)
         in_flight.inc()
+        span = _chat_span(run, provider) if run.trace is not None else None
         try:
             async with asyncio.timeout(provider.config.timeout_s + 5.0):  # no task per call, unlike wait_for
                 completion = await send()
         except asyncio.CancelledError:
             result = outcome = "cancelled"
+            if span is not None:
+                span.fail("cancelled")
             raise
         except Exception as exc:
+            if span is not None:
+                span.set({"error.type": type(exc).__name__})
+                span.fail(f"{type(exc).__name__}: {exc}")
             kind = classify(exc)
             if isinstance(exc, RateLimited):
                 result, retry_after = "rate_limited", exc.retry_after
@@ -230,15 +237,24 @@ class Caller:
             return exc
         else:
             result = outcome = "success"
-            self._count_usage(run, provider, completion)
+            spent = self._count_usage(run, provider, completion)
+            if span is not None:
+                span.set({
+                    "gen_ai.response.model": completion.model,
+                    "gen_ai.usage.input_tokens": completion.usage.input_tokens,
+                    "gen_ai.usage.output_tokens": completion.usage.output_tokens, "agents_stream.cost_usd": spent,
+                })
             return completion
         finally:
             in_flight.dec()
+            if span is not None:
+                span.end()
             self.circuits.release(permit, "neutral" if result == "cancelled" else result, retry_after=retry_after)
             metrics.provider_calls.labels(provider.name, outcome).inc()
             metrics.provider_latency.labels(provider.name).observe(time.monotonic() - started)
 
-    def _count_usage(self, run: Run, provider: Provider, completion: Completion | Turn) -> None:
+    def _count_usage(self, run: Run, provider: Provider, completion: Completion | Turn) -> float | None:
+        """The call's tokens and cost onto the run and the metrics; its cost (None when no price is known)."""
         used_in, used_out = completion.usage.input_tokens, completion.usage.output_tokens
         run.input_tokens += used_in
         run.output_tokens += used_out
@@ -250,6 +266,25 @@ class Caller:
         metrics.tokens.labels(agent, provider.name, "output").inc(used_out)
         if spent:
             metrics.cost.labels(agent, provider.name).inc(spent)
+        return spent
+
+
+#: gen_ai.system (and gen_ai.provider.name) of each provider kind, as the GenAI semantic conventions name them
+_GEN_AI_SYSTEMS = {"gemini": "gcp.gemini", "openai": "openai", "anthropic": "anthropic", "local": "agents_stream.local"}
+
+
+def _chat_span(run: Run, provider: Provider) -> tracing.Span | None:
+    """The span of one model call (GenAI semantic conventions), under the run's dispatch."""
+    config = provider.config
+    where = urlsplit(config.base_url) if config.base_url else None
+    system = _GEN_AI_SYSTEMS.get(config.kind, config.kind)
+    return tracing.span(f"chat {provider.model}", run.trace, kind="client", attributes={
+        "gen_ai.operation.name": "chat", "gen_ai.system": system, "gen_ai.provider.name": system,
+        "gen_ai.request.model": provider.model, "gen_ai.request.max_tokens": config.max_tokens,
+        "server.address": where.hostname if where else None, "server.port": where.port if where else None,
+        "agents_stream.provider": provider.name, "agents_stream.task_id": run.task.task_id,
+        "agents_stream.dispatch": run.dispatch,
+    })
 
 
 def _answer(tier: Tier, output: Any, completion: Completion) -> Answer:

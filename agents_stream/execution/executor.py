@@ -108,12 +108,14 @@ class Executor(Service):
     def has(self, task_id: str) -> bool:
         return task_id in self.runs
 
-    def dispatch(self, task: TaskPayload, dispatch: int, steps_done: list[Any] | None = None) -> None:
-        """Queue a task (with the steps it has done, for a multi-step one); a free call slot picks it up.
-        Never blocks the ledger."""
+    def dispatch(
+        self, task: TaskPayload, dispatch: int, steps_done: list[Any] | None = None, trace: str | None = None,
+    ) -> None:
+        """Queue a task (with the steps it has done, for a multi-step one; ``trace``: the traceparent its spans hang
+        under); a free call slot picks it up. Never blocks the ledger."""
         if task.task_id in self.runs or not self._accepting:
             return
-        self.runs[task.task_id] = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []))
+        self.runs[task.task_id] = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []), trace=trace)
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake

@@ -29,6 +29,7 @@ from agents_stream.execution.outputs import OutputSpec, fingerprint
 from agents_stream.execution.plan import AgentPlan, Tier, at_least
 from agents_stream.execution.router import classifier_prompt, heuristic, parse_classification
 from agents_stream.execution.run import Answer, Rejected, Run, Unavailable
+from agents_stream.ops import tracing
 from agents_stream.providers.base import Completion, Prompt
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
@@ -238,6 +239,11 @@ class Ladder:
         log.warning("Task %s held: %s; it resumes by itself once that changes (a breaker lets a call through, a "
                     "server's tools are listed)", run.task.task_id, reason)
         self._send_control("task.held", run.task.task_id, run.task.agent_name, {"reason": reason})
+        if run.trace is not None:  # the hold as a span of its own, from task.held to task.released
+            run.hold_span = tracing.span(f"hold {run.task.agent_name}", run.trace, attributes={
+                "agents_stream.task_id": run.task.task_id, "agents_stream.hold.reason": reason})
+            if run.hold_span is not None:
+                run.hold_span.event("task.held", {"reason": reason})
         self._on_flow_change()
 
     def release(self, run: Run) -> None:
@@ -246,8 +252,17 @@ class Ladder:
             run.held = False
             self.held -= 1
             self._send_control("task.released", run.task.task_id, run.task.agent_name, {})
+            _end_hold(run, "task.released")
 
     def forget(self, run: Run) -> None:
         """A run leaves the executor without an answer while held (a bug, a cancel): it no longer counts as held."""
         if run.held:
             self.held -= 1
+            _end_hold(run, "task.left_held")
+
+
+def _end_hold(run: Run, event: str) -> None:
+    span, run.hold_span = run.hold_span, None
+    if span is not None:
+        span.event(event)
+        span.end()

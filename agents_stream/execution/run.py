@@ -47,6 +47,10 @@ class Run:
     cancelled: bool = False
     #: the ladder, loop or steps running it in a call slot now (what a cancel stops)
     work: asyncio.Future[Any] | None = None
+    #: the traceparent its spans hang under (its dispatch's span, ops/tracing.py); None: not traced
+    trace: str | None = None
+    #: while held and traced: the span of the hold (ended when it is released)
+    hold_span: Any = None
 
 
 # What one rung of the ladder came to.

@@ -21,6 +21,7 @@ from agents_stream.contract.events import CALL_ID_PATTERN
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, deadline, result_text
+from agents_stream.ops import tracing
 from agents_stream.resilience.backoff import backoff
 from agents_stream.resilience.circuit import Permit
 from agents_stream.tables import journal
@@ -46,10 +47,12 @@ class ToolCaller:
 
     def __init__(
         self, agent: Agent, task: TaskPayload, *, circuits: Admission | None, backoff_base_s: float,
-        backoff_cap_s: float, rng: random.Random,
+        backoff_cap_s: float, rng: random.Random, trace: str | None = None,
     ) -> None:
         self.agent = agent
         self.task = task
+        #: the traceparent each call's span hangs under (ops/tracing.py); None: not traced
+        self.trace = trace
         self._circuits = circuits
         self._backoff = (backoff_base_s, backoff_cap_s)
         self._rng = rng
@@ -75,7 +78,34 @@ class ToolCaller:
         subresult: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
         """One tool call to its journal entry: the result, or the error the model is told of (``decision``: a
-        human's on this call, a rejected call does not run; ``subresult``: the delegated sub-task's result)."""
+        human's on this call, a rejected call does not run; ``subresult``: the delegated sub-task's result).
+        Traced, it is a span (``execute_tool <name>``); an agent tool's is its sub-task's (``invoke_agent``)."""
+        tool = self.agent.by_name.get(call["name"])
+        span = None
+        if self.trace is not None and (tool is None or tool.delegate is None):
+            span = tracing.span(f"execute_tool {call['name'][:64]}", self.trace, attributes={
+                "gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": call["name"],
+                "gen_ai.tool.call.id": call["id"], "gen_ai.tool.type": "function", "agents_stream.turn": turn,
+                "agents_stream.task_id": self.task.task_id,
+            })
+        if span is None:
+            return await self._call(turn, call, decision, subresult, None)
+        try:
+            entry = await self._call(turn, call, decision, subresult, span)
+        except BaseException as exc:
+            span.fail(f"{type(exc).__name__}: the call did not end")
+            span.end()
+            raise
+        span.set({"agents_stream.attempts": entry["attempts"], "agents_stream.tool.fatal": entry["fatal"]})
+        if entry["error"]:
+            span.fail(entry["content"])
+        span.end()
+        return entry
+
+    async def _call(
+        self, turn: int, call: dict[str, Any], decision: dict[str, Any] | None, subresult: dict[str, Any] | None,
+        span: tracing.Span | None,
+    ) -> dict[str, Any]:
         entry = {"kind": "tool", "turn": turn, "id": call["id"], "name": call["name"], "error": True,
                  "fatal": False, "attempts": 0}
         tool = self.agent.by_name.get(call["name"])
@@ -94,6 +124,8 @@ class ToolCaller:
             said = f": {decision['comment']}" if decision.get("comment") else ""
             return {**entry, "fatal": tool.on_reject == "fail", "content": f"rejected by {decision['by']}{said}"}
         key = journal.call_key(self.task.task_id, turn, call["id"])
+        if span is not None:
+            span.set({"agents_stream.idempotency_key": key})
         attempt = 1
         while True:
             ctx = ToolContext(
@@ -101,7 +133,7 @@ class ToolCaller:
                 deadline=deadline(tool.timeout_s),
                 log=logging.LoggerAdapter(log, {"task_id": self.task.task_id, "tool": tool.name}),
             )
-            done = await self._attempt(tool, ctx, arguments, entry)
+            done = await self._attempt(tool, ctx, arguments, entry, span)
             if done is not None:
                 return done
             base, cap = self._backoff
@@ -119,7 +151,9 @@ class ToolCaller:
             return {**entry, "attempts": 1, "content": f"agent {tool.delegate} failed: {result.get('error')}"}
         return {**entry, "attempts": 1, "error": False, "content": result_text(result.get("output"))}
 
-    async def _attempt(self, tool: Tool, ctx: ToolContext, arguments: Any, entry: dict[str, Any]) -> dict | None:
+    async def _attempt(
+        self, tool: Tool, ctx: ToolContext, arguments: Any, entry: dict[str, Any], span: tracing.Span | None,
+    ) -> dict | None:
         """One attempt through the tool's breaker: its entry, or None when it is worth another attempt."""
         attempt = ctx.attempt
         permit = None
@@ -131,7 +165,11 @@ class ToolCaller:
                         "content": f"{tool.name} is unavailable now (its breaker is open: {exc}); it was not called"}
         verdict = "failure"
         try:
-            value = await tool.invoke(ctx, arguments)
+            if span is None:
+                value = await tool.invoke(ctx, arguments)
+            else:
+                with span.current():  # spans the tool makes itself nest under its call's
+                    value = await tool.invoke(ctx, arguments)
             verdict = "success"
             return {**entry, "attempts": attempt, "error": False, "content": result_text(value)}
         except ToolError as exc:
@@ -146,6 +184,8 @@ class ToolCaller:
         except _TRANSIENT as exc:
             why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             if attempt <= tool.retries:
+                if span is not None:
+                    span.event("retry", {"attempt": attempt, "error": why})
                 return None
             log.warning("Task %s: tool %s failed %d times (%s); the model is told", self.task.task_id, tool.name,
                         attempt, why)

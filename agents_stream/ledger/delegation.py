@@ -16,6 +16,7 @@ from agents_stream.contract.events import CallsDelegated, SubtaskResult, encode
 from agents_stream.contract.models import ParentRef, TaskPayload
 from agents_stream.kafka.delivery import Send
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.ops import tracing
 from agents_stream.settings import Settings
 from agents_stream.tables import delegation, leases
 from agents_stream.tables.leases import TaskRecord
@@ -61,9 +62,12 @@ class Delegation:
         new, effects = delegation.delegate(record, dispatch=event.dispatch, turn=event.turn, subtasks=subtasks)
         return record, new, effects
 
-    def send(self, effect: delegation.SendTask) -> Send:
-        """A sub-task, to its agent's task topic."""
-        return self.outbox.record(topics.task_topic(effect.agent), effect.task_id.encode(), effect.payload.encode())
+    def send(self, effect: delegation.SendTask, trace: str | None = None) -> Send:
+        """A sub-task, to its agent's task topic (``trace``: the sub-agent call's traceparent, in its headers)."""
+        headers = tracing.headers_with(None, trace) if trace is not None else None
+        return self.outbox.record(
+            topics.task_topic(effect.agent), effect.task_id.encode(), effect.payload.encode(), headers=headers,
+        )
 
     def result_sends(self, record: TaskRecord | None, result: str) -> list[Send]:
         """A finished sub-task's result, to its parent's outcomes topic (any app id; duplicates change nothing)."""

@@ -14,13 +14,13 @@ from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger import endings
+from agents_stream.ledger import endings, spans
 from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.records import parked, timer_key
 from agents_stream.ledger.scanner import Scanner
-from agents_stream.ops import metrics
+from agents_stream.ops import metrics, tracing
 from agents_stream.ops.recent import RecentTasks
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
@@ -66,9 +66,12 @@ class Effects:
         task: TaskPayload | None = None,
         extra: list[Send] | None = None,
         durable: Callable[[], object] | None = None,
+        span: tracing.Span | None = None,
+        trace: str | None = None,
     ) -> None:
         """Write ``new`` (when it differs from ``old``), carry out ``effects``; ``extra`` sends are held with the
-        offset too; ``durable`` is called once all of it is durable."""
+        offset too; ``durable`` is called once all of it is durable. ``span`` (the intake's) takes the transition's
+        events; ``trace``: the traceparent its spans hang under, when not the record's (ledger/spans.py)."""
         sends: list[Send] = list(extra or [])
         after: list[Callable[[], object]] = []
         if new is not None and new != old:
@@ -77,14 +80,23 @@ class Effects:
         if record is not None:
             self.scanner.note(task_id, record)
             self.recent.task(task_id, record, task.job_id if task else None, time.time())
+        traced = None
+        if span is not None or (record is not None and record.trace is not None and tracing.on()):
+            parent = trace or (record.trace if record is not None else None)
+            traced = spans.traced(task_id, old, new, effects, span, parent, self.executor.worker_id)
         outcome = leases.ended(old, new)
         if outcome is not None:
             ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
             after.append(lambda: metrics.tasks.labels(*ended).inc())
         for effect in effects:
-            self._effect(tp, offset, task_id, record, effect, task, sends, after)
+            self._effect(tp, offset, task_id, record, effect, task, sends, after, traced)
         if durable is not None:
             after.insert(0, durable)  # first: a follow-up that fails must not leave its waiter waiting
+        if traced is not None:
+            if sends:  # the spans end once the transition is durable
+                after.append(partial(traced.end, new))
+            else:
+                traced.end(new)
         if sends or after:
             self.outbox.deliver(tp, offset, sends, after)
 
@@ -103,16 +115,19 @@ class Effects:
 
     def _effect(
         self, tp: TP, offset: int, task_id: str, record: Any, effect: Effect,
-        task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]],
+        task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]], traced: spans.Traced | None,
     ) -> None:
         """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
+        if traced is not None:
+            traced.effect(effect)
         if isinstance(effect, leases.Track):
             self.task_offsets.setdefault(task_id, []).append((tp, offset, self.watermark.open(tp, offset)))
         elif isinstance(effect, leases.Dispatch):
             payload = task or TaskPayload.model_validate_json(record.payload)
             # Dispatch once the lease record is durable, so a crash cannot leave a provider call without a record.
             done = leases.completed_steps(record)
-            after.append(partial(self.executor.dispatch, payload, effect.dispatch, done))
+            trace = traced.dispatch(effect.dispatch) if traced is not None else None
+            after.append(partial(self.executor.dispatch, payload, effect.dispatch, done, trace))
         elif isinstance(effect, leases.EmitResult):
             sends += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
         elif isinstance(effect, leases.DeadLetter):
@@ -129,7 +144,7 @@ class Effects:
         elif isinstance(effect, leases.Notify):
             after.append(partial(self.gate.notify, task_id, record, effect.level))
         elif isinstance(effect, SendTask):
-            sends.append(self.delegation.send(effect))
+            sends.append(self.delegation.send(effect, traced.invoke_agent(effect) if traced is not None else None))
         elif isinstance(effect, CancelTask):
             sends.append(self.cancellation.send(effect, task_id, record))
         elif isinstance(effect, StopRun):  # once the cancel is durable: a crash first leaves the run going

@@ -14,7 +14,7 @@ from agents_stream.ledger import identity
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.intake import HISTORY_HEADER
 from agents_stream.ledger.records import job_of
-from agents_stream.ops import metrics
+from agents_stream.ops import metrics, tracing
 from agents_stream.orchestrator import fan_in_event
 from agents_stream.tables import leases
 from agents_stream.tables.leases import TaskRecord
@@ -42,6 +42,8 @@ def dead_letter_sends(
     extra = [("agents_stream.requeues", str(record.requeues).encode())] if record.requeues else []
     if record.history:
         extra.append((HISTORY_HEADER, record.history.encode("utf-8")))
+    if record.trace:  # the task's trace: a requeue of this dead letter is traced in it
+        extra.append((tracing.TRACEPARENT, record.trace.encode("ascii")))
     sends = [outbox.dead_letter(
         TP(record.topic, record.partition), record.offset, task_id.encode(), record.payload.encode("utf-8"),
         agent=record.agent, reason=effect.reason, layer=effect.layer, attempts=effect.attempts, headers=extra,

@@ -35,7 +35,7 @@ from agents_stream.contract.models import TaskPayload, parse_task
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger import identity, sizes
+from agents_stream.ledger import identity, sizes, spans
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.cancel import Cancellation
 from agents_stream.ledger.delegation import Delegation
@@ -47,6 +47,7 @@ from agents_stream.ledger.poison import Poison, dead_letter_unreadable
 from agents_stream.ledger.records import record_of, result_json
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
+from agents_stream.ops import tracing
 from agents_stream.ops.notify import Notifier
 from agents_stream.ops.recent import RecentTasks
 from agents_stream.orchestrator import Orchestrator
@@ -185,7 +186,7 @@ class Ledger:
                 task_id, (record, new, effects) = decided
                 self.effects.apply(tp, message.offset, task_id, record, new, effects)
         elif self.orchestrator is not None and message.topic in self.orchestrator.topics:
-            self.orchestrator.handle(tp, message.offset, key, value)
+            self.orchestrator.handle(tp, message.offset, key, value, message.headers)
         else:
             self._on_task(tp, message.offset, key, value, message.headers)
 
@@ -198,6 +199,8 @@ class Ledger:
                 value, agent=agent, max_bytes=self.settings.payload_max_bytes, max_steps=self.settings.max_steps,
             )
         except PoisonMessage as poison:
+            if tracing.on():
+                spans.poisoned(agent, tp, offset, headers, poison)
             self.poison.on_message(tp, offset, agent, key, value, headers, poison)
             return
         if moved(self.outbox, self.settings.partitions, tp, offset, task.task_id, value, headers):
@@ -215,6 +218,7 @@ class Ledger:
             self.effects.apply(tp, offset, task.task_id, *answered)
             return
         requeue_id, history = requeue_headers(headers)
+        span = spans.intake(task, tp, offset, headers, record) if tracing.on() else None
         if record is not None and record.state == leases.RUNNING and record.owner != self.worker_id:
             log.info(
                 "Task %s arrived again (offset %d) while %s holds its lease for %.1fs more; waiting for its outcome "
@@ -236,9 +240,10 @@ class Ledger:
             history=history,
             approval=self.gate.approval_for(task),
             digest=digest,
+            trace=span.traceparent if span is not None else None,
         )
         _, new, effects = self.gate.admit(tp, record, new, effects)  # the agent's share of parked tasks is bounded
-        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task)
+        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task, span=span)
 
     # -- outcome events ----------------------------------------------------------------
 
@@ -271,7 +276,8 @@ class Ledger:
                 self.effects.apply(tp, offset, task_id, *timed_out)
             return
         if isinstance(event, CallsDelegated | SubtaskResult):  # agents as tools: sub-tasks out, results in
-            self.effects.apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event))
+            trace = event.trace if isinstance(event, CallsDelegated) else None  # the delegating run's span
+            self.effects.apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event), trace=trace)
             return
         changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:

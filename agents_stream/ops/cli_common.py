@@ -6,12 +6,16 @@ import argparse
 import asyncio
 import re
 import sys
+import threading
 from typing import Any, Callable
 
 from agents_stream.kafka import security as kafka_security
+from agents_stream.ops import tracing
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = ["AddParser", "broker_call", "broker_unreachable", "printable", "printable_tree", "send_one"]
+__all__ = [
+    "AddParser", "broker_call", "broker_unreachable", "flush_traces", "printable", "printable_tree", "send_one",
+]
 
 #: a command module's ``register(add_parser)`` gets the subparsers' ``add_parser``
 AddParser = Callable[..., argparse.ArgumentParser]
@@ -37,7 +41,9 @@ def printable_tree(value: Any) -> Any:
     return value
 
 
-async def send_one(settings: Settings, topic: str, key: bytes, value: bytes) -> None:
+async def send_one(
+    settings: Settings, topic: str, key: bytes, value: bytes, headers: list[tuple[str, bytes]] | None = None,
+) -> None:
     from aiokafka import AIOKafkaProducer
 
     producer = AIOKafkaProducer(
@@ -45,9 +51,25 @@ async def send_one(settings: Settings, topic: str, key: bytes, value: bytes) -> 
     )
     try:
         await asyncio.wait_for(producer.start(), timeout=30)  # a refused login fails here: still close the producer
-        await asyncio.wait_for(producer.send_and_wait(topic, value, key=key), timeout=30)
+        await asyncio.wait_for(producer.send_and_wait(topic, value, key=key, headers=headers), timeout=30)
     finally:
         await asyncio.wait_for(producer.stop(), timeout=30)
+
+
+#: how long a command waits for its spans to be exported before it exits
+TRACES_FLUSH_S = 10.0
+
+
+def flush_traces() -> None:
+    """A command's spans exported before it exits (within TRACES_FLUSH_S: a collector away costs that, no more)."""
+    if not tracing.on():
+        return
+    stopping = threading.Thread(target=tracing.stop, name="agents-stream-traces-flush", daemon=True)
+    stopping.start()
+    stopping.join(TRACES_FLUSH_S)
+    if stopping.is_alive():
+        print(f"agents-stream: spans not all exported within {TRACES_FLUSH_S:.0f}s (is the OTLP endpoint up?)",
+              file=sys.stderr)
 
 
 def broker_call(settings: Settings, what: str, coro: Any) -> int:

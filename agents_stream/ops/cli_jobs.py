@@ -13,7 +13,8 @@ from typing import Any
 
 from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
-from agents_stream.ops.cli_common import AddParser, broker_call, send_one
+from agents_stream.ops import tracing
+from agents_stream.ops.cli_common import AddParser, broker_call, flush_traces, send_one
 from agents_stream.ops.cli_views import get_view, no_worker, render_job, show
 from agents_stream.settings import Settings, bootstrap_servers
 
@@ -75,10 +76,22 @@ def _cmd_jobs(args: argparse.Namespace) -> int:
         print(f"agents-stream jobs {args.jobs_command}: {problems}", file=sys.stderr)
         return 2
     value = json.dumps(body).encode("utf-8")
-    send = send_one(settings, topics.JOBS, request.job_id.encode(), value)
-    if args.jobs_command == "submit" and args.wait:
-        return _submit_and_wait(settings, request.job_id, args.wait, send)
-    code = broker_call(settings, f"jobs {args.jobs_command}", send)
+    headers = None
+    if args.jobs_command == "submit" and tracing.start("agents-stream-jobs", {}):  # the job's trace starts here
+        span = tracing.span(f"publish {topics.JOBS}", os.environ.get("TRACEPARENT"), kind="producer", attributes={
+            "messaging.system": "kafka", "messaging.destination.name": topics.JOBS,
+            "agents_stream.job_id": request.job_id,
+        })
+        if span is not None:
+            headers = tracing.headers_with(None, span.traceparent)
+            span.end()
+    send = send_one(settings, topics.JOBS, request.job_id.encode(), value, headers=headers)
+    try:
+        if args.jobs_command == "submit" and args.wait:
+            return _submit_and_wait(settings, request.job_id, args.wait, send)
+        code = broker_call(settings, f"jobs {args.jobs_command}", send)
+    finally:
+        flush_traces()
     if code == 0:
         print(request.job_id)
     return code

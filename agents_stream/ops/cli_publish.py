@@ -5,14 +5,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import sys
 import time
 import uuid
-from typing import IO, Iterator
+from functools import partial
+from typing import IO, Any, Iterator
 
 from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
-from agents_stream.ops.cli_common import AddParser
+from agents_stream.ops import tracing
+from agents_stream.ops.cli_common import AddParser, flush_traces
 from agents_stream.settings import Settings, bootstrap_servers
 
 __all__ = ["register"]
@@ -49,6 +52,9 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
     sent = bad = 0
     started = time.monotonic()
     progress = _Progress(args.progress if args.progress is not None else sys.stderr.isatty(), _count_lines(args.file))
+    # Each task the root of its trace (or under $TRACEPARENT, a caller's), its traceparent in the record's headers.
+    traced = tracing.start("agents-stream-publish", {})
+    parent = os.environ.get("TRACEPARENT") if traced else None
     try:
         await asyncio.wait_for(producer.start(), timeout=30)  # a refused login fails here: still close the producer
         futures = []
@@ -68,7 +74,15 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
             task.setdefault("task_id", str(uuid.uuid4()))
             task.setdefault("agent_name", args.agent)
             key = str(task["task_id"]).encode("utf-8")
-            futures.append(await producer.send(topic, json.dumps(task).encode("utf-8"), key=key))
+            span = tracing.span(f"publish {topic}", parent, kind="producer", attributes={
+                "messaging.system": "kafka", "messaging.operation.type": "send", "messaging.destination.name": topic,
+                "agents_stream.task_id": str(task["task_id"]), "agents_stream.agent": args.agent,
+            }) if traced else None
+            headers = tracing.headers_with(None, span.traceparent) if span is not None else None
+            future = await producer.send(topic, json.dumps(task).encode("utf-8"), key=key, headers=headers)
+            if span is not None:
+                future.add_done_callback(partial(_sent, span))
+            futures.append(future)
             sent += 1
             progress.update(sent, started)
             if not args.quiet and not args.json:
@@ -79,12 +93,20 @@ async def _publish(args: argparse.Namespace, settings: Settings) -> int:
         await asyncio.wait_for(producer.stop(), timeout=30)
         if source is not sys.stdin:
             source.close()
+        flush_traces()
     seconds = time.monotonic() - started
     if args.json:
         print(json.dumps({"topic": topic, "published": sent, "skipped": bad, "seconds": round(seconds, 3)}))
     skipped = f"; {bad} line(s) skipped" if bad else ""
     print(f"published {sent} task(s) to {topic} in {seconds:.1f}s{skipped}", file=sys.stderr)
     return 1 if bad else 0
+
+
+def _sent(span: tracing.Span, future: asyncio.Future[Any]) -> None:
+    """A publish span ends when the broker answered; a refused send marks it failed."""
+    if future.cancelled() or future.exception() is not None:
+        span.fail("not sent: " + ("cancelled" if future.cancelled() else repr(future.exception())))
+    span.end()
 
 
 def _count_lines(path: str | None) -> int | None:

@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from agents_stream.contract import topics
 from agents_stream.contract.topics import HISTORY_HEADER, REQUEUE_HEADER
 from agents_stream.kafka.deadletters import DeadLetter, history_of, read_dead_letters
+from agents_stream.ops import tracing
 from agents_stream.settings import bootstrap_servers
 
 # The reader (DeadLetter, read_dead_letters) lives in agents_stream.kafka.deadletters; listed here for the commands.
@@ -89,10 +90,12 @@ def requeue_headers_for(dl: DeadLetter, requeue_id: str) -> list[tuple[str, byte
     this = {name: dl.headers[name] for name in STANDARD_HEADERS if name in dl.headers}
     this["dead_letter"] = dl.ref
     history = [*history_of(dl), this]
-    return [
+    headers = [
         (REQUEUE_HEADER, requeue_id.encode()),
         (HISTORY_HEADER, json.dumps(history, separators=(",", ":")).encode("utf-8")),
     ]
+    # the task's trace (a dead letter carries it): the requeued run is traced in it, its failures before it
+    return tracing.headers_with(headers, tracing.header_traceparent(dl.headers.items()))
 
 
 async def dlq_topics(

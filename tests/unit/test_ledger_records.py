@@ -41,7 +41,8 @@ class World:
         tables = Tables(tasks=self.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
         outbox = Outbox(self.channel, Watermark(), "w1", find_dead_letter=_no_lookup)
         executor = SimpleNamespace(
-            has=lambda task_id: False, dispatch=lambda task, dispatch, done: self.dispatched.append(task.task_id),
+            has=lambda task_id: False,
+            dispatch=lambda task, dispatch, done, trace=None: self.dispatched.append(task.task_id),
         )
         self.ledger = Ledger(
             settings, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
