@@ -232,7 +232,14 @@ class Runtime(Service):
             run = (task_id, outcome.dispatch)
             durable = None
             if run not in self.via_topic and self.member():
-                durable = self.ledger.apply_here(task_id, outcome)
+                try:
+                    durable = self.ledger.apply_here(task_id, outcome)
+                except Exception as exc:  # a bug in the ledger must not lose the outcome: the topic carries it
+                    log.exception(
+                        "Applying the outcome of %s here failed (%r); it goes on the outcomes topic instead. The "
+                        "task's offset stays held until it is applied; report this with the log", task_id, exc,
+                    )
+                    self.send_control("alert.ledger_error", task_id, None, {"error": repr(exc)[:500]})
             if durable is not None:
                 if isinstance(outcome, StepDone):
                     await durable
