@@ -174,10 +174,15 @@ async def test_every_dashboard_query_and_recording_rule_returns_series(cluster_f
     seen: dict[str, str | None] = {}
 
     async def scraped_after_the_work() -> bool:
+        # The dead letter is the last counter to appear: increase() over it has a series only once two scrapes
+        # saw it (the first sample of a series has nothing before it to increase from).
         seen.update(succeeded=await scalar(f'sum(agents_stream_tasks_total{{agent="{agent}", outcome="succeeded"}})'),
                     dead_letters=await scalar(f'sum(agents_stream_dead_letters_total{{agent="{agent}"}})'),
+                    dead_letter_scrapes=await scalar(
+                        f'min(count_over_time(agents_stream_dead_letters_total{{agent="{agent}"}}[60s])) >= 2'),
                     workers_up=await scalar('count(up{job="agents-stream"} == 1)'))
-        return seen == {"succeeded": str(N_TASKS + 1), "dead_letters": "1", "workers_up": "2"}
+        return (seen["succeeded"], seen["dead_letters"], seen["workers_up"]) == (str(N_TASKS + 1), "1", "2") \
+            and seen["dead_letter_scrapes"] is not None
 
     try:
         await eventually(scraped_after_the_work, timeout=20, interval=0.5,
