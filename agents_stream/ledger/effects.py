@@ -68,14 +68,21 @@ class Effects:
         durable: Callable[[], object] | None = None,
         span: tracing.Span | None = None,
         trace: str | None = None,
+        record_first: bool = False,
     ) -> None:
         """Write ``new`` (when it differs from ``old``), carry out ``effects``; ``extra`` sends are held with the
         offset too; ``durable`` is called once all of it is durable. ``span`` (the intake's) takes the transition's
-        events; ``trace``: the traceparent its spans hang under, when not the record's (ledger/spans.py)."""
+        events; ``trace``: the traceparent its spans hang under, when not the record's (ledger/spans.py).
+
+        ``record_first``: a result or dead letter is sent only once the record is durable (an outcome applied where
+        it ran has no outcome record to apply again: a crash between the two must not leave a result whose task
+        runs again)."""
         sends: list[Send] = list(extra or [])
+        ending: list[Send] = []  # the result, its fan-in and caller, a dead letter
         after: list[Callable[[], object]] = []
-        if new is not None and new != old:
-            sends += self._write(tp, task_id, old, new)
+        wrote = new is not None and new != old
+        if wrote:
+            sends += self._write(tp, task_id, old, new)  # type: ignore[arg-type]  # wrote: new is a record
         record = new or old
         if record is not None:
             self.scanner.note(task_id, record)
@@ -89,14 +96,19 @@ class Effects:
             ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
             after.append(lambda: metrics.tasks.labels(*ended).inc())
         for effect in effects:
-            self._effect(tp, offset, task_id, record, effect, task, sends, after, traced)
+            self._effect(tp, offset, task_id, record, effect, task, sends, ending, after, traced)
         if durable is not None:
             after.insert(0, durable)  # first: a follow-up that fails must not leave its waiter waiting
         if traced is not None:
-            if sends:  # the spans end once the transition is durable
+            if sends or ending:  # the spans end once the transition is durable
                 after.append(partial(traced.end, new))
             else:
                 traced.end(new)
+        if ending and wrote and record_first:
+            # Two deliveries, the offset held throughout: the second is opened before the first releases it.
+            after = [partial(self.outbox.deliver, tp, offset, ending, after)]
+        else:
+            sends += ending
         if sends or after:
             self.outbox.deliver(tp, offset, sends, after)
 
@@ -115,9 +127,11 @@ class Effects:
 
     def _effect(
         self, tp: TP, offset: int, task_id: str, record: Any, effect: Effect,
-        task: TaskPayload | None, sends: list[Send], after: list[Callable[[], object]], traced: spans.Traced | None,
+        task: TaskPayload | None, sends: list[Send], ending: list[Send], after: list[Callable[[], object]],
+        traced: spans.Traced | None,
     ) -> None:
-        """Carry out one effect of a transition: ``sends`` are held with the offset, ``after`` runs once durable."""
+        """Carry out one effect of a transition: ``sends`` (and ``ending``: its result or dead letter) are held with
+        the offset, ``after`` runs once they are durable."""
         if traced is not None:
             traced.effect(effect)
         if isinstance(effect, leases.Track):
@@ -129,10 +143,10 @@ class Effects:
             trace = traced.dispatch(effect.dispatch) if traced is not None else None
             after.append(partial(self.executor.dispatch, payload, effect.dispatch, done, trace))
         elif isinstance(effect, leases.EmitResult):
-            sends += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
+            ending += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
         elif isinstance(effect, leases.DeadLetter):
             dead, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
-            sends += dead
+            ending += dead
             after.append(counted)
         elif isinstance(effect, leases.Control):
             if effect.event == "task.redispatched":

@@ -289,9 +289,9 @@ class Ledger:
         this ledger holds the task's offset: its partition is this worker's and its table is live here. None
         otherwise: the outcome goes on the outcomes topic to whoever owns the partition now.
 
-        The future settles once the transition's writes and sends are durable. It runs between two events, on
-        the loop's one thread, so the ledger stays the tables' one writer (docs/decisions.md, "Outcomes applied
-        where they ran")."""
+        The future settles once the transition's writes and sends are durable; a result (or dead letter) is sent
+        once the finished record is durable. It runs between two events, on the loop's one thread, so the ledger
+        stays the tables' one writer (docs/decisions.md, "Outcomes applied where they ran")."""
         held = self.effects.task_offsets.get(task_id)
         if not held:
             return None
@@ -306,6 +306,7 @@ class Ledger:
             new, effects, extra = changed
             self.effects.apply(
                 tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_settle, durable),
+                record_first=True,
             )
         return durable
 

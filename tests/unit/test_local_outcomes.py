@@ -156,3 +156,23 @@ async def test_a_record_handled_again_since_the_assignment_changes_nothing() -> 
     f.ledger.handle(faust_event(HOME, 8, b"t1", TASK.model_dump_json().encode()))  # a real redelivery, later
     await _spin()
     assert [t for t, _ in f.sent[sent:]] == [topics.RESULTS], "a new record of a finished task re-emits its result"
+
+
+async def test_a_result_applied_here_is_sent_only_once_its_finished_record_is_durable() -> None:
+    """No outcome record stands behind it: were the result sent first and the worker killed before the record
+    landed, the next owner would run the task again and send a second, different result."""
+    tasks = PendingTable()
+    tasks.unconfirmed = []
+    f = _ledger(tasks)
+    _received(f, HOME, 0)
+    tasks.confirm_all()
+    await _spin()
+    durable = f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
+    await _spin()
+    assert tasks["t1"]["state"] == leases.SUCCEEDED
+    assert not [t for t, _ in f.sent if t == topics.RESULTS], "the result went out before its record was durable"
+    assert f.watermark.commit_offset(HOME) == 0 and durable is not None and not durable.done()
+    tasks.confirm_all()
+    await _spin()
+    assert [t for t, _ in f.sent if t == topics.RESULTS] == [topics.RESULTS]
+    assert durable.done() and f.watermark.commit_offset(HOME) == 1, "released once the result is confirmed too"
