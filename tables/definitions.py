@@ -200,10 +200,10 @@ class LedgerTable(faust.Table):
                 return entries, after
             after = raw_key
             try:
-                key = json.loads(raw_key)  # Faust stores a str key as JSON (b'"task-1"'), whatever the schema says
+                key = orjson.loads(raw_key)  # Faust stores a str key as JSON (b'"task-1"'), whatever the schema says
                 if isinstance(key, str):
-                    entries.append((key, json.loads(raw_value)))
-            except ValueError:  # UnicodeDecodeError included
+                    entries.append((key, orjson.loads(raw_value)))
+            except ValueError:  # orjson's JSONDecodeError included
                 continue  # not an entry this app wrote: left alone
         return entries, None
 

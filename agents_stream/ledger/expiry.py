@@ -61,20 +61,25 @@ class Expiry:
 
     def sweep(self, partitions: set[int], now: float) -> dict[int, list[str]]:
         """Look at the next ``AGENTS_STREAM_EXPIRY_BATCH`` entries of each partition; the expired keys found."""
+        self.keep(partitions)
+        found = {p: keys for p in sorted(partitions) if (keys := self.sweep_one(p, now))}
+        return found
+
+    def keep(self, partitions: set[int]) -> None:
+        """Only ``partitions`` are this worker's now: the places of the others are forgotten."""
         for gone in set(self._cursors) - partitions:
             del self._cursors[gone]
+
+    def sweep_one(self, partition: int, now: float) -> list[str]:
+        """The next ``AGENTS_STREAM_EXPIRY_BATCH`` entries of one partition: the expired keys among them. A slice at
+        a time, so the worker's loop is held for one slice only (the timer yields between partitions)."""
         ttl = self.ttl
         if ttl is None or math.isinf(ttl):
-            return {}
-        found: dict[int, list[str]] = {}
-        for partition in sorted(partitions):
-            entries, self._cursors[partition] = self.table.scan(
-                partition, self._cursors.get(partition), self.settings.expiry_batch,
-            )
-            keys = [key for key, value in entries if expired(key, value, now=now, ttl=ttl)]
-            if keys:
-                found[partition] = keys
-        return found
+            return []
+        entries, self._cursors[partition] = self.table.scan(
+            partition, self._cursors.get(partition), self.settings.expiry_batch,
+        )
+        return [key for key, value in entries if expired(key, value, now=now, ttl=ttl)]
 
     def apply(self, tp: TP, keys: list[str], now: float) -> list[Send]:
         """The ledger handles a ``RecordsExpired`` event: each entry still expired is deleted; the tombstones' sends."""
