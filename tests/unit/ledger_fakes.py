@@ -8,10 +8,16 @@ from collections.abc import Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
+from agents_stream.tables.definitions import Tables
+from agents_stream.tables.leases import TaskRecord
 from faust.types import TP
 
+from agents_stream.contract.models import TaskPayload
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ops.notify import Notifier
+from agents_stream.settings import Settings
 
 Lookup = Callable[[str, tuple[str, int, int], float], Awaitable[Any]]
 
@@ -65,3 +71,51 @@ def recording_outbox(find_dead_letter: Lookup = _no_dead_letter) -> tuple[Outbox
         return SimpleNamespace(send_soon=send_soon)
 
     return Outbox(channel, Watermark(), "w1", find_dead_letter=find_dead_letter), sent
+
+
+class LedgerWorld:
+    """A ledger on partition 0 of every topic: its sends kept as (topic, key, value, headers), its dispatches as
+    (task_id, dispatch number, traceparent)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.sent: list[tuple[str, bytes | None, bytes | None, Any]] = []
+        self.dispatched: list[tuple[str, int, str | None]] = []
+        self.tasks = Table()
+        tables = Tables(tasks=self.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+        outbox = Outbox(self.channel, Watermark(), "w1", find_dead_letter=_never_looked_up)
+
+        def dispatch(task: TaskPayload, n: int, done: list[Any], trace: str | None = None) -> None:
+            self.dispatched.append((task.task_id, n, trace))
+
+        executor = SimpleNamespace(has=lambda task_id: False, dispatch=dispatch, worker_id="w1")
+        self.ledger = Ledger(
+            settings, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
+            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
+        )
+        self.offsets: dict[str, int] = {}  # the next offset of each topic's partition 0
+
+    def channel(self, topic: str) -> SimpleNamespace:
+        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
+            self.sent.append((topic, key, value, headers))
+            fut = asyncio.get_running_loop().create_future()
+            fut.set_result("ok")
+            return fut
+
+        return SimpleNamespace(send_soon=send_soon)
+
+    async def deliver(self, topic: str, key: bytes, value: bytes, headers: Any = ()) -> None:
+        """The record handled at the topic's next offset, and the loop turned until its sends are done."""
+        offset = self.offsets[topic] = self.offsets.get(topic, -1) + 1
+        self.ledger.handle(faust_event(TP(topic, 0), offset, key, value, headers=headers))
+        for _ in range(10):
+            await asyncio.sleep(0)
+
+    def on(self, topic: str) -> list[bytes | None]:
+        return [value for t, _, value, _ in self.sent if t == topic]
+
+    def record(self, task_id: str) -> TaskRecord:
+        return TaskRecord.from_json(self.tasks[task_id])
+
+
+async def _never_looked_up(dlq: str, source: tuple[str, int, int], since: float) -> None:
+    raise AssertionError("a first dead letter looks nothing up")

@@ -6,77 +6,31 @@ result and dead letters it sends, and the alerts.
 
 from __future__ import annotations
 
-import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from agents_stream.tables import leases
-from agents_stream.tables.definitions import Tables
-from faust.types import TP
 
 from agents_stream.contract import topics
 from agents_stream.contract.events import StepDone, TaskSucceeded, encode
 from agents_stream.contract.models import Usage
-from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.poison import DEAD_LETTER_REQUEST
-from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event
+from tests.unit.ledger_fakes import LedgerWorld
 
 SETTINGS = Settings(partitions=1)
 OUTCOMES = topics.outcomes_topic(SETTINGS.app_id)
 
 
 
-class World:
-    """A ledger on one partition, its sends kept as (topic, key, value, headers), its dispatches listed."""
+class World(LedgerWorld):
+    """A ledger on one partition (tests/unit/ledger_fakes.LedgerWorld), and the control events it sent."""
 
     def __init__(self, settings: Settings = SETTINGS) -> None:
-        self.sent: list[tuple[str, bytes | None, bytes | None, Any]] = []
-        self.dispatched: list[str] = []
-        self.tasks = Table()
-        tables = Tables(tasks=self.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
-        outbox = Outbox(self.channel, Watermark(), "w1", find_dead_letter=_no_lookup)
-        executor = SimpleNamespace(
-            has=lambda task_id: False,
-            dispatch=lambda task, dispatch, done, trace=None: self.dispatched.append(task.task_id),
-        )
-        self.ledger = Ledger(
-            settings, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
-            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
-        )
-        self.offsets: dict[str, int] = {}  # the next offset of each topic's partition 0
-
-    def channel(self, topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            self.sent.append((topic, key, value, headers))
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result("ok")
-            return fut
-
-        return SimpleNamespace(send_soon=send_soon)
-
-    async def deliver(self, topic: str, key: bytes, value: bytes) -> None:
-        offset = self.offsets[topic] = self.offsets.get(topic, -1) + 1
-        self.ledger.handle(faust_event(TP(topic, 0), offset, key, value))
-        for _ in range(10):
-            await asyncio.sleep(0)
-
-    def on(self, topic: str) -> list[bytes | None]:
-        return [value for t, _, value, _ in self.sent if t == topic]
+        super().__init__(settings)
 
     def alerts(self) -> list[str]:
         return [json.loads(v or b"{}")["event"] for v in self.on(topics.CONTROL)]
-
-    def record(self, task_id: str) -> leases.TaskRecord:
-        return leases.TaskRecord.from_json(self.tasks[task_id])
-
-
-async def _no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
-    raise AssertionError("a first dead letter looks nothing up")
 
 
 def _task(agent: str = "a", **fields: Any) -> bytes:
@@ -143,7 +97,7 @@ async def test_a_task_id_sent_again_for_another_agent_is_dead_lettered_not_answe
     assert len(world.on(topics.RESULTS)) == 1, "the recorded task's result is not sent for another task"
     assert world.on(OUTCOMES) == [DEAD_LETTER_REQUEST]
     assert "alert.task_id_conflict" in world.alerts()
-    assert world.record("t1").agent == "a" and world.dispatched == ["t1"]
+    assert world.record("t1").agent == "a" and [d[0] for d in world.dispatched] == ["t1"]
 
 
 async def test_a_task_id_sent_again_with_another_payload_is_dead_lettered_not_answered() -> None:
@@ -164,7 +118,7 @@ async def test_a_true_redelivery_of_the_same_task_replays_its_stored_result() ->
     first, second = world.on(topics.RESULTS)
     assert first == second
     assert world.on(OUTCOMES) == [] and "alert.task_id_conflict" not in world.alerts()
-    assert world.dispatched == ["t1"]
+    assert [d[0] for d in world.dispatched] == ["t1"]
 
 
 async def test_a_conflicting_task_of_a_job_tells_the_job_it_failed_under_its_own_identity() -> None:

@@ -27,16 +27,12 @@ from agents_stream.contract.models import TaskPayload, Usage
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.tool_calls import ToolCaller
 from agents_stream.execution.tools import ToolContext, tool
-from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.watermark import Watermark
-from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import tracing
-from agents_stream.ops.notify import Notifier
 from agents_stream.ops.tracing_sdk import Traces
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok, status
-from tests.unit.ledger_fakes import Table, faust_event
+from tests.unit.ledger_fakes import LedgerWorld, Table
 
 from .fake_worker import worker
 
@@ -172,48 +168,9 @@ def test_the_record_keeps_the_trace_of_its_first_delivery_and_reads_old_and_newe
 # -- the ledger's spans --------------------------------------------------------------------------------------------
 
 
-class World:
-    """A traced ledger on one partition: its sends kept as (topic, key, value, headers), its dispatches with their
-    trace."""
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[str, bytes | None, bytes | None, Any]] = []
-        self.dispatched: list[tuple[str, int, str | None]] = []
-        self.tasks = Table()
-        tables = Tables(tasks=self.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
-        outbox = Outbox(self.channel, Watermark(), "w1", find_dead_letter=_no_lookup)
-
-        def dispatch(task: TaskPayload, n: int, done: list, trace: str | None = None) -> None:
-            self.dispatched.append((task.task_id, n, trace))
-
-        executor = SimpleNamespace(has=lambda task_id: False, dispatch=dispatch, worker_id="w1")
-        self.ledger = Ledger(
-            SETTINGS, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
-            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
-        )
-        self.offsets: dict[str, int] = {}
-
-    def channel(self, topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            self.sent.append((topic, key, value, headers))
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result("ok")
-            return fut
-
-        return SimpleNamespace(send_soon=send_soon)
-
-    async def deliver(self, topic: str, key: bytes, value: bytes, headers: Any = ()) -> None:
-        offset = self.offsets[topic] = self.offsets.get(topic, -1) + 1
-        self.ledger.handle(faust_event(TP(topic, 0), offset, key, value, headers=headers))
-        for _ in range(10):
-            await asyncio.sleep(0)
-
-    def record(self, task_id: str) -> TaskRecord:
-        return TaskRecord.from_json(self.tasks[task_id])
-
-
-async def _no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
-    raise AssertionError("a first dead letter looks nothing up")
+def World() -> LedgerWorld:
+    """A traced ledger on one partition (tests/unit/ledger_fakes.LedgerWorld)."""
+    return LedgerWorld(SETTINGS)
 
 
 def _task(task_id: str = "t1") -> bytes:
