@@ -24,16 +24,10 @@ from agents_stream.contract import topics
 from agents_stream.contract.events import (
     ApprovalTimeout,
     CacheLookup,
-    CallParked,
-    CallsDelegated,
-    Heartbeat,
     JobDeadline,
     LeaseExpired,
     OutcomeEvent,
     RecordsExpired,
-    StepDone,
-    TaskFailed,
-    TaskSucceeded,
     encode,
 )
 from agents_stream.execution.executor import Executor
@@ -43,11 +37,11 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.deadletters import dead_letter_finder
-from agents_stream.kafka.delivery import until_confirmed
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
+from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ops import metrics, tracing, web
 from agents_stream.ops.notify import Notifier
 from agents_stream.ops.samples import Sample, SampleRing
@@ -59,6 +53,7 @@ from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
 
 log = logging.getLogger(__name__)
+
 
 #: how long a stopping worker lets its last spans be exported
 _TRACES_FLUSH_S = 5.0
@@ -96,8 +91,10 @@ class Runtime(Service):
         self.ready = False  # output topics declared and executor running: /readyz says ready
         self.samples = SampleRing(settings.console_sample_s, settings.console_history_s)  # the console's charts
         self.stopping = False
-        self.finishing: set[str] = set()  # tasks whose final outcome this worker sent while stopping
-        self.via_topic: set[tuple[str, int]] = set()  # runs (task_id, dispatch) whose outcomes go on the topic
+        self.route = OutcomeRoute(
+            self.ledger, lambda key, value: self.outcomes.send_soon(key=key, value=value), member=self.member,
+            send_control=self.send_control, stopping=lambda: self.stopping,
+        )
 
     def _build_parts(
         self, app: AgentsStreamApp, settings: Settings, config: AppConfig, agents: list[str], tables: Tables,
@@ -156,7 +153,7 @@ class Runtime(Service):
             saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
             cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
             orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if jobs else None,
-            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None},
+            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None}, member=self.member,
         )
         # ---- end of the parts ---------------------------------------------------------------------------------
 
@@ -203,18 +200,19 @@ class Runtime(Service):
         await self.circuits_log.stop()
         await self.flow.stop()
         if tracing.on():  # the spans still queued go out, within a bound: a collector away must not hold the stop
-            try:
-                await asyncio.wait_for(asyncio.to_thread(tracing.stop), timeout=_TRACES_FLUSH_S)
-            except Exception as exc:
-                log.warning("Spans not all exported on shutdown (%r); the collector may miss this worker's last ones",
-                            exc)
+            stopping, deadline = tracing.stop_in_background(), time.monotonic() + _TRACES_FLUSH_S
+            while stopping.is_alive() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if stopping.is_alive():
+                log.warning("Spans not all exported within %.0fs on shutdown; the collector may miss this worker's "
+                            "last ones (is the OTLP endpoint up?)", _TRACES_FLUSH_S)
 
     async def settle(self, timeout: float) -> bool:
         """While stopping: wait until the ledger has applied the outcomes of the calls that finished in the grace
         period and their results are confirmed, so the last commit covers them (else the next owner of the
         partition sends their results a second time, the same bytes). False when ``timeout`` ran out."""
         deadline = time.monotonic() + timeout
-        while self.finishing & self.ledger.open_tasks.keys() or self.outbox.delivering():
+        while self.route.finishing & self.ledger.open_tasks.keys() or self.outbox.delivering():
             if time.monotonic() > deadline:
                 return False
             await asyncio.sleep(0.05)
@@ -223,54 +221,16 @@ class Runtime(Service):
     # -- what the parts call -----------------------------------------------------------------------------------
 
     async def send_outcome(self, task_id: str, outcome: OutcomeEvent) -> None:
-        """Executor → ledger: applied here when this worker's ledger holds the task (``Ledger.apply_here``),
-        else sent on the outcomes topic, retried until the broker confirms it (heartbeats are not retried).
-
-        A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
-        follow it there. A journal entry (StepDone) returns once it is durable, a final outcome at once."""
-        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
-            run = (task_id, outcome.dispatch)
-            durable = None
-            if run not in self.via_topic and self.member():
-                try:
-                    durable = self.ledger.apply_here(task_id, outcome)
-                except Exception as exc:  # a bug in the ledger must not lose the outcome: the topic carries it
-                    log.exception(
-                        "Applying the outcome of %s here failed (%r); it goes on the outcomes topic instead. The "
-                        "task's offset stays held until it is applied; report this with the log", task_id, exc,
-                    )
-                    self.send_control("alert.ledger_error", task_id, None, {"error": repr(exc)[:500]})
-            if durable is not None:
-                if isinstance(outcome, StepDone):
-                    await durable
-                return
-            if isinstance(outcome, StepDone):
-                self.via_topic.add(run)
-            else:
-                self.via_topic.discard(run)
-        elif isinstance(outcome, CallParked | CallsDelegated):
-            self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here
-        body = encode(outcome)  # the executor named this worker in it
-
-        def send() -> Any:
-            return self.outcomes.send_soon(key=task_id.encode(), value=body)
-
-        if isinstance(outcome, Heartbeat):
-            send()  # the lease has slack for a lost one; the next round sends again
-            return
-        await until_confirmed(
-            send,
-            what=f"the outcome of {task_id}",
-            alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
-        )
-        if self.stopping and isinstance(outcome, (TaskSucceeded, TaskFailed)):
-            self.finishing.add(task_id)
+        """Executor → ledger: applied here or sent on the outcomes topic (``ledger/route.py``)."""
+        await self.route.send(task_id, outcome)
 
     def member(self) -> bool:
         """This worker still owns the partitions it believes it owns: a commit it sent less than half a session
         timeout ago was accepted by the group's coordinator. A worker cut off from the group for longer (a stalled
         loop, a broker away) may have lost them without knowing yet: its outcomes then go on the topic, where the
         partition's owner, whoever it is now, applies them (docs/decisions.md, "Outcomes applied where they ran")."""
+        if getattr(self.app, "rebalancing", False):  # Faust revokes before it tells the ledger (Ledger.forget)
+            return False
         consumer: Any = self.app.consumer
         return bool(consumer.member_since(self.settings.session_timeout_s / 2))
 

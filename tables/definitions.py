@@ -38,6 +38,15 @@ def writing(partition: int) -> Iterator[None]:
         _partition.reset(token)
 
 
+def _value_bytes(value: Any) -> bytes:
+    """A value's JSON: orjson's, or the standard module's for what orjson refuses (an integer past 64 bits, which a
+    task's context or a model's answer may hold: refusing it would stop the worker on the task's data)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
 def _key_bytes(key: str) -> bytes:
     # What Faust's json key serializer makes of a str without orjson (ASCII, escaped): the keys already in every
     # deployed store and changelog. Faust switches to orjson (raw UTF-8) when it is importable, so the keys are
@@ -62,6 +71,8 @@ class LedgerTable(faust.Table):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.staged = WriteBuffer()
+        self.broken: BaseException | None = None  # the local store refused a write (see ``flush``)
+        self.crashing: asyncio.Future[Any] | None = None  # the worker's crash, once ``broken``
 
     # -- writes --------------------------------------------------------------------------------------
 
@@ -89,7 +100,7 @@ class LedgerTable(faust.Table):
             records = []
             for key, write in staged:
                 key_bytes = _key_bytes(key)
-                value = None if write.value is DELETED else orjson.dumps(write.value)
+                value = None if write.value is DELETED else _value_bytes(write.value)
                 batch = batches.get(write.partition)
                 if batch is None:
                     batch = batches[write.partition] = WriteBatch(raw_mode=True)
@@ -102,13 +113,18 @@ class LedgerTable(faust.Table):
             for partition, batch in batches.items():
                 store._db_for_partition(partition).write(batch)
         except Exception as exc:
-            # The local store refused a write: what was staged never reaches the changelog, the offsets that wait
-            # for it stay held, and the worker stops so that the next owner recovers the partition from the log.
+            # The local store refused a write: what was staged never reaches the changelog, every send of this
+            # table fails from now on (so the offsets that wait for them stay held: an outbox retry would otherwise
+            # send the store's older value), and the worker stops so the next owner recovers from the log.
             log.critical(
                 "Table %s: writing %d keys to RocksDB failed (%r); the worker stops so its partitions are recovered "
                 "from the changelog elsewhere. Check the data dir's disk", self.name, len(staged), exc,
             )
-            asyncio.ensure_future(self.app.crash(exc))
+            self.broken = exc
+            for _, write in staged:
+                if not write.sent.done():
+                    write.sent.set_exception(exc)
+            self.crashing = asyncio.ensure_future(self.app.crash(exc))  # Faust's crash stops the worker: its owner
             return
         for write, key_bytes, value in records:
             chain(self._send_raw(write.partition, key_bytes, value), write.sent)
@@ -117,10 +133,14 @@ class LedgerTable(faust.Table):
         self, partition: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None,
     ) -> Any:
         """One changelog record of ``key`` with ``value`` (None: a tombstone); an outbox retry calls this."""
-        raw = None if value is None else orjson.dumps(value)
+        raw = None if value is None else _value_bytes(value)
         return self._send_raw(partition, _key_bytes(key), raw)
 
     def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
+        if self.broken is not None:  # the store refused a write: nothing of this table counts as durable any more
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            failed.set_exception(self.broken)
+            return failed
         # Faust's own send: its callback keeps the partition's persisted changelog offset in RocksDB.
         return super().send_changelog(partition, key, value, key_serializer="raw", value_serializer="raw")
 
@@ -132,7 +152,7 @@ class LedgerTable(faust.Table):
         if write is not None:
             return default if write.value is DELETED else write.value
         raw = self._read(_key_bytes(key))
-        return default if raw is None else orjson.loads(raw)
+        return default if raw is None else json.loads(raw)  # exact: orjson reads a huge integer as a float
 
     def __getitem__(self, key: str) -> Any:
         value = self.get(key, _MISSING)
@@ -180,8 +200,9 @@ class LedgerTable(faust.Table):
 
 
     def scan(self, partition: int, after: bytes | None, limit: int) -> tuple[list[tuple[str, Any]], bytes | None]:
-        """Up to ``limit`` entries of one partition's local store after the key ``after``, in key order, decoded;
-        and the key to go on from (None once the partition's end is reached).
+        """Up to ``limit`` entries of one partition's local store after the key ``after``, in key order, decoded
+        (fast, with orjson: an integer past 64 bits comes back as a float; the expiry sweep reads states and
+        times only); and the key to go on from (None once the partition's end is reached).
 
         Faust's own iteration walks every active partition from its start; the expiry sweep reads a slice at a
         time instead. Faust 0.15.3's RocksDB store keeps one rocksdict database per partition (``_dbs``); this is

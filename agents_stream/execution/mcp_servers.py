@@ -81,6 +81,15 @@ class McpConnection:
             return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
         return f"stdio command {self.config.command[0] if self.config.command else '?'}"
 
+    def why(self, exc: BaseException) -> str:
+        """A failure in one line, without the server's credentials: the SDK's HTTP errors quote the whole URL
+        (userinfo and query included); it is told as ``describe`` tells it. The text reaches logs, control events,
+        the journal and the model."""
+        text = _why(exc)
+        if self.config.url is not None and self.config.url in text:
+            text = text.replace(self.config.url, self.describe())
+        return text
+
     async def run(self) -> None:
         """Until cancelled: connect, list, keep the connection while it lasts, connect again with backoff."""
         failures = 0
@@ -92,7 +101,7 @@ class McpConnection:
                 raise
             except Exception as exc:  # any failure of connecting or of the session: try again, never crash
                 failures = 1 if self.generation != listed else failures + 1  # it was up: the backoff starts over
-                why, was = _why(exc), self.error
+                why, was = self.why(exc), self.error
                 self.error = why
                 delay = backoff(failures, base=0.5, cap=self.config.reconnect_max_s, rng=self._rng)
                 level = logging.WARNING if why != was or failures % 20 == 0 else logging.DEBUG
@@ -193,12 +202,16 @@ class McpConnection:
         request = asyncio.ensure_future(client.call_tool(tool, arguments, read_timeout_seconds=timeout_s, meta=meta))
         watch = asyncio.ensure_future(lost.wait())
         try:
-            await asyncio.wait({request, watch}, return_when=asyncio.FIRST_COMPLETED)
+            # The SDK's read timeout bounds the call; this bound is ours, in case it does not.
+            done, _ = await asyncio.wait({request, watch}, timeout=timeout_s + _CANCEL_S,
+                                         return_when=asyncio.FIRST_COMPLETED)
         finally:
             watch.cancel()
             if not request.done():
                 request.cancel()
                 await asyncio.wait({request}, timeout=_CANCEL_S)
+        if not done:
+            raise TimeoutError(f"MCP server {self.name}: no answer within {timeout_s:g}s")
         if request.cancelled() or not request.done():
             raise ConnectionError(f"MCP server {self.name}: the connection was lost during the call")
         try:
@@ -216,9 +229,9 @@ class McpConnection:
             raise  # slow, not gone: retried on the same connection
         except Exception as exc:
             if not _broken_transport(exc):  # e.g. a result that is not what the protocol says: an answer, not a loss
-                raise McpServerError(f"MCP server {self.name}: the call failed: {_why(exc)}") from None
+                raise McpServerError(f"MCP server {self.name}: the call failed: {self.why(exc)}") from None
             lost.set()
-            raise ConnectionError(f"MCP server {self.name}: {_why(exc)}") from None
+            raise ConnectionError(f"MCP server {self.name}: {self.why(exc)}") from None
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 

@@ -75,7 +75,8 @@ def commit_again(
     candidates: Iterable[TP], committed: Mapping[TP, int | None], managed: frozenset[str],
 ) -> dict[TP, int]:
     """When nothing moved: one managed partition's committed offset, to commit again (a no-op for the group), so a
-    quiet worker still learns each commit interval that the coordinator counts it a member (``member_at``)."""
+    quiet worker still learns, every quarter of a session timeout, that the coordinator counts it a member
+    (``member_at``)."""
     for tp in sorted(candidates):
         offset = committed.get(tp)
         if tp.topic in managed and offset is not None:
@@ -153,7 +154,8 @@ class WatermarkConsumer(AIOKafkaConsumer):
     def _filter_committable_offsets(self, tps: Any) -> dict[TP, int]:
         candidates = list(tps)
         offsets = super()._filter_committable_offsets(candidates)
-        if offsets or self.member_since(self.app.conf.broker_commit_interval):
+        # A quarter of the session timeout: the outcomes applied here need a commit accepted within half of it.
+        if offsets or self.member_since(self.app.conf.broker_session_timeout / 4):
             return offsets
         commits = self._commits()
         managed = commits.managed_topics if commits is not None else frozenset()

@@ -41,6 +41,10 @@ class Watermark:
         if held[offset] <= 0:
             del held[offset]
 
+    def generation(self, tp: Hashable) -> int:
+        """How many times ``tp`` was forgotten (revoked): a hold, or anything else, of an older one is stale."""
+        return self._generation.get(tp, 0)
+
     def start(self, tp: Hashable, offset: int) -> None:
         """``tp`` was assigned and reading starts at ``offset`` (the group's commit): a first record
         handled past it is a gap, not a new start (records the consumer dropped after a rebalance)."""

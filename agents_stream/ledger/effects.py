@@ -3,6 +3,7 @@ runs once they are durable (a dispatch, a metric, the held offsets released)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from functools import partial
@@ -31,6 +32,9 @@ __all__ = ["Effects"]
 
 log = logging.getLogger(__name__)
 
+#: how often a result applied where it ran looks again whether this worker is a confirmed member of its group
+MEMBER_POLL_S = 0.5
+
 Effect = leases.Effect | SendTask | CancelTask | StopRun
 
 
@@ -41,6 +45,7 @@ class Effects:
     def __init__(
         self, tables: Tables, executor: Executor, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
         delegation: Delegation, cancellation: Cancellation, scanner: Scanner, recent: RecentTasks,
+        member: Callable[[], bool] = lambda: True,
     ) -> None:
         self.table = tables.tasks
         self.timers = tables.timers
@@ -52,6 +57,8 @@ class Effects:
         self.cancellation = cancellation
         self.scanner = scanner
         self.recent = recent
+        #: this worker is a confirmed member of its group now (Runtime.member): a result applied where it ran waits
+        self.member = member
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
 
@@ -86,11 +93,18 @@ class Effects:
         record = new or old
         if record is not None:
             self.scanner.note(task_id, record)
-            self.recent.task(task_id, record, task.job_id if task else None, time.time())
+            try:  # the console's list: a bug there must not cut a transition in half (its record is staged)
+                self.recent.task(task_id, record, task.job_id if task else None, time.time())
+            except Exception as exc:
+                log.exception("The console's recent list could not note task %s (%r); the task is unaffected",
+                              task_id, exc)
         traced = None
         if span is not None or (record is not None and record.trace is not None and tracing.on()):
             parent = trace or (record.trace if record is not None else None)
-            traced = spans.traced(task_id, old, new, effects, span, parent, self.executor.worker_id)
+            try:  # spans are a view of the transition: failing, they must not cut it in half (its record is staged)
+                traced = spans.traced(task_id, old, new, effects, span, parent, self.executor.worker_id)
+            except Exception as exc:
+                log.exception("No spans for task %s's transition (%r); the task is unaffected", task_id, exc)
         outcome = leases.ended(old, new)
         if outcome is not None:
             ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
@@ -106,11 +120,38 @@ class Effects:
                 traced.end(new)
         if ending and wrote and record_first:
             # Two deliveries, the offset held throughout: the second is opened before the first releases it.
-            after = [partial(self.outbox.deliver, tp, offset, ending, after)]
+            after = [partial(self._then_ending, tp, offset, self.watermark.generation(tp), ending, after)]
         else:
             sends += ending
         if sends or after:
             self.outbox.deliver(tp, offset, sends, after)
+
+    def _then_ending(
+        self, tp: TP, offset: int, gen: int, ending: list[Send], after: list[Callable[[], object]],
+    ) -> None:
+        """The record applied where its outcome ran is durable: now its result (or dead letter), if the partition
+        is still this worker's. Revoked meanwhile, the result is left to the next owner: the record was durable
+        before its assignment, so it finds the task finished and sends the stored result. Not sure of the group
+        (no commit accepted lately), it waits until it is, or until the partition is revoked."""
+        if self.watermark.generation(tp) != gen:
+            log.info("The partition %s:%d moved before a finished record of it was durable: its result is sent by "
+                     "the next owner", tp.topic, tp.partition)
+            return
+        if self.member():
+            self.outbox.deliver(tp, offset, ending, after)
+            return
+        self.outbox.retrying(self._ending_once_member(tp, offset, gen, ending, after))
+
+    async def _ending_once_member(
+        self, tp: TP, offset: int, gen: int, ending: list[Send], after: list[Callable[[], object]],
+    ) -> None:
+        hold = self.watermark.open(tp, offset)
+        while self.watermark.generation(tp) == gen:  # cancelled (the worker stops): the offset stays held
+            if self.member():
+                self.outbox.deliver(tp, offset, ending, after)
+                break
+            await asyncio.sleep(MEMBER_POLL_S)
+        self.watermark.close(tp, offset, hold)
 
     def _write(self, tp: TP, task_id: str, old: TaskRecord | None, new: TaskRecord) -> list[Send]:
         """Write the task's new record (and its timer, when it starts or stops being parked); their sends."""

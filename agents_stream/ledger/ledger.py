@@ -71,6 +71,7 @@ class Ledger:
         outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
         saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
         orchestrator: Orchestrator | None = None, agents: set[str] | None = None, sagas: set[str] | None = None,
+        member: Callable[[], bool] = lambda: True,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -102,7 +103,7 @@ class Ledger:
         #: carries out each transition (its writes, sends and follow-ups) and holds each running task's offsets
         self.effects = Effects(
             tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
-            cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
+            cancellation=self.cancellation, scanner=self.scanner, recent=self.recent, member=member,
         )
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).

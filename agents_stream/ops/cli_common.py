@@ -6,7 +6,6 @@ import argparse
 import asyncio
 import re
 import sys
-import threading
 from typing import Any, Callable
 
 from agents_stream.kafka import security as kafka_security
@@ -64,8 +63,7 @@ def flush_traces() -> None:
     """A command's spans exported before it exits (within TRACES_FLUSH_S: a collector away costs that, no more)."""
     if not tracing.on():
         return
-    stopping = threading.Thread(target=tracing.stop, name="agents-stream-traces-flush", daemon=True)
-    stopping.start()
+    stopping = tracing.stop_in_background()
     stopping.join(TRACES_FLUSH_S)
     if stopping.is_alive():
         print(f"agents-stream: spans not all exported within {TRACES_FLUSH_S:.0f}s (is the OTLP endpoint up?)",

@@ -100,6 +100,8 @@ class RecentJobs(Recent):
 
 
 def _job_of(payload: str) -> str | None:
+    if '"job_id"' not in payload:  # most tasks: no decoding on the ledger's path (an escaped key is not shown)
+        return None
     try:
         job_id = json.loads(payload).get("job_id")
     except (ValueError, AttributeError):

@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import re
+import threading
 from typing import Any, ContextManager, Iterable, Mapping, Protocol
 
 __all__ = [
@@ -204,6 +205,14 @@ def use(traces: _Traces | None) -> None:
     """Tests: spans go to ``traces`` (``tracing_sdk.Traces.to(exporter)``), or nowhere again (None)."""
     global _traces
     _traces = traces
+
+
+def stop_in_background() -> threading.Thread:
+    """``stop`` in a daemon thread, started: its caller waits for it as long as it likes (join, or poll
+    ``is_alive``), and the process still exits when the exporter's own timeouts have not run out."""
+    stopping = threading.Thread(target=stop, name="agents-stream-traces-flush", daemon=True)
+    stopping.start()
+    return stopping
 
 
 def stop() -> None:

@@ -52,14 +52,14 @@ class PendingTable(Table):
         self.unconfirmed.clear()
 
 
-def _ledger(tasks: Table | None = None) -> SimpleNamespace:
+def _ledger(tasks: Table | None = None, member: Any = lambda: True) -> SimpleNamespace:
     outbox, sent = recording_outbox()
     tasks = tasks if tasks is not None else Table()
     dispatched: list[Any] = []
     executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a))
     ledger = Ledger(Settings(partitions=4), executor=executor, worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
-                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), member=member)
     return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, dispatched=dispatched, watermark=outbox.watermark)
 
 
@@ -176,3 +176,42 @@ async def test_a_result_applied_here_is_sent_only_once_its_finished_record_is_du
     await _spin()
     assert [t for t, _ in f.sent if t == topics.RESULTS] == [topics.RESULTS]
     assert durable.done() and f.watermark.commit_offset(HOME) == 1, "released once the result is confirmed too"
+
+
+async def test_a_result_whose_partition_moved_before_its_record_was_durable_is_left_to_the_next_owner() -> None:
+    """Revoked meanwhile: the next owner, assigned after the record was durable, finds the task finished and sends
+    the stored result; this worker sending it too could be a second, different result (the next owner may have
+    recovered before the record landed and run the task again)."""
+    tasks = PendingTable()
+    tasks.unconfirmed = []
+    f = _ledger(tasks)
+    _received(f, HOME, 0)
+    tasks.confirm_all()
+    await _spin()
+    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
+    await _spin()
+    f.ledger.forget({HOME})
+    tasks.confirm_all()
+    await _spin()
+    assert not [t for t, _ in f.sent if t == topics.RESULTS]
+
+
+async def test_a_result_applied_here_waits_while_the_group_has_not_confirmed_this_worker() -> None:
+    """No commit accepted lately: the result waits (its offset held) until one is, then goes out."""
+    tasks = PendingTable()
+    tasks.unconfirmed = []
+    confirmed = [True]
+    f = _ledger(tasks, member=lambda: confirmed[0])
+    _received(f, HOME, 0)
+    tasks.confirm_all()
+    await _spin()
+    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
+    await _spin()
+    confirmed[0] = False
+    tasks.confirm_all()
+    await asyncio.sleep(0.7)
+    assert not [t for t, _ in f.sent if t == topics.RESULTS] and f.watermark.commit_offset(HOME) == 0
+    confirmed[0] = True
+    await asyncio.sleep(0.7)
+    assert [t for t, _ in f.sent if t == topics.RESULTS] == [topics.RESULTS]
+    assert f.watermark.commit_offset(HOME) == 1

@@ -1,0 +1,100 @@
+"""Where an outcome of this worker's executor goes: applied here by the ledger that holds its task
+(``Ledger.apply_here``), or on the outcomes topic to whoever owns the task's partition now."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Callable
+
+from agents_stream.contract.events import (
+    CallParked,
+    CallsDelegated,
+    Heartbeat,
+    OutcomeEvent,
+    StepDone,
+    TaskFailed,
+    TaskSucceeded,
+    encode,
+)
+from agents_stream.kafka.delivery import until_confirmed
+from agents_stream.ledger.ledger import Ledger
+
+__all__ = ["JOURNAL_DURABLE_S", "OutcomeRoute"]
+
+log = logging.getLogger(__name__)
+
+#: how long an agent loop waits for a journal entry applied here to be durable before its run gives up (the lease
+#: then lapses and the task resumes from its journal; the outbox keeps retrying the send meanwhile)
+JOURNAL_DURABLE_S = 120.0
+
+
+class OutcomeRoute:
+    """Sends each outcome of the executor where it is applied (docs/decisions.md, "Outcomes applied where they ran").
+
+    ``produce(key, value)`` starts one send on the outcomes topic; ``member()`` says whether this worker is a
+    confirmed member of its group now (Runtime.member); ``stopping()`` whether the worker is shutting down.
+    """
+
+    def __init__(
+        self, ledger: Ledger, produce: Callable[[bytes, bytes], Any], *, member: Callable[[], bool],
+        send_control: Callable[[str, str, str | None, dict[str, Any]], None], stopping: Callable[[], bool],
+    ) -> None:
+        self.ledger = ledger
+        self.produce = produce
+        self.member = member
+        self.send_control = send_control
+        self.stopping = stopping
+        self.finishing: set[str] = set()  # tasks whose final outcome this worker sent on the topic while stopping
+        self.via_topic: set[tuple[str, int]] = set()  # runs (task_id, dispatch) whose outcomes go on the topic
+
+    async def send(self, task_id: str, outcome: OutcomeEvent) -> None:
+        """Executor → ledger: applied here when this worker's ledger holds the task (``Ledger.apply_here``),
+        else sent on the outcomes topic, retried until the broker confirms it (heartbeats are not retried).
+
+        A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
+        follow it there. A journal entry (StepDone) returns once it is durable, a final outcome at once."""
+        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
+            run = (task_id, outcome.dispatch)
+            durable = None
+            if run not in self.via_topic and self.member():
+                try:
+                    durable = self.ledger.apply_here(task_id, outcome)
+                except Exception as exc:  # a bug in the ledger must not lose the outcome: the topic carries it
+                    log.exception(
+                        "Applying the outcome of %s here failed (%r); it goes on the outcomes topic instead. The "
+                        "task's offset stays held until it is applied; report this with the log", task_id, exc,
+                    )
+                    self.send_control("alert.ledger_error", task_id, None, {"error": repr(exc)[:500]})
+            if durable is not None:
+                if isinstance(outcome, StepDone):  # the loop acts on the entry only once it is durable
+                    try:
+                        await asyncio.wait_for(asyncio.shield(durable), timeout=JOURNAL_DURABLE_S)
+                    except TimeoutError:
+                        raise TimeoutError(
+                            f"the journal entry {outcome.index} of {task_id} was not durable within "
+                            f"{JOURNAL_DURABLE_S:.0f}s (is the broker reachable?); the run stops here and resumes from "
+                            "its journal once its lease lapses"
+                        ) from None
+                return
+            if isinstance(outcome, StepDone):
+                self.via_topic.add(run)
+            else:
+                self.via_topic.discard(run)
+        elif isinstance(outcome, CallParked | CallsDelegated):
+            self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here
+        body = encode(outcome)  # the executor named this worker in it
+
+        def send() -> Any:
+            return self.produce(task_id.encode(), body)
+
+        if isinstance(outcome, Heartbeat):
+            send()  # the lease has slack for a lost one; the next round sends again
+            return
+        await until_confirmed(
+            send,
+            what=f"the outcome of {task_id}",
+            alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
+        )
+        if self.stopping() and isinstance(outcome, (TaskSucceeded, TaskFailed)):
+            self.finishing.add(task_id)
