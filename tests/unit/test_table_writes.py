@@ -126,3 +126,15 @@ async def test_a_write_outside_an_event_and_without_a_partition_is_refused(tmp_p
     _, table = _tables(tmp_path)
     with pytest.raises(TypeError, match="outside the ledger"):
         table["t-1"] = {"state": "running"}
+
+
+async def test_an_integer_past_64_bits_is_written_and_read_back_exactly(tmp_path: Path) -> None:
+    """A job's context or a model's answer may hold one: orjson refuses to write it (and reads it as a float);
+    refusing it would stop the worker on the task's own data."""
+    app, table = _tables(tmp_path)
+    with writing(3):
+        table["job-1"] = {"context": {"n": 10**20}}
+    await _spin()
+    [(_, value, _)] = _records(app)
+    assert value == b'{"context":{"n":100000000000000000000}}'
+    assert table.get("job-1") == {"context": {"n": 10**20}} and isinstance(table.get("job-1")["context"]["n"], int)
