@@ -237,19 +237,11 @@ def size_problems(settings: Settings, limits: dict[str, int]) -> list[str]:
 
 async def _message_limits(admin: AIOKafkaAdminClient, names: list[str]) -> dict[str, int]:
     """max.message.bytes of each topic (its own, or the broker's default it inherits); {} when not allowed to ask."""
-    resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"max.message.bytes": None}) for name in names]
     try:
-        responses = await asyncio.wait_for(admin.describe_configs(resources), timeout=30.0)
+        return await _topic_config(admin, names, "max.message.bytes")
     except (KafkaError, asyncio.TimeoutError) as exc:
         log.warning("Could not read the topics' max.message.bytes (%r); record sizes are not checked at start", exc)
         return {}
-    limits = {}
-    for response in responses:
-        for error_code, _, _, name, entries in response.resources:
-            values = {entry[0]: entry[1] for entry in entries}
-            if error_code == 0 and str(values.get("max.message.bytes", "")).isdigit():
-                limits[name] = int(values["max.message.bytes"])
-    return limits
 
 
 async def longest_retention_s(settings: Settings, names: list[str]) -> float | None:
@@ -258,23 +250,30 @@ async def longest_retention_s(settings: Settings, names: list[str]) -> float | N
     if not names:
         return None
     admin = await _connected_admin(settings)
-    resources = [ConfigResource(ConfigResourceType.TOPIC, name, {"retention.ms": None}) for name in names]
     try:
-        responses = await asyncio.wait_for(admin.describe_configs(resources), timeout=30.0)
+        found = await _topic_config(admin, names, "retention.ms")
     except (KafkaError, asyncio.TimeoutError) as exc:
         log.warning("Could not read the task topics' retention.ms (%r): finished task records do not expire", exc)
         return None
     finally:
         await admin.close()
-    found: dict[str, int] = {}
-    for response in responses:
-        for error_code, _, _, name, entries in response.resources:
-            value = str({entry[0]: entry[1] for entry in entries}.get("retention.ms", ""))
-            if error_code == 0 and value.lstrip("-").isdigit():
-                found[name] = int(value)
     if set(found) != set(names) or any(ms < 0 for ms in found.values()):
         return None
     return max(found.values()) / 1000.0
+
+
+async def _topic_config(admin: AIOKafkaAdminClient, names: list[str], key: str) -> dict[str, int]:
+    """The integer value of config ``key`` of each topic the broker describes (its own or the default it
+    inherits); a topic it reports an error for, or whose value is not an integer, is left out."""
+    resources = [ConfigResource(ConfigResourceType.TOPIC, name, {key: None}) for name in names]
+    responses = await asyncio.wait_for(admin.describe_configs(resources), timeout=30.0)
+    found: dict[str, int] = {}
+    for response in responses:
+        for error_code, _, _, name, entries in response.resources:
+            value = str({entry[0]: entry[1] for entry in entries}.get(key, ""))
+            if error_code == 0 and value.lstrip("-").isdigit():
+                found[name] = int(value)
+    return found
 
 
 async def _connected_admin(settings: Settings) -> AIOKafkaAdminClient:
