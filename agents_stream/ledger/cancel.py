@@ -17,9 +17,10 @@ from typing import Any
 from faust.types import TP
 
 from agents_stream.contract import topics
-from agents_stream.contract.models import ApprovalDecision, TaskPayload, TaskResult, iso_utc, utcnow_iso
+from agents_stream.contract.models import ApprovalDecision
 from agents_stream.kafka.delivery import Send
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.ledger.records import cancelled_result_json
 from agents_stream.ops.notify import with_signature
 from agents_stream.settings import Settings
 from agents_stream.tables import cancel, leases
@@ -81,7 +82,7 @@ class Cancellation:
                 "ones)", task_id, by, decision.via,
             )
         log.info("Task %s (%s) is cancelled by %s via %s: %s", task_id, record.state, by, decision.via, reason)
-        result = self.result_json(task_id, record, cancel.reason_of(by, reason), now)
+        result = cancelled_result_json(task_id, record, cancel.reason_of(by, reason), now)
         new, effects = cancel.cancel(record, task_id=task_id, by=by, via=decision.via, reason=reason, now=now,
                                      result=result)
         return record, new, list(effects)
@@ -106,7 +107,7 @@ class Cancellation:
         log.info("Task %s arrived after it was cancelled by %s: answered as cancelled, not run", task_id, made["by"])
         payload = value.decode("utf-8")
         error = cancel.reason_of(str(made["by"]), str(made["reason"]))
-        result = self.result_json(task_id, replace(record, payload=payload), error,
+        result = cancelled_result_json(task_id, replace(record, payload=payload), error,
                                   float(made["at"]))
         new, effects = cancel.arrived(record, payload=payload, digest=digest, topic=tp.topic, partition=tp.partition,
                                       offset=offset, now=_now(), result=result)
@@ -122,21 +123,6 @@ class Cancellation:
         signed = with_signature(self.settings.approval_secret, decision)
         body = signed.model_dump_json(exclude_none=True).encode("utf-8")
         return self.outbox.record(topics.APPROVALS, effect.task_id.encode("utf-8"), body)
-
-    @staticmethod
-    def result_json(task_id: str, record: TaskRecord, error: str, at: float) -> str:
-        """A cancelled task's result: a failure saying who cancelled it and why, the same bytes on every ledger
-        that applies the same cancel (``at`` is the cancel record's timestamp)."""
-        job_id = None
-        try:
-            job_id = TaskPayload.model_validate_json(record.payload).job_id
-        except ValueError:  # a payload that no longer parses: the result still says it was cancelled
-            pass
-        return TaskResult(
-            task_id=task_id, agent_name=record.agent, status="failed", output=None, confidence="failed",
-            source="cancel", attempts=record.dispatch, job_id=job_id, error=error[:2000],
-            completed_at=iso_utc(at) if at > 0 else utcnow_iso(),
-        ).to_json()
 
 
 def _now() -> float:

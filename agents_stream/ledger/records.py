@@ -43,26 +43,34 @@ def result_json(
     ``completed_at`` is ``outcome_at``, the outcome record's Kafka timestamp, when it has one (> 0): every ledger
     that applies that outcome (a new owner after a rebalance, an old one that has not yet noticed it lost the
     partition) then answers with the same bytes, a duplicate and never a second distinct result."""
-    payload = json.loads(record.payload)
     status: Status
     confidence: Confidence
     if isinstance(event, TaskFailed):  # a failure carries no answer: its result says "failed" throughout
         status, output, confidence, partial_ = "failed", None, "failed", False
     else:
         status, output, confidence, partial_ = event.status, event.output, event.confidence, event.partial
-    result = TaskResult(
-        task_id=task_id,
-        agent_name=record.agent,
-        status=status,
-        output=output,
-        confidence=confidence,
-        source=event.source,
-        partial=partial_,
-        attempts=record.dispatch,
-        usage=event.usage.model_copy(),
-        job_id=payload.get("job_id"),
-        error=event.error,
-        completed_at=iso_utc(outcome_at) if outcome_at is not None and outcome_at > 0 else utcnow_iso(),
-        transcript=event.transcript,
-    )
-    return result.to_json()
+    return _result(task_id, record, outcome_at, status=status, output=output, confidence=confidence,
+                   source=event.source, partial=partial_, usage=event.usage.model_copy(), error=event.error,
+                   transcript=event.transcript)
+
+
+def cancelled_result_json(task_id: str, record: TaskRecord, error: str, at: float) -> str:
+    """A cancelled task's result: a failure saying who cancelled it and why, the same bytes on every ledger that
+    applies the same cancel (``at`` is the cancel record's timestamp)."""
+    return _result(task_id, record, at, status="failed", output=None, confidence="failed", source="cancel",
+                   error=error[:2000])
+
+
+def _result(task_id: str, record: TaskRecord, at: float | None, **fields: Any) -> str:
+    """The result's JSON: its job from the record's payload (none when the payload no longer parses: the result is
+    still sent), its attempts the record's dispatches, completed at ``at`` when it is a record's timestamp."""
+    try:
+        payload = json.loads(record.payload)
+    except ValueError:
+        payload = None
+    job_id = payload.get("job_id") if isinstance(payload, dict) else None
+    return TaskResult(
+        task_id=task_id, agent_name=record.agent, attempts=record.dispatch,
+        job_id=job_id if isinstance(job_id, str) else None,
+        completed_at=iso_utc(at) if at is not None and at > 0 else utcnow_iso(), **fields,
+    ).to_json()
