@@ -15,8 +15,6 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import aiohttp
-
 from bench import common
 from bench.peers import load, procs, versions
 
@@ -55,12 +53,8 @@ class Dbos:
         self.app = procs.spawn_app("dbos_app", self.log, str(self.port), **self.env)
         await procs.wait_http(f"http://127.0.0.1:{self.port}/health", self.app, self.log, timeout=90)
 
-    async def _post(self, http: aiohttp.ClientSession, task_id: str, body: bytes) -> None:
-        async with http.post(f"http://127.0.0.1:{self.port}/task/{task_id}", data=body) as r:
-            r.raise_for_status()
-
     async def run_tasks(self, ids: list[str], rate: float | None, timeout: float) -> tuple[dict, dict]:
-        return await load.http_run(self._post, ids, rate, timeout)
+        return await load.http_run(load.task_gateway(self.port), ids, rate, timeout)
 
     def worker_pid(self) -> int:
         assert self.app is not None

@@ -80,6 +80,16 @@ async def calls_per_task(url: str) -> Counter:
 Post = Callable[[aiohttp.ClientSession, str, bytes], Awaitable[None]]
 
 
+def task_gateway(port: int) -> Post:
+    """``post`` for ``http_run`` to a bench app's own gateway (DBOS's, Temporal's): ``POST /task/<id>`` with the
+    task's body, answered once its result is stored."""
+
+    async def post(http: aiohttp.ClientSession, task_id: str, body: bytes) -> None:
+        async with http.post(f"http://127.0.0.1:{port}/task/{task_id}", data=body) as r:
+            r.raise_for_status()
+
+    return post
+
 async def http_run(post: Post, ids: list[str], rate: float | None, timeout: float,
                    limit: int = OPEN_REQUESTS) -> tuple[dict[str, float], dict[str, float]]:
     """One request per task (``post`` returns once the result is stored, raises on failure and is then tried

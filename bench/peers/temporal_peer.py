@@ -12,8 +12,6 @@ import signal
 import subprocess
 from pathlib import Path
 
-import aiohttp
-
 from bench import common
 from bench.peers import load, procs, versions
 
@@ -49,12 +47,8 @@ class Temporal:
         self.gateway = procs.spawn_app("temporal_app", glog, "gateway", str(self.port), **self.env)
         await procs.wait_http(f"http://127.0.0.1:{self.port}/health", self.gateway, glog, timeout=90)
 
-    async def _post(self, http: aiohttp.ClientSession, task_id: str, body: bytes) -> None:
-        async with http.post(f"http://127.0.0.1:{self.port}/task/{task_id}", data=body) as r:
-            r.raise_for_status()
-
     async def run_tasks(self, ids: list[str], rate: float | None, timeout: float) -> tuple[dict, dict]:
-        return await load.http_run(self._post, ids, rate, timeout)
+        return await load.http_run(load.task_gateway(self.port), ids, rate, timeout)
 
     def worker_pid(self) -> int:
         assert self.worker is not None
