@@ -59,12 +59,6 @@ class Expiry:
         log.info("Finished task records expire %.0f s after they finish", self.ttl)
         return self.ttl
 
-    def sweep(self, partitions: set[int], now: float) -> dict[int, list[str]]:
-        """Look at the next ``AGENTS_STREAM_EXPIRY_BATCH`` entries of each partition; the expired keys found."""
-        self.keep(partitions)
-        found = {p: keys for p in sorted(partitions) if (keys := self.sweep_one(p, now))}
-        return found
-
     def keep(self, partitions: set[int]) -> None:
         """Only ``partitions`` are this worker's now: the places of the others are forgotten."""
         for gone in set(self._cursors) - partitions:
