@@ -83,6 +83,25 @@ async def _finished_here(output: str) -> SimpleNamespace:
     return f
 
 
+async def _applied_with_its_record_unconfirmed(member: Any = lambda: True) -> tuple[SimpleNamespace, PendingTable, Any]:
+    """A ledger that received the task (offset 0, its lease record confirmed) and applied its answer where it ran,
+    the finished record's changelog send not yet confirmed: the ledger, its task table, apply_here's future."""
+    tasks = PendingTable()
+    tasks.unconfirmed = []
+    f = _ledger(tasks, member=member)
+    _received(f, HOME, 0)
+    tasks.confirm_all()
+    await _spin()
+    durable = f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
+    await _spin()
+    return f, tasks, durable
+
+
+def _results(f: SimpleNamespace) -> list[str]:
+    """The sends to agent.results so far."""
+    return [t for t, _ in f.sent if t == topics.RESULTS]
+
+
 async def test_a_final_outcome_of_a_task_held_here_is_applied_without_the_outcomes_topic() -> None:
     """The result is stored and sent, the task's offset is released (the commit passes it), and nothing goes on
     the outcomes topic."""
@@ -161,20 +180,13 @@ async def test_a_record_handled_again_since_the_assignment_changes_nothing() -> 
 async def test_a_result_applied_here_is_sent_only_once_its_finished_record_is_durable() -> None:
     """No outcome record stands behind it: were the result sent first and the worker killed before the record
     landed, the next owner would run the task again and send a second, different result."""
-    tasks = PendingTable()
-    tasks.unconfirmed = []
-    f = _ledger(tasks)
-    _received(f, HOME, 0)
-    tasks.confirm_all()
-    await _spin()
-    durable = f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
-    await _spin()
+    f, tasks, durable = await _applied_with_its_record_unconfirmed()
     assert tasks["t1"]["state"] == leases.SUCCEEDED
-    assert not [t for t, _ in f.sent if t == topics.RESULTS], "the result went out before its record was durable"
+    assert not _results(f), "the result went out before its record was durable"
     assert f.watermark.commit_offset(HOME) == 0 and durable is not None and not durable.done()
     tasks.confirm_all()
     await _spin()
-    assert [t for t, _ in f.sent if t == topics.RESULTS] == [topics.RESULTS]
+    assert _results(f) == [topics.RESULTS]
     assert durable.done() and f.watermark.commit_offset(HOME) == 1, "released once the result is confirmed too"
 
 
@@ -182,36 +194,22 @@ async def test_a_result_whose_partition_moved_before_its_record_was_durable_is_l
     """Revoked meanwhile: the next owner, assigned after the record was durable, finds the task finished and sends
     the stored result; this worker sending it too could be a second, different result (the next owner may have
     recovered before the record landed and run the task again)."""
-    tasks = PendingTable()
-    tasks.unconfirmed = []
-    f = _ledger(tasks)
-    _received(f, HOME, 0)
-    tasks.confirm_all()
-    await _spin()
-    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
-    await _spin()
+    f, tasks, _ = await _applied_with_its_record_unconfirmed()
     f.ledger.forget({HOME})
     tasks.confirm_all()
     await _spin()
-    assert not [t for t, _ in f.sent if t == topics.RESULTS]
+    assert not _results(f)
 
 
 async def test_a_result_applied_here_waits_while_the_group_has_not_confirmed_this_worker() -> None:
     """No commit accepted lately: the result waits (its offset held) until one is, then goes out."""
-    tasks = PendingTable()
-    tasks.unconfirmed = []
     confirmed = [True]
-    f = _ledger(tasks, member=lambda: confirmed[0])
-    _received(f, HOME, 0)
-    tasks.confirm_all()
-    await _spin()
-    f.ledger.apply_here("t1", outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
-    await _spin()
+    f, tasks, _ = await _applied_with_its_record_unconfirmed(member=lambda: confirmed[0])
     confirmed[0] = False
     tasks.confirm_all()
     await asyncio.sleep(0.7)
-    assert not [t for t, _ in f.sent if t == topics.RESULTS] and f.watermark.commit_offset(HOME) == 0
+    assert not _results(f) and f.watermark.commit_offset(HOME) == 0
     confirmed[0] = True
     await asyncio.sleep(0.7)
-    assert [t for t, _ in f.sent if t == topics.RESULTS] == [topics.RESULTS]
+    assert _results(f) == [topics.RESULTS]
     assert f.watermark.commit_offset(HOME) == 1
