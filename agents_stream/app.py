@@ -33,11 +33,13 @@ from agents_stream.contract.events import (
 from agents_stream.execution.executor import Executor
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.faust_app import AgentsStreamApp, new_app
+from agents_stream.kafka import members
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.deadletters import dead_letter_finder
 from agents_stream.kafka.flow import Flow
+from agents_stream.kafka.members import group_members
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
@@ -57,6 +59,8 @@ log = logging.getLogger(__name__)
 
 #: how long a stopping worker lets its last spans be exported
 _TRACES_FLUSH_S = 5.0
+#: how often tasks whose lease's owner left the group are looked for (memory only)
+TAKEOVER_SCAN_S = 1.0
 
 
 class Runtime(Service):
@@ -76,6 +80,8 @@ class Runtime(Service):
         self.tables = tables
         self.output_topics = output_topics  # declared at start: nobody in this app consumes them
         self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        # The group's members are read back by this id after each rebalance (kafka/members.py)
+        app.conf.broker_client_id = members.client_id(self.worker_id)
         self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self.answers = app.topic(topics.answers_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self.job_events = app.topic(topics.JOB_EVENTS, key_serializer="raw", value_serializer="raw")
@@ -142,7 +148,7 @@ class Runtime(Service):
         )
         self.outbox = Outbox(
             lambda name: app.topic(name, key_serializer="raw", value_serializer="raw"), watermark, self.worker_id,
-            find_dead_letter=dead_letter_finder(settings),
+            find_dead_letter=dead_letter_finder(settings), member=self.member,
         )
         self.notifier = Notifier(rate_per_s=settings.webhook_rate_per_s, queue_max=settings.webhook_queue_max)
         jobs = settings.jobs_enabled()
@@ -153,7 +159,7 @@ class Runtime(Service):
             saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
             cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
             orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if jobs else None,
-            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None}, member=self.member,
+            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None},
         )
         # ---- end of the parts ---------------------------------------------------------------------------------
 
@@ -286,6 +292,26 @@ class Runtime(Service):
     def on_assigned(self) -> None:
         self.flow.assigned()
 
+    def after_rebalance(self) -> None:
+        """The group settled: read who is in it (a lease held by a worker that left is taken over at once), and
+        renew the leases of the runs going on here (the new owner of a moved partition leaves them to finish)."""
+        self.ledger.scanner.learned_members(None)  # until read: the last members may have left since
+        self.add_future(self._learn_members())
+        if self.ready:
+            self.executor.beat_now()
+
+    async def _learn_members(self) -> None:
+        found = await group_members(self.settings, self.app.conf.id)
+        self.ledger.scanner.learned_members(found)
+        if found is not None:
+            self.take_over()
+
+    def take_over(self) -> None:
+        """Tasks whose lease's owner left the group: asked of the ledger now, not once the lease lapses."""
+        for task_id, dispatch in self.ledger.scan_gone(time.time()):
+            body = encode(LeaseExpired(dispatch=dispatch, worker=self.worker_id))
+            self.outcomes.send_soon(key=task_id.encode(), value=body)
+
     async def sweep_expired(self) -> None:
         """Finished records past their time to live, on this worker's partitions: sent to the ledger to delete.
         One partition's slice at a time, the loop free between them (a tick's slices held it for ~100 ms in B3)."""
@@ -335,6 +361,13 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
 
+    @app.timer(interval=TAKEOVER_SCAN_S)
+    async def takeover_scanner() -> None:
+        try:
+            runtime.take_over()
+        except Exception as exc:  # a timer exception would crash the worker
+            log.exception("Take-over scan failed (%r); the next tick tries again", exc)
+
     @app.timer(interval=settings.console_sample_s)
     async def console_sample() -> None:
         try:
@@ -375,6 +408,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))
         runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
+        runtime.after_rebalance()
 
     @app.task
     async def _start_runtime() -> None:

@@ -256,9 +256,15 @@ def finish(
     result: str,
     reason: str | None,
     now: float,
+    dispatch: int | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
-    """An executor reports a terminal outcome. The first one wins; later ones are dropped."""
-    if record is None or record.state != RUNNING:
+    """An executor reports a terminal outcome. The first one wins; later ones are dropped.
+
+    ``dispatch``: the run that reports it. Only the run that holds the lease ends the task: an outcome of an
+    earlier dispatch (a worker whose partition moved, or that was cut off, and whose task was taken over) is stale
+    and dropped, so a task's result always comes from the run whose journal the record holds (docs/security.md,
+    "Fencing"). None: a transition of the ledger's own (a cancel, a timeout), not of a run."""
+    if record is None or record.state != RUNNING or (dispatch is not None and dispatch != record.dispatch):
         return record, []
     effects: list[Effect] = [EmitResult(result)]
     if status == FAILED:
@@ -269,13 +275,17 @@ def finish(
     return replace(record, state=status, result=result, finished_at=now, steps_done=None), effects
 
 
-def checkpoint(record: TaskRecord | None, *, index: int, output: Any) -> tuple[TaskRecord | None, list[Effect]]:
+def checkpoint(
+    record: TaskRecord | None, *, index: int, output: Any, dispatch: int | None = None,
+) -> tuple[TaskRecord | None, list[Effect]]:
     """Step ``index`` of a multi-step task finished with ``output``: keep it, so a re-run starts after it.
 
     Steps finish in order; a report for a step already recorded (a duplicate, or
-    a re-run racing the first) or out of order changes nothing.
+    a re-run racing the first) or out of order changes nothing. A report of a dispatch that no longer holds the
+    lease (``dispatch`` older than the record's: its run was taken over) changes nothing either: the journal is
+    the current run's alone, and the stale run never acts on an entry the ledger did not keep.
     """
-    if record is None or record.state != RUNNING:
+    if record is None or record.state != RUNNING or (dispatch is not None and dispatch != record.dispatch):
         return record, []
     done = json.loads(record.steps_done) if record.steps_done else []
     if index != len(done):
@@ -297,14 +307,19 @@ def expire(
     ttl: float,
     max_attempts: int,
     running_here: bool,
+    owner_gone: bool = False,
 ) -> tuple[TaskRecord | None, list[Effect]]:
-    """The scanner saw the lease of ``dispatch`` lapse: re-dispatch, or give up after max_attempts."""
+    """The scanner saw the lease of ``dispatch`` lapse: re-dispatch, or give up after max_attempts.
+
+    ``owner_gone``: the lease's owner is no longer a member of the group (it died, or was cut off and expelled),
+    or its run said it stopped (``RunReleased``). Its lease need not be waited out: a worker outside the group can
+    no longer act for the partition (docs/security.md, "Fencing"), so the task is taken over at once."""
     if record is None or record.state != RUNNING or record.dispatch != dispatch:
         return record, []
     if running_here:
         # Our own executor holds it (queued or held): renew instead of duplicating the call.
         return replace(record, owner=me, lease_until=now + ttl), []
-    if now < record.lease_until:
+    if now < record.lease_until and not owner_gone:
         return record, []
     if record.dispatch >= max_attempts:
         return replace(record, state=DEAD_LETTERED, finished_at=now), [

@@ -8,6 +8,7 @@
     │   └── ResultTooLarge   an answer or record over its size limit: failed result_too_large + DLQ
     ├── SystemicError        not the task's fault (401/403, bad config): hold + alert
     └── CircuitOpen          not retried: fall back or hold
+    Fenced                   not a task's error: this worker may no longer act for the task's partition
 
 Callers ask the error (``retriable``, ``retry_after``) instead of keeping lists of them.
 """
@@ -92,3 +93,9 @@ def classify(exc: BaseException) -> str:
     if isinstance(exc, SystemicError):
         return "systemic"
     return "transient"
+
+
+class Fenced(Exception):
+    """This worker may no longer act for a task: its partition moved (or may have: the group did not confirm this
+    worker as a member lately), so a write it made is not known to be in the state the partition's owner
+    recovered. The run stops without acting on it; the owner takes the task over (docs/security.md, "Fencing")."""

@@ -186,11 +186,17 @@ class ApprovalTimeout(_Versioned):
 
 
 class LeaseExpired(_Versioned):
-    """The lease scanner saw the lease of ``dispatch`` lapse: re-dispatch (or give up)."""
+    """The lease scanner saw the lease of ``dispatch`` lapse: re-dispatch (or give up).
+
+    ``released``: sent by the run of ``dispatch`` itself, which stopped without an outcome because its task's
+    partition is no longer its worker's (it was fenced): the partition's owner takes the task over at once."""
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"released"})
 
     kind: Literal["expired"] = "expired"
     dispatch: int
     worker: str
+    released: bool | None = None
 
 
 class RecordsExpired(_Versioned):

@@ -20,11 +20,13 @@ from typing import Any, Awaitable, Callable
 from mode import Service
 
 from agents_stream.config import AppConfig
+from agents_stream.contract.errors import Fenced
 from agents_stream.contract.events import (
     CachedAnswer,
     CallParked,
     CallsDelegated,
     Heartbeat,
+    LeaseExpired,
     TaskFailed,
     TaskSucceeded,
 )
@@ -259,6 +261,13 @@ class Executor(Service):
             if not run.cancelled or self._stopping():
                 raise
             log.info("Task %s was cancelled while it ran here: its run is stopped and sends no outcome", task_id)
+        except Fenced as exc:
+            log.warning(
+                "Fenced: task %s (dispatch %d) stops here without acting on its last step: %s. The partition's owner "
+                "takes it over from its journal; nothing to do unless this repeats (check this worker's connection to "
+                "the brokers and its pauses)", task_id, run.dispatch, exc,
+            )
+            self._spawn(self._release(task_id, run.dispatch))
         except Exception as exc:  # a bug here must not kill the slot; the lease recovers the task
             log.exception(
                 "Executor failed on task %s (its lease will lapse and it will be re-dispatched): %r", task_id, exc,
@@ -297,14 +306,32 @@ class Executor(Service):
             return await self.ladder.answer(run, run.task)
         return await self.step_runner.run_steps(run)
 
+    async def _release(self, task_id: str, dispatch: int) -> None:
+        """Tell the partition's owner that the run of ``dispatch`` stopped without an outcome, so it takes the
+        task over now instead of waiting out the lease (a lost release only costs that wait)."""
+        await asyncio.sleep(0)  # after the slot let go of the run: the owner may be this worker's own ledger
+        try:
+            await self._send_outcome(task_id, LeaseExpired(dispatch=dispatch, worker=self.worker_id, released=True))
+        except Exception as exc:
+            log.warning("Task %s: the release of dispatch %d was not sent (%r); its lease lapses instead",
+                        task_id, dispatch, exc)
+
+    def beat_now(self) -> None:
+        """Renew every running task's lease now (after a rebalance: the new owner of a moved partition learns at
+        once that its tasks' runs go on here, and leaves them to finish)."""
+        self._spawn(self._beat())
+
+    async def _beat(self) -> None:
+        for task_id, run in list(self.runs.items()):
+            beat = Heartbeat(worker=self.worker_id, dispatch=run.dispatch, owner=self.worker_id)
+            try:
+                await self._send_outcome(task_id, beat)
+            except Exception as exc:  # the regular beats follow; the lease has slack for that
+                log.warning("Heartbeat for %s not sent (%r); retrying next round", task_id, exc)
+
     async def _heartbeats(self) -> None:
         # Not self.sleep()/should_stop: the leases of running calls must be renewed through stop()'s grace period.
         interval = max(0.2, self.settings.lease_ttl_s / 3.0)
         while True:
             await asyncio.sleep(interval)
-            for task_id, run in list(self.runs.items()):
-                beat = Heartbeat(worker=self.worker_id, dispatch=run.dispatch, owner=self.worker_id)
-                try:
-                    await self._send_outcome(task_id, beat)
-                except Exception as exc:  # next round tries again; the lease has slack for that
-                    log.warning("Heartbeat for %s not sent (%r); retrying next round", task_id, exc)
+            await self._beat()

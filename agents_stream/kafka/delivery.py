@@ -11,6 +11,7 @@ from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, R
 from faust.exceptions import ProducerSendError
 from faust.types.tuples import FutureMessage, RecordMetadata
 
+from agents_stream.contract.errors import Fenced
 from agents_stream.resilience.backoff import backoff
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,12 @@ async def until_confirmed(
     first: "asyncio.Future[Any] | None" = None,
     timeout: float = CONFIRM_TIMEOUT_S,
     delay: Callable[[int], float] = retry_delay,
+    still_mine: Callable[[], bool] = lambda: True,
 ) -> None:
     """Await ``send``'s confirmation, re-sending with backoff until the broker has it.
+
+    ``still_mine()`` is asked before each re-send: False (the partition the send belongs to was revoked) raises
+    Fenced instead, so a worker never re-sends state of a partition another worker owns now.
 
     ``first`` is an attempt already started (its future). A send unconfirmed
     after ``timeout`` is sent again, so a slow broker can leave a duplicate
@@ -89,6 +94,8 @@ async def until_confirmed(
             if attempt == ALERT_AFTER:
                 alert(exc)
             await asyncio.sleep(wait)
+            if not still_mine():
+                raise Fenced(f"{what}: not sent again, its partition is no longer this worker's") from exc
             fut = send()
 
 

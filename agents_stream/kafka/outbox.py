@@ -12,6 +12,7 @@ import mode
 from faust.types import TP
 
 from agents_stream.contract import topics
+from agents_stream.contract.errors import Fenced
 from agents_stream.contract.models import ControlEvent, utcnow_iso
 from agents_stream.kafka.deadletters import FindDeadLetter
 from agents_stream.kafka.delivery import (
@@ -27,6 +28,11 @@ from agents_stream.kafka.watermark import Watermark
 __all__ = ["Channel", "ChangelogTable", "Headers", "Outbox", "Send"]
 
 log = logging.getLogger(__name__)
+
+#: how often a confirmed delivery whose worker the group has not confirmed lately looks again
+MEMBER_POLL_S = 0.2
+#: how long it waits for the group to confirm this worker before its follow-ups are dropped as fenced
+MEMBER_WAIT_S = 60.0
 
 Headers = list[tuple[str, bytes]]
 
@@ -59,6 +65,9 @@ class _Delivery:
     sends: list[Send]
     started: list[Any]
     after: list[Callable[[], object]]
+    #: ``after`` runs only while the partition is this worker's (see ``Outbox.deliver``); else ``fenced`` does
+    fence: bool = False
+    fenced: Callable[[], object] | None = None
     left: int = 0
     timer: asyncio.TimerHandle | None = None
     settled: bool = False
@@ -94,11 +103,16 @@ class Outbox(mode.Service):
         find_dead_letter: FindDeadLetter,
         confirm_timeout_s: float = CONFIRM_TIMEOUT_S,
         retry_delay: Callable[[int], float] = retry_delay,
+        member: Callable[[], bool] = lambda: True,
+        member_wait_s: float = MEMBER_WAIT_S,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.channel = channel
         self.watermark = watermark
+        #: the group confirmed this worker as a member lately (Runtime.member): see ``deliver``
+        self.member = member
+        self.member_wait_s = member_wait_s
         self.worker_id = worker_id
         self.find_dead_letter = find_dead_letter
         self.confirm_timeout_s = confirm_timeout_s
@@ -223,15 +237,26 @@ class Outbox(mode.Service):
 
     # -- holding offsets until confirmed -------------------------------------------------------------
 
-    def deliver(self, tp: TP, offset: int, sends: list[Send], after: Iterable[Callable[[], object]] = ()) -> None:
+    def deliver(
+        self, tp: TP, offset: int, sends: list[Send], after: Iterable[Callable[[], object]] = (), *,
+        fence: bool = False, fenced: Callable[[], object] | None = None,
+    ) -> None:
         """Hold ``offset`` open until every send is confirmed, then run ``after``.
 
         The common case costs no task: a callback on each send's future counts them down (two deliveries per
         task, so this is on the hot path). A send that failed, or had no answer within the confirm timeout,
         hands the delivery to a task that retries it.
+
+        ``fence`` (a task's transition, ledger/effects.py): ``after`` runs only if ``tp`` is still this worker's
+        (not revoked since) and the group confirmed this worker as a member within half a session timeout when
+        the last confirmation came. Then every record sent landed before the group could give ``tp`` to another
+        worker, so its next owner recovers them: what ``after`` starts (a dispatch, a tool call on a journal
+        entry, a result) acts on state the next owner sees. Otherwise ``fenced`` runs instead and the sends are no
+        longer retried (docs/security.md, "Fencing"). Without ``fence`` (a poison message's dead letter, whose
+        own markers make it one per message across owners) the follow-ups run once the sends are confirmed.
         """
         gen = self.watermark.open(tp, offset)
-        delivery = _Delivery(tp, offset, gen, sends, [send() for send in sends], list(after))
+        delivery = _Delivery(tp, offset, gen, sends, [send() for send in sends], list(after), fence, fenced)
         waiting = [f for f in delivery.started if not f.done()]
         if not waiting:
             self._settle(delivery)
@@ -255,27 +280,72 @@ class Outbox(mode.Service):
         self._pending.discard(delivery)
         if delivery.timer is not None:
             delivery.timer.cancel()
-        tp, offset = delivery.tp, delivery.offset
         if all(is_confirmed(f) for f in delivery.started):
-            try:
-                for fn in delivery.after:
-                    fn()
-            except Exception as exc:  # a bug in a follow-up must not hold the offset forever
-                log.exception(
-                    "A follow-up of %s[%d]@%d failed after its sends were confirmed: %r",
-                    tp.topic, tp.partition, offset, exc,
-                )
-            finally:
-                self.watermark.close(tp, offset, delivery.gen)
+            if delivery.fence:
+                self._confirmed(delivery)
+            else:
+                self._follow_up(delivery)
             return
         self.retrying(self._confirm(delivery))
 
+    def _confirmed(self, delivery: _Delivery) -> None:
+        """Every send of ``delivery`` is confirmed: its follow-ups, if the partition is still this worker's."""
+        if self.watermark.generation(delivery.tp) != delivery.gen:
+            self._fence(delivery, "its partition was revoked before the broker confirmed its writes")
+        elif not self.member():
+            self.retrying(self._once_member(delivery))
+        else:
+            self._follow_up(delivery)
+
+    def _follow_up(self, delivery: _Delivery) -> None:
+        tp, offset = delivery.tp, delivery.offset
+        try:
+            for fn in delivery.after:
+                fn()
+        except Exception as exc:  # a bug in a follow-up must not hold the offset forever
+            log.exception(
+                "A follow-up of %s[%d]@%d failed after its sends were confirmed: %r",
+                tp.topic, tp.partition, offset, exc,
+            )
+        finally:
+            self.watermark.close(tp, offset, delivery.gen)
+
+    async def _once_member(self, delivery: _Delivery) -> None:
+        """Confirmed while the group had not confirmed this worker lately (a commit round failed, the worker was
+        paused or cut off): wait until it does (the follow-ups run) or the partition is revoked (fenced)."""
+        deadline = time.monotonic() + self.member_wait_s
+        while self.watermark.generation(delivery.tp) == delivery.gen and time.monotonic() < deadline:
+            if self.member():
+                self._follow_up(delivery)
+                return
+            await asyncio.sleep(MEMBER_POLL_S)
+        self._fence(delivery, "the group did not confirm this worker as a member before its partition was revoked"
+                    if self.watermark.generation(delivery.tp) != delivery.gen else
+                    f"the group did not confirm this worker as a member within {self.member_wait_s:.0f}s")
+        self.watermark.close(delivery.tp, delivery.offset, delivery.gen)
+
+    def _fence(self, delivery: _Delivery, why: str) -> None:
+        """The follow-ups of ``delivery`` are not run: this worker may no longer act for its partition."""
+        tp = delivery.tp
+        if delivery.after or delivery.fenced is not None:
+            log.warning(
+                "Fenced: the writes of %s[%d]@%d are not acted on here (%s); the partition's owner recovers the "
+                "task from the changelog and carries it on. Nothing to do unless this repeats (then check this "
+                "worker's connection to the brokers and its pauses)", tp.topic, tp.partition, delivery.offset, why,
+            )
+        if delivery.fenced is not None:
+            try:
+                delivery.fenced()
+            except Exception as exc:  # a bug there must not stop the others
+                log.exception("A fenced delivery's callback failed: %r", exc)
+
     async def _confirm(self, delivery: _Delivery) -> None:
         """Retry ``delivery`` until the broker confirms every send: a failed send from its error, one with no
-        answer yet sent again now; then run its follow-ups and release its offset."""
+        answer yet sent again now; then run its follow-ups and release its offset. Not while its partition is
+        revoked: then nothing is sent again and the follow-ups are fenced (``deliver``)."""
         tp, offset = delivery.tp, delivery.offset
         where = f"{tp.topic}:{tp.partition}:{offset}"
-        stopping = False
+        release = True
         try:
             for send, fut in zip(delivery.sends, delivery.started, strict=True):
                 await until_confirmed(
@@ -285,12 +355,24 @@ class Outbox(mode.Service):
                     first=fut if fut.done() else None,  # not done by now: it had no answer in time
                     timeout=self.confirm_timeout_s,
                     delay=self.retry_delay,
+                    still_mine=lambda: not delivery.fence or self.watermark.generation(tp) == delivery.gen,
                 )
-            for fn in delivery.after:
-                fn()
+            if not delivery.fence:
+                for fn in delivery.after:
+                    fn()
+            elif self.watermark.generation(tp) == delivery.gen and not self.member():
+                release = False  # _once_member releases it
+                self.retrying(self._once_member(delivery))
+            elif self.watermark.generation(tp) != delivery.gen:
+                self._fence(delivery, "its partition was revoked before the broker confirmed its writes")
+            else:
+                for fn in delivery.after:
+                    fn()
         except asyncio.CancelledError:
-            stopping = True  # the consumer commits once more as it stops: this offset must still hold it back
+            release = False  # the consumer commits once more as it stops: this offset must still hold it back
             raise
+        except Fenced:
+            self._fence(delivery, "its partition was revoked while its writes were retried")
         except RecordTooLarge as exc:
             # No retry can send it, and holding the offset would stall the partition forever: the offset is
             # released and operators told. The ledger bounds what it writes, so this is the last resort.
@@ -300,7 +382,7 @@ class Outbox(mode.Service):
             )
             self.control("alert.record_too_large", where, None, {"error": str(exc)[:500]})
         finally:
-            if not stopping:
+            if release:
                 self.watermark.close(tp, offset, delivery.gen)
 
     # -- background tasks ----------------------------------------------------------------------------

@@ -3,7 +3,6 @@ runs once they are durable (a dispatch, a metric, the held offsets released)."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from functools import partial
@@ -19,7 +18,7 @@ from agents_stream.ledger import endings, spans
 from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.gate import ApprovalGate
-from agents_stream.ledger.records import parked, timer_key
+from agents_stream.ledger.records import parked, record_of, timer_key
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.ops import metrics, tracing
 from agents_stream.ops.recent import RecentTasks
@@ -32,9 +31,6 @@ __all__ = ["Effects"]
 
 log = logging.getLogger(__name__)
 
-#: how often a result applied where it ran looks again whether this worker is a confirmed member of its group
-MEMBER_POLL_S = 0.5
-
 Effect = leases.Effect | SendTask | CancelTask | StopRun
 
 
@@ -45,7 +41,6 @@ class Effects:
     def __init__(
         self, tables: Tables, executor: Executor, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
         delegation: Delegation, cancellation: Cancellation, scanner: Scanner, recent: RecentTasks,
-        member: Callable[[], bool] = lambda: True,
     ) -> None:
         self.table = tables.tasks
         self.timers = tables.timers
@@ -57,8 +52,6 @@ class Effects:
         self.cancellation = cancellation
         self.scanner = scanner
         self.recent = recent
-        #: this worker is a confirmed member of its group now (Runtime.member): a result applied where it ran waits
-        self.member = member
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
 
@@ -76,6 +69,7 @@ class Effects:
         span: tracing.Span | None = None,
         trace: str | None = None,
         record_first: bool = False,
+        fenced: Callable[[], object] | None = None,
     ) -> None:
         """Write ``new`` (when it differs from ``old``), carry out ``effects``; ``extra`` sends are held with the
         offset too; ``durable`` is called once all of it is durable. ``span`` (the intake's) takes the transition's
@@ -83,7 +77,8 @@ class Effects:
 
         ``record_first``: a result or dead letter is sent only once the record is durable (an outcome applied where
         it ran has no outcome record to apply again: a crash between the two must not leave a result whose task
-        runs again)."""
+        runs again). ``fenced`` is called instead of ``durable`` when the partition moved before the writes were
+        confirmed (Outbox.deliver): nothing of the transition is acted on here."""
         sends: list[Send] = list(extra or [])
         ending: list[Send] = []  # the result, its fan-in and caller, a dead letter
         after: list[Callable[[], object]] = []
@@ -119,39 +114,28 @@ class Effects:
             else:
                 traced.end(new)
         if ending and wrote and record_first:
-            # Two deliveries, the offset held throughout: the second is opened before the first releases it.
-            after = [partial(self._then_ending, tp, offset, self.watermark.generation(tp), ending, after)]
+            # Two deliveries, the offset held throughout: the second is opened before the first releases it. The
+            # outbox runs the second only once the record is durable while the partition is this worker's and the
+            # group confirms it a member (Outbox.deliver); otherwise the next owner finds the task finished and
+            # sends the stored result itself.
+            after = [partial(self.outbox.deliver, tp, offset, ending, after, fence=True, fenced=fenced)]
         else:
             sends += ending
         if sends or after:
-            self.outbox.deliver(tp, offset, sends, after)
+            self.outbox.deliver(tp, offset, sends, after, fence=True, fenced=fenced)
 
-    def _then_ending(
-        self, tp: TP, offset: int, gen: int, ending: list[Send], after: list[Callable[[], object]],
-    ) -> None:
-        """The record applied where its outcome ran is durable: now its result (or dead letter), if the partition
-        is still this worker's. Revoked meanwhile, the result is left to the next owner: the record was durable
-        before its assignment, so it finds the task finished and sends the stored result. Not sure of the group
-        (no commit accepted lately), it waits until it is, or until the partition is revoked."""
-        if self.watermark.generation(tp) != gen:
-            log.info("The partition %s:%d moved before a finished record of it was durable: its result is sent by "
-                     "the next owner", tp.topic, tp.partition)
+    def _dispatch(self, task_id: str, task: TaskPayload, dispatch: int, done: list[Any], trace: str | None) -> None:
+        """Start dispatch ``dispatch`` now that its lease record is durable, unless the record moved on meanwhile
+        (a cancel, or another transition, applied while this record waited for the broker): the record is what
+        decides whether the task runs, not the order in which the broker confirmed two writes."""
+        current = record_of(self.table, task_id)
+        if current is None or current.state != leases.RUNNING or current.dispatch != dispatch:
+            log.info(
+                "Task %s: dispatch %d is not started: its record moved on before the lease was durable (now %s)",
+                task_id, dispatch, "gone" if current is None else f"{current.state}, dispatch {current.dispatch}",
+            )
             return
-        if self.member():
-            self.outbox.deliver(tp, offset, ending, after)
-            return
-        self.outbox.retrying(self._ending_once_member(tp, offset, gen, ending, after))
-
-    async def _ending_once_member(
-        self, tp: TP, offset: int, gen: int, ending: list[Send], after: list[Callable[[], object]],
-    ) -> None:
-        hold = self.watermark.open(tp, offset)
-        while self.watermark.generation(tp) == gen:  # cancelled (the worker stops): the offset stays held
-            if self.member():
-                self.outbox.deliver(tp, offset, ending, after)
-                break
-            await asyncio.sleep(MEMBER_POLL_S)
-        self.watermark.close(tp, offset, hold)
+        self.executor.dispatch(task, dispatch, done, trace)
 
     def _write(self, tp: TP, task_id: str, old: TaskRecord | None, new: TaskRecord) -> list[Send]:
         """Write the task's new record (and its timer, when it starts or stops being parked); their sends."""
@@ -182,7 +166,7 @@ class Effects:
             # Dispatch once the lease record is durable, so a crash cannot leave a provider call without a record.
             done = leases.completed_steps(record)
             trace = traced.dispatch(effect.dispatch) if traced is not None else None
-            after.append(partial(self.executor.dispatch, payload, effect.dispatch, done, trace))
+            after.append(partial(self._dispatch, task_id, payload, effect.dispatch, done, trace))
         elif isinstance(effect, leases.EmitResult):
             ending += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
         elif isinstance(effect, leases.DeadLetter):

@@ -12,7 +12,7 @@ from faust.types import TP
 
 from agents_stream.config import ApprovalPolicy
 from agents_stream.contract import topics
-from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.errors import Fenced, PoisonMessage
 from agents_stream.contract.events import (
     OUTCOMES,
     ApprovalTimeout,
@@ -71,7 +71,6 @@ class Ledger:
         outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
         saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
         orchestrator: Orchestrator | None = None, agents: set[str] | None = None, sagas: set[str] | None = None,
-        member: Callable[[], bool] = lambda: True,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -103,7 +102,7 @@ class Ledger:
         #: carries out each transition (its writes, sends and follow-ups) and holds each running task's offsets
         self.effects = Effects(
             tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
-            cancellation=self.cancellation, scanner=self.scanner, recent=self.recent, member=member,
+            cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
         )
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
@@ -307,7 +306,7 @@ class Ledger:
             new, effects, extra = changed
             self.effects.apply(
                 tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_settle, durable),
-                record_first=True,
+                record_first=True, fenced=partial(_fence, durable, task_id),
             )
         return durable
 
@@ -327,17 +326,25 @@ class Ledger:
             case TaskSucceeded() | TaskFailed():
                 if record is None or record.terminal:
                     return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
+                if event.dispatch != record.dispatch:
+                    log.info(
+                        "Task %s: an outcome of dispatch %d from %s is dropped: dispatch %d holds the lease now (the "
+                        "earlier run was taken over)", task_id, event.dispatch, event.worker, record.dispatch,
+                    )
+                    return None
                 new, effects, event = self._finish(task_id, record, event, now, at)
                 extra = self._account(tp, record, event, now)
-            case StepDone(index=index, output=output):
-                new, effects = leases.checkpoint(record, index=index, output=output)
+            case StepDone(index=index, output=output, dispatch=dispatch):
+                new, effects = leases.checkpoint(record, index=index, output=output, dispatch=dispatch)
                 failed = sizes.oversize(new, event, self.settings.record_max_bytes) if new is not record else None
                 if failed is not None and record is not None:  # a checkpoint past Kafka's record limit ends it
                     new, effects, _ = self._finish(task_id, record, failed, now, at)
-            case LeaseExpired(dispatch=dispatch):
+            case LeaseExpired(dispatch=dispatch, released=released):
+                gone = bool(released) or (record is not None and self.scanner.gone(record.owner))
                 new, effects = leases.expire(
                     record, dispatch=dispatch, now=now, me=self.worker_id, ttl=ttl,
                     max_attempts=self.settings.max_attempts, running_here=self.executor.has(task_id),
+                    owner_gone=gone,
                 )
             case _:  # the kinds _on_outcome handles itself
                 return None
@@ -350,7 +357,9 @@ class Ledger:
         in a Kafka record (the event applied is returned: it is what spend and the cache account)."""
         reason = event.reason if isinstance(event, TaskFailed) else None
         result = result_json(task_id, record, event, at)
-        new, effects = leases.finish(record, status=event.kind, result=result, reason=reason, now=now)
+        new, effects = leases.finish(
+            record, status=event.kind, result=result, reason=reason, now=now, dispatch=event.dispatch,
+        )
         failed = sizes.oversize(new, event, self.settings.record_max_bytes)
         if failed is None:
             return new, effects, event
@@ -379,6 +388,10 @@ class Ledger:
         """Tasks whose lease lapsed and that no local slot runs, as (task_id, dispatch): to re-dispatch."""
         return self.scanner.scan(now)
 
+    def scan_gone(self, now: float) -> list[tuple[str, int]]:
+        """Tasks whose lease's owner left the group, as (task_id, dispatch): to take over now."""
+        return self.scanner.scan_gone(now)
+
     def scan_parked(self, now: float) -> list[tuple[str, int]]:
         """Approvals whose level timed out, as (task_id, level)."""
         return self.scanner.scan_parked(now)
@@ -406,3 +419,8 @@ class Ledger:
 def _settle(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _fence(fut: asyncio.Future[None], task_id: str) -> None:
+    if not fut.done():
+        fut.set_exception(Fenced(f"task {task_id}: its partition moved before the outcome applied here was durable"))

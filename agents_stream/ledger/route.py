@@ -7,6 +7,7 @@ import asyncio
 import logging
 from typing import Any, Callable
 
+from agents_stream.contract.errors import Fenced
 from agents_stream.contract.events import (
     CallParked,
     CallsDelegated,
@@ -53,7 +54,9 @@ class OutcomeRoute:
         else sent on the outcomes topic, retried until the broker confirms it (heartbeats are not retried).
 
         A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
-        follow it there. A journal entry (StepDone) returns once it is durable, a final outcome at once."""
+        follow it there. A journal entry (StepDone) returns once it is durable here, while the partition is this
+        worker's; it raises Fenced when that cannot be known (the entry went on the topic, or the partition moved
+        before it was durable): the run must not act on it. A final outcome returns at once."""
         if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
             run = (task_id, outcome.dispatch)
             durable = None
@@ -89,12 +92,24 @@ class OutcomeRoute:
             return self.produce(task_id.encode(), body)
 
         if isinstance(outcome, Heartbeat):
-            send()  # the lease has slack for a lost one; the next round sends again
+            # The lease has slack for a lost one; the next round sends again. A worker the group has not confirmed
+            # lately may have lost the partition: its beat must not keep the lease from the partition's owner.
+            if self.member():
+                send()
             return
         await until_confirmed(
             send,
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
         )
+        if isinstance(outcome, StepDone):
+            self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here: only its release follows
+            # On the topic, the entry is applied by the partition's owner, if its run still holds the lease; this
+            # run cannot know whether it was, so it must not act on it: it stops, and the owner carries the task
+            # on from its journal (docs/security.md, "Fencing").
+            raise Fenced(
+                f"task {task_id}: journal entry {outcome.index} of dispatch {outcome.dispatch} went to the partition's "
+                "owner on the outcomes topic (this worker no longer holds the task); the run stops without acting on it"
+            )
         if self.stopping() and isinstance(outcome, (TaskSucceeded, TaskFailed)):
             self.finishing.add(task_id)

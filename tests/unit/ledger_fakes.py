@@ -56,9 +56,11 @@ async def _no_dead_letter(dlq: str, source: tuple[str, int, int], since: float) 
     return None
 
 
-def recording_outbox(find_dead_letter: Lookup = _no_dead_letter) -> tuple[Outbox, list[tuple[str, bytes | None]]]:
+def recording_outbox(
+    find_dead_letter: Lookup = _no_dead_letter, member: Callable[[], bool] = lambda: True,
+) -> tuple[Outbox, list[tuple[str, bytes | None]]]:
     """An outbox whose sends are kept as (topic, value) and confirmed at once; ``find_dead_letter`` answers its
-    look for an earlier dead letter (none, by default)."""
+    look for an earlier dead letter (none, by default); ``member``: whether the group confirms the worker now."""
     sent: list[tuple[str, bytes | None]] = []
 
     def channel(topic: str) -> SimpleNamespace:
@@ -70,7 +72,7 @@ def recording_outbox(find_dead_letter: Lookup = _no_dead_letter) -> tuple[Outbox
 
         return SimpleNamespace(send_soon=send_soon)
 
-    return Outbox(channel, Watermark(), "w1", find_dead_letter=find_dead_letter), sent
+    return Outbox(channel, Watermark(), "w1", find_dead_letter=find_dead_letter, member=member), sent
 
 
 class LedgerWorld:

@@ -105,9 +105,10 @@ def test_a_task_cancelled_before_it_arrived_is_answered_when_it_comes() -> None:
 
 # -- the ledger -----------------------------------------------------------------------------------------------
 
-def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None = None, **settings: Any):
+def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None = None, tasks: Table | None = None,
+            **settings: Any):
     outbox, sent = recording_outbox()
-    tasks, timers = Table(), Table()
+    tasks, timers = tasks if tasks is not None else Table(), Table()
     stopped: list[str] = []
     dispatched: list[Any] = []
     executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a),
@@ -247,3 +248,33 @@ async def test_the_executor_stops_a_call_in_flight_and_its_slot_takes_the_next_t
             await asyncio.sleep(0.2)
             assert not w.executor.has("t1") and not w.executor.has("t3")
     assert w.events("t1") == [] and w.events("t3") == [] and len(p.requests) == 2
+
+
+class StalledTable(Table):
+    """A table whose writes the broker confirms only when the test says so (a stalled broker)."""
+
+    stalled: list[asyncio.Future[Any]]
+
+    def _confirmed(self) -> None:
+        self.last_changelog = asyncio.get_running_loop().create_future()
+        self.stalled.append(self.last_changelog)
+
+
+async def test_a_dispatch_confirmed_after_a_cancel_of_its_task_does_not_start_the_run() -> None:
+    """Finding 4: the task's lease write and a later cancel both wait on a stalled broker; the lease write is
+    confirmed last (an outbox re-send). The run must not start: the record, cancelled, decides."""
+    tasks = StalledTable()
+    tasks.stalled = []
+    f = _ledger(agents={"lead"}, tasks=tasks)
+    home = TP(topics.task_topic("lead"), 0)
+    f.ledger.watermark.start(home, 0)
+    f.ledger.handle(faust_event(home, 0, b"t-1", TASK.model_dump_json().encode()))
+    assert tasks["t-1"]["state"] == leases.RUNNING and f.dispatched == []
+    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1", _decision()))
+    assert tasks["t-1"]["state"] == leases.CANCELLED
+    for fut in reversed(tasks.stalled):  # the cancel is confirmed first, the lease write after it
+        fut.set_result("ok")
+        await _spin()
+    assert f.dispatched == [], "a cancelled task's run never starts"
+    [result] = _sent(f.sent, topics.RESULTS)
+    assert result["source"] == "cancel"

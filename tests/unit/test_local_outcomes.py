@@ -53,13 +53,13 @@ class PendingTable(Table):
 
 
 def _ledger(tasks: Table | None = None, member: Any = lambda: True) -> SimpleNamespace:
-    outbox, sent = recording_outbox()
+    outbox, sent = recording_outbox(member=member)
     tasks = tasks if tasks is not None else Table()
     dispatched: list[Any] = []
     executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a))
     ledger = Ledger(Settings(partitions=4), executor=executor, worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
-                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), member=member)
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, dispatched=dispatched, watermark=outbox.watermark)
 
 

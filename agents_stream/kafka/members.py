@@ -1,0 +1,65 @@
+"""Who is in the group: the worker ids of its members, as the group's coordinator describes them after a rebalance.
+
+A task's lease names the worker that runs it. When that worker is not a member of the group any more (it died, or
+was cut off or paused past its session and expelled), the partition's new owner need not wait out the lease: a
+worker outside the group can no longer act for the partition (docs/security.md, "Fencing"), so its tasks are taken
+over at once. Each worker's consumer announces its worker id as its Kafka client id (``client_id``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.errors import KafkaError
+
+from agents_stream.kafka import security as kafka_security
+from agents_stream.settings import Settings, bootstrap_servers
+
+__all__ = ["CLIENT_PREFIX", "client_id", "group_members", "members_of"]
+
+log = logging.getLogger(__name__)
+
+#: the Kafka client id of a worker is this prefix and its worker id
+CLIENT_PREFIX = "agents-stream:"
+#: a group between two generations lists members that may not be in the next one
+STABLE = "Stable"
+
+
+def client_id(worker_id: str) -> str:
+    """The Kafka client id a worker's consumer announces (the group's members are read back from it)."""
+    return CLIENT_PREFIX + worker_id
+
+
+def members_of(description: dict[str, Any]) -> frozenset[str] | None:
+    """The worker ids of a described group's members; None unless the group is stable (mid-rebalance, a member
+    that is about to be expelled is still listed, and one that is about to join is not)."""
+    if description.get("error_code") or description.get("state") != STABLE:
+        return None
+    ids = (str(m.get("client_id", "")) for m in description.get("members") or ())
+    return frozenset(c[len(CLIENT_PREFIX):] for c in ids if c.startswith(CLIENT_PREFIX))
+
+
+async def group_members(settings: Settings, group: str, timeout_s: float = 5.0) -> frozenset[str] | None:
+    """The worker ids of ``group``'s members now, or None when the coordinator could not say within ``timeout_s``
+    (then leases are waited out, as without this)."""
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=bootstrap_servers(settings.broker), **kafka_security.client_kwargs(settings),
+    )
+    try:
+        await asyncio.wait_for(admin.start(), timeout_s)
+        responses = await asyncio.wait_for(admin.describe_consumer_groups([group]), timeout_s)
+        groups = [g for r in responses for g in r.to_object().get("groups", ())]
+    except (KafkaError, OSError, asyncio.TimeoutError) as exc:
+        log.info("The members of group %s could not be read (%r); leases of workers that left are waited out", group,
+                 exc)
+        return None
+    finally:
+        try:
+            await asyncio.wait_for(admin.close(), timeout_s)
+        except Exception as exc:  # closing is best effort
+            log.debug("Closing the admin client failed: %r", exc)
+    found = next((g for g in groups if g.get("group") == group), None)
+    return members_of(found) if found is not None else None
