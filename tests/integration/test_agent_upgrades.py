@@ -72,7 +72,7 @@ async def test_a_rolling_restart_onto_new_agent_code_continues_or_fails_each_loo
                             PYTHONPATH=str(tmp_path), PYTHONDONTWRITEBYTECODE="1")
         await c.started("a")
         ta, tr = order_task(added), order_task(removed)
-        script_a, script_r = support_script(ta["context_data"]["order_id"]), support_script(tr["context_data"]["order_id"])
+        script_a, script_r = (support_script(t["context_data"]["order_id"]) for t in (ta, tr))
         fake_llm.enqueue(*script_a[:2])
         other_llm.enqueue(*script_r[:2])
         services.delay("payment.refund", 30.0)  # each refund takes effect, its answer (and so its journal) waits

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from agents_stream.tables import journal
+from agents_stream.tables.journal import AskModel, Code, Fail, Limits, RunTools
 from pydantic import BaseModel
 
 from agents_stream.contract.models import TaskPayload
@@ -20,8 +22,6 @@ from agents_stream.execution.run import TurnAnswer
 from agents_stream.execution.tools import ToolContext, tool
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import AssistantTurn, Conversation, ToolCall, Turn
-from agents_stream.tables import journal
-from agents_stream.tables.journal import AskModel, Code, Fail, Limits, RunTools
 
 LIMITS = Limits(max_turns=8, max_tool_calls=10, max_tool_errors=3, format_retries=1)
 
