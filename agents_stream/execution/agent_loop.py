@@ -189,7 +189,8 @@ class Loop:
 
     def _note_upgrade(self) -> None:
         """One log line when this run continues a journal that other code began (what the contract then does)."""
-        older = sorted({str(t.get("version")) for t in journal.replay(self.entries).turns} - {self.code.version})
+        older = sorted({t.get("version") or "unrecorded" for t in journal.replay(self.entries).turns}
+                       - {self.code.version})
         if older:
             log.info("Task %s: continuing a journal written by agent %s version(s) %s with version %s: journaled "
                      "results are kept, pending calls run under their keys, a call this version cannot run ends the "
