@@ -12,7 +12,8 @@ must pass to the service it calls.
 Entries (dicts, so they are stored and shipped as they are):
 
     {"kind": "turn", "turn": 0, "text": "...", "calls": [{"id", "name", "arguments", "error"}],
-     "source": "primary:openai:gpt-4o", "confidence": "high", "usage": {...}, "provider_calls": 1}
+     "source": "primary:openai:gpt-4o", "confidence": "high", "usage": {...}, "provider_calls": 1,
+     "version": "3f9a1c2b7d10"}                   (the agent code that asked it: ``Agent.code_version``)
     {"kind": "tool", "turn": 0, "id": "call_1", "name": "refund", "content": "...", "error": false,
      "fatal": false, "attempts": 1}
     {"kind": "note", "turn": 1, "text": "..."}     (a correction the loop told the model: an off-format answer)
@@ -20,15 +21,22 @@ Entries (dicts, so they are stored and shipped as they are):
                                                    (a human's decision on a parked call, appended by the ledger)
     {"kind": "subresult", "turn": 1, "id": "call_3", "agent": "analyzer", "result": {...the TaskResult...}}
                                                    (a delegated sub-task's result, appended by the ledger)
+
+The journal outlives the code that wrote it (a rolling restart onto new agent
+code, docs/upgrades.md): ``next_action`` given the running ``Code`` refuses to
+run a journaled call that another version asked for and this one cannot run as
+asked (its tool gone, its arguments refused): the task fails ``agent_upgrade``
+rather than the loop doing something else in its place.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
-    "AskModel", "Fail", "Finish", "Limits", "LoopState", "RunTools", "call_key", "next_action", "replay",
+    "AskModel", "Code", "Fail", "Finish", "Limits", "LoopState", "RunTools", "call_key", "next_action", "replay",
+    "upgrade_problem",
 ]
 
 
@@ -68,6 +76,18 @@ class LoopState:
         return sum(1 for r in self.results.values() if r["error"])
 
 
+@dataclass(frozen=True)
+class Code:
+    """The agent code a journal is continued with."""
+
+    #: the agent's name, for the failure's words
+    agent: str
+    #: ``Agent.code_version``: the same string in every turn this code journals
+    version: str
+    #: a journaled call → why this code cannot run it (its tool gone, its arguments refused), None when it can
+    refuses: Callable[[dict[str, Any]], str | None]
+
+
 # What the loop does next.
 @dataclass(frozen=True)
 class AskModel:
@@ -88,7 +108,7 @@ class Finish:
 
 @dataclass(frozen=True)
 class Fail:
-    reason: str  # a short word: max_turns, max_tool_calls, tool_errors, tool_failed
+    reason: str  # a short word: max_turns, max_tool_calls, tool_errors, tool_failed, agent_upgrade
     error: str
 
 
@@ -120,8 +140,9 @@ def replay(entries: list[Any]) -> LoopState:
     return state
 
 
-def next_action(state: LoopState, limits: Limits) -> Action:
-    """What the loop does now, given what is journaled."""
+def next_action(state: LoopState, limits: Limits, code: Code | None = None) -> Action:
+    """What the loop does now, given what is journaled (``code``: the code that would act, checked against the
+    version that journaled the calls it would run)."""
     fatal = next((r for r in state.results.values() if r.get("fatal")), None)
     if fatal is not None:
         return Fail("tool_failed", f"tool {fatal['name']} failed and ends the task: {fatal['content']}")
@@ -145,8 +166,34 @@ def next_action(state: LoopState, limits: Limits) -> Action:
                                       f"(more than max_tool_calls {limits.max_tool_calls})")
     missing = tuple(c for c in last["calls"] if (last_turn, c["id"]) not in state.results)
     if missing:
-        return RunTools(last_turn, missing)
+        upgrade = None if code is None else upgrade_problem(last, missing, code)
+        return upgrade or RunTools(last_turn, missing)
     return _ask(state, limits)
+
+
+def upgrade_problem(turn: dict[str, Any], missing: tuple[dict[str, Any], ...], code: Code) -> Fail | None:
+    """Why ``code`` may not run the calls of ``turn`` still ``missing`` a result, or None when it may.
+
+    A call journaled by this very version that it cannot run is the model's own mistake (a tool it made up,
+    arguments that do not fit): the model is told, as always. A call journaled by another version (or by code
+    before versions were journaled) may have run there already, its result lost in the crash: running anything
+    else in its place (the model told "no such tool" picks another tool, or the same one under a new key) could
+    act twice or wrongly, so the task fails and is dead-lettered instead.
+    """
+    journaled = turn.get("version")
+    if journaled == code.version:
+        return None
+    for call in missing:
+        if call.get("error"):  # arguments no version could read: the model is told, nothing ran
+            continue
+        why = code.refuses(call)
+        if why is not None:
+            return Fail("agent_upgrade", (
+                f"the journal's next step (turn {turn['turn']}, call {call['id']}) calls {why} (journal version "
+                f"{journaled or 'unrecorded'}, code version {code.version}); nothing else is called in its place: "
+                f"finish or cancel such tasks before removing a tool, or declare the rename "
+                f"(Agent(renamed={{old: new}}))"))
+    return None
 
 
 def _ask(state: LoopState, limits: Limits) -> Action:

@@ -7,6 +7,12 @@ journaled call again. What the next action is comes from the pure
 ``tables/journal.py``; this module does the asking and the calling. It has no
 I/O of its own: the model is ``ask`` and the journal ``record``, so it is tested
 without a broker or a provider.
+
+Each turn journals the agent's ``code_version``; a journal another version
+wrote is continued under the upgrade contract (docs/upgrades.md, the rule in
+``journal.upgrade_problem``): its results are facts, its pending calls run
+under their first keys, and a pending call this code cannot run ends the task
+``agent_upgrade`` instead of the loop calling anything else in its place.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
 from agents_stream.execution.tool_calls import Admission, ToolCaller
-from agents_stream.execution.tools import result_text
+from agents_stream.execution.tools import ToolError, result_text
 from agents_stream.providers.conversation import (
     AssistantTurn,
     Conversation,
@@ -126,13 +132,15 @@ class Loop:
         self._on_event = on_event
         self._lock = asyncio.Lock()
         self._broken = False
+        self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)
 
     async def run(self) -> Done | Failed | Parked | Delegated | Unavailable:
         """The task's end; Parked at a call a human must decide; Unavailable when no model may be asked now (the
         caller holds the task)."""
+        self._note_upgrade()
         while True:
             state = journal.replay(self.entries)
-            action = journal.next_action(state, self.agent.limits)
+            action = journal.next_action(state, self.agent.limits, self.code)
             match action:
                 case AskModel(turn=turn):
                     answer = await self._ask(conversation(self.task, self.agent, self.system, self.entries, self.spec))
@@ -140,7 +148,7 @@ class Loop:
                         return answer
                     if isinstance(answer, Rejected):
                         return Failed(answer.reason, answer.error, answer.source)
-                    entry = _turn_entry(turn, answer)
+                    entry = _turn_entry(turn, answer, self.code.version)
                     failed = await self._journal(entry)
                     if failed is not None:
                         return failed
@@ -167,6 +175,27 @@ class Loop:
                         return ended
                 case Fail(reason=reason, error=error):
                     return Failed(f"{reason}: {error}", error, _source(state))
+
+    def _refuses(self, call: dict[str, Any]) -> str | None:
+        """Why this code cannot run a journaled call as it was asked (``journal.Code.refuses``), or None."""
+        tool = self.agent.by_name.get(call["name"])
+        if tool is None:
+            return f"tool {call['name']!r}, which this version of agent {self.task.agent_name!r} does not have"
+        try:
+            tool.validate(call["arguments"])
+        except ToolError as exc:
+            return f"tool {call['name']!r} with arguments this version refuses ({exc})"
+        return None
+
+    def _note_upgrade(self) -> None:
+        """One log line when this run continues a journal that other code began (what the contract then does)."""
+        older = sorted({t.get("version") or "unrecorded" for t in journal.replay(self.entries).turns}
+                       - {self.code.version})
+        if older:
+            log.info("Task %s: continuing a journal written by agent %s version(s) %s with version %s: journaled "
+                     "results are kept, pending calls run under their keys, a call this version cannot run ends the "
+                     "task (agent_upgrade)", self.task.task_id, self.task.agent_name, ", ".join(older),
+                     self.code.version)
 
     async def _finish(self, text: str, turn: int, state: journal.LoopState) -> Done | Failed | None:
         """The final answer, checked against the output spec; None: a correction was journaled, ask again."""
@@ -267,7 +296,7 @@ class Loop:
         return None
 
 
-def _turn_entry(turn: int, answer: TurnAnswer) -> dict[str, Any]:
+def _turn_entry(turn: int, answer: TurnAnswer, version: str) -> dict[str, Any]:
     calls, seen = [], set()
     for i, c in enumerate(answer.turn.calls):
         call_id = c.id or f"call_{turn}_{i}"
@@ -285,6 +314,7 @@ def _turn_entry(turn: int, answer: TurnAnswer) -> dict[str, Any]:
         "kind": "turn", "turn": turn, "text": answer.turn.text, "calls": calls, "source": answer.source,
         "confidence": answer.confidence, "provider_calls": answer.provider_calls,
         "usage": {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens, "cost": answer.cost},
+        "version": version,
     }
 
 
@@ -319,7 +349,7 @@ def transcript(entries: list[Any]) -> dict[str, Any]:
     state = journal.replay(entries)
     turns = [
         {"turn": t["turn"], "source": t["source"], "provider_calls": t["provider_calls"], "usage": t["usage"],
-         "tool_calls": [c["name"] for c in t["calls"]]}
+         "tool_calls": [c["name"] for c in t["calls"]], "version": t.get("version")}
         for t in state.turns
     ]
     calls = [
