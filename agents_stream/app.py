@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from functools import partial
 from typing import Any
 
 from faust.types import TP
@@ -38,6 +39,7 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.deadletters import dead_letter_finder
+from agents_stream.kafka.delivery import RecordTooLarge, until_confirmed
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.members import group_members
 from agents_stream.kafka.outbox import Outbox
@@ -53,6 +55,7 @@ from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
+from agents_stream.tables.epochs import epoch_key
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,8 @@ log = logging.getLogger(__name__)
 _TRACES_FLUSH_S = 5.0
 #: how often tasks whose lease's owner left the group are looked for (memory only)
 TAKEOVER_SCAN_S = 1.0
+#: how long a rebalance waits for the broker to confirm the owner epochs of the partitions it assigned
+EPOCH_CLAIM_S = 30.0
 
 
 class Runtime(Service):
@@ -292,6 +297,33 @@ class Runtime(Service):
     def on_assigned(self) -> None:
         self.flow.assigned()
 
+    async def claim_epochs(self) -> None:
+        """Every table partition this worker now owns gets a higher owner epoch, confirmed by the broker before the
+        ledger reads any record of it (the streams resume after this): from then on, a record a former owner writes
+        there is skipped by every later recovery (tables/epochs.py, docs/security.md "Fencing")."""
+        outcomes = self.outcomes.get_topic_name()
+        mine = sorted({tp.partition for tp in self.app.consumer.assignment() if tp.topic == outcomes})
+        claims = []
+        for table in self.tables.all():
+            for partition in mine:
+                epoch, sent = table.take(partition)
+                claims.append(until_confirmed(
+                    partial(table.send_changelog, partition, epoch_key(partition), {"epoch": epoch}), first=sent,
+                    what=f"the owner epoch {epoch} of {table.name}[{partition}]",
+                    alert=lambda exc: self.send_control("alert.broker_send_failing", self.worker_id, None,
+                                                        {"error": repr(exc)}),
+                ))
+        if not claims:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*claims), timeout=EPOCH_CLAIM_S)
+        except (asyncio.TimeoutError, RecordTooLarge) as exc:
+            log.error(
+                "The owner epochs of partitions %s were not confirmed within %.0fs (%r): until they are, a record a "
+                "former owner of them writes late could be read as current by a later recovery. Check the brokers",
+                mine, EPOCH_CLAIM_S, exc,
+            )
+
     def after_rebalance(self) -> None:
         """The group settled: read who is in it (a lease held by a worker that left is taken over at once), and
         renew the leases of the runs going on here (the new owner of a moved partition leaves them to finish)."""
@@ -407,6 +439,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))
+        await runtime.claim_epochs()  # before the ledger reads a record of its new partitions
         runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
         runtime.after_rebalance()
 

@@ -12,6 +12,7 @@ from typing import Any, Iterator
 
 import faust
 import orjson
+from agents_stream.tables.epochs import EpochFilter, epoch_in, epoch_key, header, next_epoch
 from agents_stream.tables.writes import DELETED, WriteBuffer, chain
 from faust.streams import current_event
 from rocksdict import WriteBatch
@@ -64,6 +65,10 @@ class LedgerTable(faust.Table):
     it settles with the broker's answer for the record that carries it, and the ledger holds its offsets until then.
 
     A write takes its partition from the Faust event being handled, as Faust's own does, or from ``writing``.
+
+    Owner epochs (``tables/epochs.py``): a partition this worker takes over gets a higher epoch (``take``), which
+    every changelog record it writes there carries; records of a lower epoch than one already read are skipped
+    when the changelog is applied (recovery, standbys).
     """
 
     last_changelog: Any = None
@@ -73,6 +78,9 @@ class LedgerTable(faust.Table):
         self.staged = WriteBuffer()
         self.broken: BaseException | None = None  # the local store refused a write (see ``flush``)
         self.crashing: asyncio.Future[Any] | None = None  # the worker's crash, once ``broken``
+        self.epochs: dict[int, int] = {}  # partition → the epoch this worker writes it with (``take``)
+        self.epoch_filter = EpochFilter()
+        self.skipped = 0  # changelog records skipped as a former owner's (for tests and logs)
 
     # -- writes --------------------------------------------------------------------------------------
 
@@ -141,8 +149,71 @@ class LedgerTable(faust.Table):
             failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             failed.set_exception(self.broken)
             return failed
-        # Faust's own send: its callback keeps the partition's persisted changelog offset in RocksDB.
-        return super().send_changelog(partition, key, value, key_serializer="raw", value_serializer="raw")
+        epoch = self.epochs.get(partition)
+        # Faust's own send (Collection.send_changelog) with the epoch's header: its callback keeps the partition's
+        # persisted changelog offset in RocksDB.
+        return self.changelog_topic.send_soon(
+            key=key, value=value, partition=partition, key_serializer="raw", value_serializer="raw",
+            callback=self._on_changelog_sent, eager_partitioning=True,
+            headers=[header(epoch)] if epoch is not None else None,
+        )
+
+    # -- owner epochs ------------------------------------------------------------------------------
+
+    def take(self, partition: int) -> tuple[int, Any]:
+        """This worker now owns ``partition``: write it a higher epoch than any it holds or read, and write every
+        record of it with that epoch from now on. Returns the epoch and the send of its record (the caller waits
+        for it before anything else is written there)."""
+        with writing(partition):
+            stored = self.get(epoch_key(partition))
+        epoch = max(next_epoch(stored), self.epoch_filter.highest.get(partition, 0) + 1)
+        self.epochs[partition] = epoch
+        self.epoch_filter.start(partition, epoch)
+        with writing(partition):
+            self[epoch_key(partition)] = {"epoch": epoch}
+        return epoch, self.last_changelog
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        """Faust's RocksDB apply (recovery, standbys), less the records of a former owner (``EpochFilter``)."""
+        store: Any = self.data
+        batches: dict[int, WriteBatch] = {}
+        offsets: dict[Any, int] = {}
+        skipped = 0
+        for event in batch:
+            msg = event.message
+            offsets[msg.tp] = max(msg.offset, offsets.get(msg.tp, msg.offset))
+            partition = msg.partition
+            if not self.epoch_filter.known(partition):
+                self.epoch_filter.start(partition, self._stored_epoch(partition))
+            if not self.epoch_filter.keep(partition, epoch_in(msg.headers)):
+                skipped += 1
+                continue
+            write = batches.get(partition)
+            if write is None:
+                write = batches[partition] = WriteBatch(raw_mode=True)
+            if msg.value is None:
+                write.delete(msg.key)
+            else:
+                write.put(msg.key, msg.value)
+        for partition, write in batches.items():
+            store._db_for_partition(partition).write(write)
+        for tp, offset in offsets.items():
+            store.set_persisted_offset(tp, offset)
+        if skipped:
+            self.skipped += skipped
+            log.warning(
+                "Table %s: %d changelog records written by a former owner after the partition moved were skipped "
+                "(fenced: a worker cut off or paused while its writes waited); nothing to do", self.name, skipped,
+            )
+
+    def _stored_epoch(self, partition: int) -> int:
+        raw = self.data._db_for_partition(partition).get(_key_bytes(epoch_key(partition)))  # type: ignore[attr-defined]
+        if raw is None:
+            return 0
+        try:
+            return next_epoch(orjson.loads(raw)) - 1
+        except ValueError:
+            return 0
 
     # -- reads ---------------------------------------------------------------------------------------
 
