@@ -15,7 +15,7 @@ from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, S
 
 
 async def _call(operation: str, ctx: StepContext, body: dict[str, Any]) -> Any:
-    status, data = await call_service(operation, ctx.key, body)
+    status, data = await call_service(operation, ctx.key, body, (ctx.task.task_id, ctx.fencing_token))
     if status >= 400:
         raise RuntimeError(f"{operation} answered {status}: {data}")
     return data

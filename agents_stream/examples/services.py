@@ -40,6 +40,8 @@ class FakeServices:
         self.host, self.port = host, port
         self.calls: list[Call] = []
         self._done: dict[tuple[str, str], dict[str, Any]] = {}
+        #: the highest fencing token seen per resource (a task): a lower one is a worker the task moved on from
+        self._tokens: dict[str, int] = {}
         self._failures: dict[str, int] = {}
         self._delays: dict[str, float] = {}
         self._notes_bytes = 0  # orders.lookup answers carry this many bytes of notes (a huge tool output)
@@ -101,6 +103,10 @@ class FakeServices:
         if (operation, key) in self._done:
             self.calls.append(Call(operation, key, True, False, time.time()))
             return web.json_response(self._done[(operation, key)])
+        stale = _stale(self._tokens, request.headers)
+        if stale is not None:
+            self.calls.append(Call(operation, key, False, True, time.time()))
+            return web.json_response({"error": stale}, status=409)
         if self._failures.get(operation, 0) > 0:
             self._failures[operation] -= 1
             self.calls.append(Call(operation, key, False, True, time.time()))
@@ -119,13 +125,33 @@ class FakeServices:
         return web.json_response(answer)
 
 
-async def call_service(operation: str, key: str, body: dict[str, Any]) -> tuple[int, Any]:
+def _stale(tokens: dict[str, int], headers: Any) -> str | None:
+    """Why a call's fencing token is refused (lower than one seen for its resource), or None (recorded as seen).
+    A call without the two headers is not fenced."""
+    resource, token = headers.get("Fencing-Resource"), headers.get("Fencing-Token")
+    if not resource or not token or not token.isdigit():
+        return None
+    highest = tokens.get(resource, 0)
+    if int(token) < highest:
+        return f"stale fencing token {token} for {resource}: {highest} was seen (the task moved to another worker)"
+    tokens[resource] = int(token)
+    return None
+
+
+async def call_service(
+    operation: str, key: str, body: dict[str, Any], fencing: tuple[str, int] | None = None,
+) -> tuple[int, Any]:
     """POST ``operation`` ("payment.refund") to the services at ``AGENTS_STREAM_REFUND_SERVICES`` with its
-    idempotency key: (HTTP status, JSON answer). What the saga steps and the support agent's tools call."""
+    idempotency key: (HTTP status, JSON answer). What the saga steps and the support agent's tools call.
+    ``fencing``: (resource, token), sent as ``Fencing-Resource`` and ``Fencing-Token`` (the task and its dispatch
+    number: the services refuse a token lower than one they saw for the task)."""
     base = os.environ.get("AGENTS_STREAM_REFUND_SERVICES", "http://127.0.0.1:8090").rstrip("/")
     service, op = operation.split(".")
+    headers = {"Idempotency-Key": key}
+    if fencing is not None:
+        headers.update({"Fencing-Resource": fencing[0], "Fencing-Token": str(fencing[1])})
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
-        async with session.post(f"{base}/{service}/{op}", json=body, headers={"Idempotency-Key": key}) as resp:
+        async with session.post(f"{base}/{service}/{op}", json=body, headers=headers) as resp:
             return resp.status, await resp.json(content_type=None)
 
 

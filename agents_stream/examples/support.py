@@ -19,7 +19,7 @@ from agents_stream.execution.tools import ToolContext, ToolError, tool
 
 
 async def _call(operation: str, ctx: ToolContext, body: dict[str, Any]) -> Any:
-    status, data = await call_service(operation, ctx.key, body)
+    status, data = await call_service(operation, ctx.key, body, (ctx.task.task_id, ctx.fencing_token))
     if status >= 500 or status == 429:
         raise TransientError(f"{operation} answered {status}")  # retried with the same key
     if status >= 400:

@@ -115,6 +115,7 @@ class Loop:
         backoff_cap_s: float = 5.0,
         rng: random.Random | None = None,
         trace: str | None = None,
+        fencing_token: int = 0,
     ) -> None:
         self.agent = agent
         self.task = task
@@ -128,7 +129,8 @@ class Loop:
         self._bytes = len(_compact(entries))  # kept up to date as entries are added: no re-serialising per entry
         self._check_budget_s = check_budget_s
         self.tools = ToolCaller(agent, task, circuits=circuits, backoff_base_s=backoff_base_s,
-                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random(), trace=trace)
+                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random(), trace=trace,
+                                fencing_token=fencing_token)
         self._on_event = on_event
         self._lock = asyncio.Lock()
         self._broken = False

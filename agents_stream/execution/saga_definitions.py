@@ -33,6 +33,7 @@ class StepContext:
     key: str  # idempotency key: the same for every attempt of this action (or compensation)
     attempt: int
     outputs: dict[str, Any] = field(default_factory=dict)  # outputs of the steps done so far
+    fencing_token: int = 0  # the task's dispatch number (ToolContext.fencing_token)
 
 
 Action = Callable[[StepContext], Awaitable[Any]]

@@ -126,7 +126,8 @@ class StepRunner:
             await asyncio.sleep(backoff(
                 work.attempt - 1, base=settings.backoff_base_s, cap=settings.backoff_cap_s, rng=self._rng,
             ))
-        ctx = StepContext(task=task, step=work.step, key=work.key, attempt=work.attempt, outputs=dict(outputs))
+        ctx = StepContext(task=task, step=work.step, key=work.key, attempt=work.attempt, outputs=dict(outputs),
+                          fencing_token=run.dispatch)
         kind = "compensation" if compensating else "action"
         try:
             output = await asyncio.wait_for(fn(ctx), definition.timeout_s) if fn is not None else None

@@ -47,10 +47,11 @@ class ToolCaller:
 
     def __init__(
         self, agent: Agent, task: TaskPayload, *, circuits: Admission | None, backoff_base_s: float,
-        backoff_cap_s: float, rng: random.Random, trace: str | None = None,
+        backoff_cap_s: float, rng: random.Random, trace: str | None = None, fencing_token: int = 0,
     ) -> None:
         self.agent = agent
         self.task = task
+        self.fencing_token = fencing_token  # the run's dispatch number, given to each tool (ToolContext)
         #: the traceparent each call's span hangs under (ops/tracing.py); None: not traced
         self.trace = trace
         self._circuits = circuits
@@ -132,6 +133,7 @@ class ToolCaller:
                 task=self.task, turn=turn, call_id=call["id"], key=key, attempt=attempt,
                 deadline=deadline(tool.timeout_s),
                 log=logging.LoggerAdapter(log, {"task_id": self.task.task_id, "tool": tool.name}),
+                fencing_token=self.fencing_token,
             )
             done = await self._attempt(tool, ctx, arguments, entry, span)
             if done is not None:

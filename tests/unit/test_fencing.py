@@ -221,3 +221,24 @@ def test_a_renewed_record_of_a_taken_over_task_names_the_new_owner() -> None:
     new, _ = leases.expire(record, dispatch=1, now=1_002.0, me="w2", ttl=30.0, max_attempts=3, running_here=False,
                            owner_gone=True)
     assert new == replace(record, dispatch=2, owner="w2", lease_until=1_032.0)
+
+
+# -- the fencing token at the service ---------------------------------------------------------------------------------
+
+
+async def test_a_service_refuses_a_call_of_a_worker_its_task_moved_on_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The example services check the fencing token (the task's dispatch number) beside the idempotency key: the
+    worker that took the task over (dispatch 2) charged; the cut-off one (dispatch 1) wakes and tries another key."""
+    from agents_stream.examples.services import FakeServices, call_service
+
+    async with FakeServices() as services:
+        monkeypatch.setenv("AGENTS_STREAM_REFUND_SERVICES", services.url)
+        status, _ = await call_service("payment.refund", "t1:1:call_B", {"amount": 5}, ("t1", 2))
+        assert status == 200
+        status, answer = await call_service("payment.refund", "t1:1:call_A", {"amount": 5}, ("t1", 1))
+        assert status == 409 and "stale fencing token" in answer["error"]
+        status, _ = await call_service("payment.refund", "t1:1:call_B", {"amount": 5}, ("t1", 1))
+        assert status == 200, "a replay of a key already executed answers as before"
+        assert services.executed("payment.refund") == ["t1:1:call_B"]
+        status, _ = await call_service("payment.refund", "t2:1:call_A", {"amount": 5}, ("t2", 1))
+        assert status == 200, "each task is its own resource"
