@@ -14,7 +14,6 @@ import os
 import socket
 import time
 import uuid
-from functools import partial
 from typing import Any
 
 from faust.types import TP
@@ -39,10 +38,9 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.deadletters import dead_letter_finder
-from agents_stream.kafka.delivery import RecordTooLarge, until_confirmed
 from agents_stream.kafka.flow import Flow
-from agents_stream.kafka.members import group_members
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.kafka.takeover import TAKEOVER_SCAN_S, Takeover
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.route import OutcomeRoute
@@ -55,17 +53,13 @@ from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
-from agents_stream.tables.epochs import epoch_key
 
 log = logging.getLogger(__name__)
 
 
 #: how long a stopping worker lets its last spans be exported
 _TRACES_FLUSH_S = 5.0
-#: how often tasks whose lease's owner left the group are looked for (memory only)
-TAKEOVER_SCAN_S = 1.0
-#: how long a rebalance waits for the broker to confirm the owner epochs of the partitions it assigned
-EPOCH_CLAIM_S = 30.0
+
 
 
 class Runtime(Service):
@@ -102,6 +96,13 @@ class Runtime(Service):
         self.ready = False  # output topics declared and executor running: /readyz says ready
         self.samples = SampleRing(settings.console_sample_s, settings.console_history_s)  # the console's charts
         self.stopping = False
+        self.takeover = Takeover(
+            settings, app.conf.id, self.worker_id, tables, partitions=self.partitions,
+            scan_gone=self.ledger.scan_gone, learned=self.ledger.scanner.learned_members,
+            send_outcome=lambda key, value: self.outcomes.send_soon(key=key, value=value),
+            alert=lambda exc: self.send_control(
+                "alert.broker_send_failing", self.worker_id, None, {"error": repr(exc)}),
+        )
         self.route = OutcomeRoute(
             self.ledger, lambda key, value: self.outcomes.send_soon(key=key, value=value), member=self.member,
             send_control=self.send_control, stopping=lambda: self.stopping,
@@ -297,57 +298,22 @@ class Runtime(Service):
     def on_assigned(self) -> None:
         self.flow.assigned()
 
-    async def claim_epochs(self) -> None:
-        """Every table partition this worker now owns gets a higher owner epoch, confirmed by the broker before the
-        ledger reads any record of it (the streams resume after this): from then on, a record a former owner writes
-        there is skipped by every later recovery (tables/epochs.py, docs/security.md "Fencing")."""
-        outcomes = self.outcomes.get_topic_name()
-        mine = sorted({tp.partition for tp in self.app.consumer.assignment() if tp.topic == outcomes})
-        claims = []
-        for table in self.tables.all():
-            for partition in mine:
-                epoch, sent = table.take(partition)
-                claims.append(until_confirmed(
-                    partial(table.send_changelog, partition, epoch_key(partition), {"epoch": epoch}), first=sent,
-                    what=f"the owner epoch {epoch} of {table.name}[{partition}]",
-                    alert=lambda exc: self.send_control("alert.broker_send_failing", self.worker_id, None,
-                                                        {"error": repr(exc)}),
-                ))
-        if not claims:
-            return
-        try:
-            await asyncio.wait_for(asyncio.gather(*claims), timeout=EPOCH_CLAIM_S)
-        except (asyncio.TimeoutError, RecordTooLarge) as exc:
-            log.error(
-                "The owner epochs of partitions %s were not confirmed within %.0fs (%r): until they are, a record a "
-                "former owner of them writes late could be read as current by a later recovery. Check the brokers",
-                mine, EPOCH_CLAIM_S, exc,
-            )
-
     def after_rebalance(self) -> None:
         """The group settled: read who is in it (a lease held by a worker that left is taken over at once), and
         renew the leases of the runs going on here (the new owner of a moved partition leaves them to finish)."""
-        self.ledger.scanner.learned_members(None)  # until read: the last members may have left since
-        self.add_future(self._learn_members())
+        self.add_future(self.takeover.learn_members())
         if self.ready:
             self.executor.beat_now()
 
-    async def _learn_members(self) -> None:
-        found = await group_members(self.settings, self.app.conf.id)
-        self.ledger.scanner.learned_members(found)
-        if found is not None:
-            self.take_over()
-
-    def take_over(self) -> None:
-        """Tasks whose lease's owner left the group: asked of the ledger now, not once the lease lapses."""
-        for task_id, dispatch in self.ledger.scan_gone(time.time()):
-            body = encode(LeaseExpired(dispatch=dispatch, worker=self.worker_id))
-            self.outcomes.send_soon(key=task_id.encode(), value=body)
+    def partitions(self) -> list[int]:
+        """The partition numbers this worker owns now (of every input topic and table: they are copartitioned)."""
+        outcomes = self.outcomes.get_topic_name()
+        return sorted({tp.partition for tp in self.app.consumer.assignment() if tp.topic == outcomes})
 
     async def sweep_expired(self) -> None:
         """Finished records past their time to live, on this worker's partitions: sent to the ledger to delete.
         One partition's slice at a time, the loop free between them (a tick's slices held it for ~100 ms in B3)."""
-        mine = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.outcomes.get_topic_name()}
+        mine = set(self.partitions())
         expiry = self.ledger.expiry
         expiry.keep(mine)
         for partition in sorted(mine):
@@ -396,7 +362,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     @app.timer(interval=TAKEOVER_SCAN_S)
     async def takeover_scanner() -> None:
         try:
-            runtime.take_over()
+            runtime.takeover.take_over()
         except Exception as exc:  # a timer exception would crash the worker
             log.exception("Take-over scan failed (%r); the next tick tries again", exc)
 
@@ -439,7 +405,7 @@ def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))
-        await runtime.claim_epochs()  # before the ledger reads a record of its new partitions
+        await runtime.takeover.claim_epochs()  # before the ledger reads a record of its new partitions
         runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
         runtime.after_rebalance()
 

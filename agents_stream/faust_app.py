@@ -121,6 +121,7 @@ def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Agen
         web_port=settings.web_port, web_host=settings.web_host, web_bind=settings.web_bind or settings.web_host,
         web_enabled=True, web_tables_enabled=False,
         broker_session_timeout=settings.session_timeout_s, broker_heartbeat_interval=settings.heartbeat_interval_s,
+        consumer_group_instance_id=settings.instance_id or None,
         broker_request_timeout=max(40.0, settings.session_timeout_s + 10), broker_rebalance_timeout=60.0,
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count

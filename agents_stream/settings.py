@@ -186,8 +186,15 @@ class Settings:
         "On SIGTERM, how long in-flight calls may finish before they are left to lease recovery.",
     )
     session_timeout_s: float = _setting(
-        "AGENTS_STREAM_SESSION_TIMEOUT_S", 10.0,
-        "Kafka group session timeout: how soon a dead worker's partitions move.",
+        "AGENTS_STREAM_SESSION_TIMEOUT_S", 6.0,
+        "Kafka group session timeout: how soon a dead or cut-off worker's partitions move, and its tasks are taken "
+        "over (6 s is the broker's default minimum, group.min.session.timeout.ms).",
+    )
+    instance_id: str = _setting(
+        "AGENTS_STREAM_INSTANCE_ID", "",
+        "Static group membership (Kafka's group.instance.id): a worker restarted with the same id within the session "
+        "timeout gets its partitions back without a rebalance. At most one running process per id (a StatefulSet's "
+        "pod name); empty: dynamic membership.",
     )
     heartbeat_interval_s: float = _setting("AGENTS_STREAM_HEARTBEAT_INTERVAL_S", 1.0, "Kafka group heartbeat interval.")
     stall_after_s: float = _setting(

@@ -1,0 +1,88 @@
+"""What a worker does once the group settles after a rebalance: it claims an owner epoch on every table partition
+it now owns (before the ledger reads a record of them), reads who is still in the group, renews the leases of the
+runs going on here, and takes over at once the tasks whose lease's owner left the group (docs/security.md,
+"Fencing")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from functools import partial
+from typing import Any, Callable
+
+from agents_stream.contract.events import LeaseExpired, encode
+from agents_stream.kafka.delivery import RecordTooLarge, until_confirmed
+from agents_stream.kafka.members import group_members
+from agents_stream.settings import Settings
+from agents_stream.tables.definitions import Tables
+from agents_stream.tables.epochs import epoch_key
+
+__all__ = ["EPOCH_CLAIM_S", "TAKEOVER_SCAN_S", "Takeover"]
+
+log = logging.getLogger(__name__)
+
+#: how often tasks whose lease's owner left the group are looked for (memory only)
+TAKEOVER_SCAN_S = 1.0
+#: how long a rebalance waits for the broker to confirm the owner epochs of the partitions it assigned
+EPOCH_CLAIM_S = 30.0
+
+
+class Takeover:
+    """The rebalance's part of fencing. ``partitions()``: the partition numbers this worker owns now;
+    ``scan_gone(now)``: (task_id, dispatch) of the tasks whose lease's owner left (Ledger.scan_gone);
+    ``learned``: where the group's members go (Scanner.learned_members); ``send_outcome(key, value)``: a record on
+    this app's outcomes topic; ``alert(error)``: a broker send keeps failing."""
+
+    def __init__(
+        self, settings: Settings, group: str, worker_id: str, tables: Tables, *,
+        partitions: Callable[[], list[int]], scan_gone: Callable[[float], list[tuple[str, int]]],
+        learned: Callable[[frozenset[str] | None], None], send_outcome: Callable[[bytes, bytes], Any],
+        alert: Callable[[BaseException], None],
+    ) -> None:
+        self.settings = settings
+        self.group = group
+        self.worker_id = worker_id
+        self.tables = tables
+        self.partitions = partitions
+        self.scan_gone = scan_gone
+        self.learned = learned
+        self.send_outcome = send_outcome
+        self.alert = alert
+
+    async def claim_epochs(self) -> None:
+        """Every table partition this worker now owns gets a higher owner epoch, confirmed by the broker before the
+        ledger reads any record of it (the streams resume after this): from then on, a record a former owner writes
+        there is skipped by every later recovery (tables/epochs.py)."""
+        mine = self.partitions()
+        claims = []
+        for table in self.tables.all():
+            for partition in mine:
+                epoch, sent = table.take(partition)
+                claims.append(until_confirmed(
+                    partial(table.send_changelog, partition, epoch_key(partition), {"epoch": epoch}), first=sent,
+                    what=f"the owner epoch {epoch} of {table.name}[{partition}]", alert=self.alert,
+                ))
+        if not claims:
+            return
+        try:
+            await asyncio.wait_for(asyncio.gather(*claims), timeout=EPOCH_CLAIM_S)
+        except (asyncio.TimeoutError, RecordTooLarge) as exc:
+            log.error(
+                "The owner epochs of partitions %s were not confirmed within %.0fs (%r): until they are, a record a "
+                "former owner of them writes late could be read as current by a later recovery. Check the brokers",
+                mine, EPOCH_CLAIM_S, exc,
+            )
+
+    async def learn_members(self) -> None:
+        """Who is in the group now; the tasks of owners that left are taken over at once."""
+        self.learned(None)  # until read: the last members may have left since
+        found = await group_members(self.settings, self.group)
+        self.learned(found)
+        if found is not None:
+            self.take_over()
+
+    def take_over(self) -> None:
+        """Tasks whose lease's owner left the group: asked of the ledger now, not once the lease lapses."""
+        for task_id, dispatch in self.scan_gone(time.time()):
+            self.send_outcome(task_id.encode(), encode(LeaseExpired(dispatch=dispatch, worker=self.worker_id)))
