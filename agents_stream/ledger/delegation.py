@@ -17,8 +17,8 @@ from agents_stream.contract.events import CallsDelegated, SubtaskResult, encode
 from agents_stream.contract.models import ParentRef, TaskPayload, sub_task_id, task_digest
 from agents_stream.kafka.delivery import Send
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.ops import tracing
 from agents_stream.ledger import sizes
+from agents_stream.ops import tracing
 from agents_stream.settings import Settings
 from agents_stream.tables import delegation, leases
 from agents_stream.tables.leases import TaskRecord

@@ -8,12 +8,12 @@ import json
 from typing import Any
 
 import pytest
+from agents_stream.tables import delegation
+from agents_stream.tables.leases import AWAITING_SUBTASKS, RUNNING, Control, Dispatch
 
 from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.models import ParentRef, TaskPayload, parse_task, task_digest
 from agents_stream.ledger import sizes
-from agents_stream.tables import delegation
-from agents_stream.tables.leases import AWAITING_SUBTASKS, RUNNING, Control, Dispatch
 from tests.unit.test_delegation import T0, running
 
 
