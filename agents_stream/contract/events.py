@@ -175,6 +175,11 @@ class SubtaskResult(_Versioned):
     agent: str
     call_id: str
     result: dict[str, Any]
+    #: contract.models.task_digest of the sub-task that ran (the caller compares it with the payload it sent);
+    #: None from a worker of an older version
+    digest: str | None = None
+
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"digest"})
 
 
 class ApprovalTimeout(_Versioned):

@@ -28,16 +28,30 @@ def utcnow_iso() -> str:
     return iso_utc(time.time())
 
 
+#: an app id a parent may name: its outcomes topic (``agent.outcomes.<app id>``) must be a legal Kafka topic name
+#: (ASCII letters, digits, ``.``, ``_``, ``-``; at most 249 characters), or the result's send could never succeed
+APP_ID_PATTERN = r"^[A-Za-z0-9._-]+$"
+APP_ID_MAX_LENGTH = 200
+
+
 class ParentRef(BaseModel):
-    """The agent loop a sub-task was delegated by: its result goes back to that task's ledger, at that call."""
+    """The agent loop a sub-task was delegated by: its result goes back to that task's ledger, at that call.
+
+    Producer-written, so checked before anything acts on it (docs/security.md, "A task's parent"): the app id is a
+    topic-name component, and the sub-task's own task_id must be ``sub_task_id(parent)`` (``parse_task``)."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
     task_id: str = Field(min_length=1)
-    app_id: str = Field(min_length=1)
+    app_id: str = Field(min_length=1, max_length=APP_ID_MAX_LENGTH, pattern=APP_ID_PATTERN)
     call_id: str = Field(min_length=1)
     #: the agents of the chain of callers, outermost first (depth limit, cycle detection)
     lineage: list[str] = Field(default_factory=list)
+
+
+def sub_task_id(task_id: str, call_id: str) -> str:
+    """The task id of the sub-task call ``call_id`` of task ``task_id`` delegates: the one id its ``parent`` allows."""
+    return f"{task_id}/{call_id}"
 
 
 class TaskPayload(BaseModel):
@@ -197,4 +211,11 @@ def parse_task(raw: bytes | None, *, agent: str, max_bytes: int, max_steps: int 
         raise PoisonMessage(
             "agent_mismatch", f"agent_name {task.agent_name!r} sent to the topic of {agent!r}"
         )
+    if task.parent is not None:
+        derived = sub_task_id(task.parent.task_id, task.parent.call_id)
+        if task.task_id != derived:  # a parent the task's own id does not carry is not its caller's
+            raise PoisonMessage(
+                "parent_mismatch", f"a sub-task of {task.parent.task_id!r} at call {task.parent.call_id!r} has the "
+                f"task_id {derived!r}, not {task.task_id!r}",
+            )
     return task

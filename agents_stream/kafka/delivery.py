@@ -4,10 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from typing import Any, Awaitable, Callable
 
 import faust
-from aiokafka.errors import MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError
+from aiokafka.errors import (
+    InvalidTopicError,
+    MessageSizeTooLargeError,
+    RecordListTooLargeError,
+    RecordTooLargeError,
+    TopicAuthorizationFailedError,
+)
 from faust.exceptions import ProducerSendError
 from faust.types.tuples import FutureMessage, RecordMetadata
 
@@ -25,9 +32,31 @@ ALERT_AFTER = 3  # failed attempts before operators hear of it
 RECORD_OVERHEAD_BYTES = 8192
 
 
-class RecordTooLarge(Exception):
+class Undeliverable(Exception):
+    """A send that can never succeed: it fails for good, at once, and is never retried (retrying would hold its
+    offset forever, and raising inside Faust's producer buffer would stop the worker)."""
+
+
+class RecordTooLarge(Undeliverable):
     """The record is larger than the producer's request size or the broker's message size: sending it again
     can never succeed, so it is not retried (docs/decisions.md, "Records too large never loop and never crash")."""
+
+
+class SendRefused(Undeliverable):
+    """The topic's name is not a legal Kafka topic name, or the broker refuses this worker's principal on it
+    (TopicAuthorizationFailed): the send fails for good (docs/security.md, "A task's parent")."""
+
+
+#: a legal Kafka topic name; anything else would make the producer ask the broker for its metadata until its
+#: request timeout (20 minutes under Faust), holding every send of the worker behind it
+_TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+def refused_topic(topic: str) -> str | None:
+    """Why no record can ever be sent to ``topic`` (its name is not a legal topic name), or None."""
+    if _TOPIC_NAME.match(topic) and topic not in (".", ".."):
+        return None
+    return f"{topic!r} is not a valid topic name"
 
 
 def too_large(exc: BaseException) -> bool:
@@ -36,6 +65,25 @@ def too_large(exc: BaseException) -> bool:
     if isinstance(exc, ProducerSendError) and exc.__cause__ is not None:
         exc = exc.__cause__
     return isinstance(exc, (RecordTooLarge, MessageSizeTooLargeError, RecordListTooLargeError, RecordTooLargeError))
+
+
+def refused(exc: BaseException) -> bool:
+    """``exc`` says the broker will never take a record on that topic from this worker: its principal is not
+    authorized there, or the name is invalid (or is our own SendRefused)."""
+    if isinstance(exc, ProducerSendError) and exc.__cause__ is not None:
+        exc = exc.__cause__
+    return isinstance(exc, (SendRefused, TopicAuthorizationFailedError, InvalidTopicError))
+
+
+def undeliverable(exc: BaseException) -> Undeliverable | None:
+    """``exc`` as the Undeliverable it means (too large, or refused), or None when a retry may succeed."""
+    if isinstance(exc, Undeliverable):
+        return exc
+    if too_large(exc):
+        return RecordTooLarge(str(exc))
+    if refused(exc):
+        return SendRefused(str(exc))
+    return None
 
 
 def retry_delay(attempt: int) -> float:
@@ -67,7 +115,8 @@ async def until_confirmed(
     after ``timeout`` is sent again, so a slow broker can leave a duplicate
     record; that is the price of never treating it as done. A record too large
     for the producer or the broker raises RecordTooLarge at once: no retry can
-    make it smaller, and retrying would hold its offset forever.
+    make it smaller, and retrying would hold its offset forever; a send the
+    broker refuses (an invalid topic name, not authorized) raises SendRefused.
     """
     fut = first if first is not None else send()
     attempt = 0
@@ -84,6 +133,8 @@ async def until_confirmed(
         except Exception as exc:
             if too_large(exc):
                 raise RecordTooLarge(f"{what}: {exc}") from exc
+            if refused(exc):
+                raise SendRefused(f"{what}: {exc}") from exc
             attempt += 1
             wait = delay(attempt)
             log.warning(
@@ -101,20 +152,36 @@ async def until_confirmed(
 
 class GuardedTopic(faust.Topic):
     """Faust's topic (the app's ``Topic`` class, so changelogs too) whose buffered sends fail their own future when
-    the record is too large, instead of raising inside Faust's ProducerBuffer, where the error kills the worker
-    ("We experienced a crash!") and strands every task behind it."""
+    the send can never succeed (the record is too large, the topic's name is invalid, the broker refuses this
+    worker on it), instead of raising inside Faust's ProducerBuffer, where the error kills the worker ("We
+    experienced a crash!") and strands every task behind it, or waiting there for an invalid topic's metadata."""
 
     async def publish_message(self, fut: FutureMessage, wait: bool = False) -> Awaitable[RecordMetadata]:
+        invalid = refused_topic(self.get_topic_name())
+        if invalid is not None and not wait:  # never asked of the broker: no wait on its metadata
+            return self._fail(fut, SendRefused(invalid))
         try:
             return await super().publish_message(fut, wait=wait)
         except ProducerSendError as exc:  # Faust's wrapper of the producer's own error
-            if wait or not too_large(exc):
+            permanent = None if wait else undeliverable(exc)
+            if permanent is None:
                 raise
+            return self._fail(fut, permanent)
+
+    def _fail(self, fut: FutureMessage, exc: Undeliverable) -> FutureMessage:
+        """``fut`` fails for good with ``exc`` (and operators read what to do)."""
+        if isinstance(exc, RecordTooLarge):
             log.error(
                 "A record for %s is too large to send (%s); it is not sent and its send fails for good. Bound what "
                 "grows the record, or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topic's max.message.bytes",
                 self.get_topic_name(), exc,
             )
-            if not fut.done():
-                fut.set_exception(RecordTooLarge(str(exc)))
-            return fut
+        else:
+            log.error(
+                "A record for %s can never be sent (%s); it is not sent and its send fails for good. If this topic "
+                "is one of this app's, grant the worker's principal Write on it (scripts/acls.sh); if a task's "
+                "parent named it, the task's producer is at fault", self.get_topic_name(), exc,
+            )
+        if not fut.done():
+            fut.set_exception(exc)
+        return fut

@@ -19,6 +19,7 @@ from agents_stream.kafka.delivery import (
     CONFIRM_TIMEOUT_S,
     RecordTooLarge,
     Send,
+    Undeliverable,
     is_confirmed,
     retry_delay,
     until_confirmed,
@@ -373,14 +374,18 @@ class Outbox(mode.Service):
             raise
         except Fenced:
             self._fence(delivery, "its partition was revoked while its writes were retried")
-        except RecordTooLarge as exc:
-            # No retry can send it, and holding the offset would stall the partition forever: the offset is
-            # released and operators told. The ledger bounds what it writes, so this is the last resort.
+        except Undeliverable as exc:
+            # No retry can send it (too large, or refused: an invalid topic, no authorization), and holding the
+            # offset would stall the partition forever: the offset is released and operators told. The ledger
+            # bounds what it writes and checks the topics a task names, so this is the last resort.
+            large = isinstance(exc, RecordTooLarge)
             log.error(
-                "A send of %s can never be confirmed: %s. Its offset is released without it; bound what grows the "
-                "record or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topics' max.message.bytes", where, exc,
+                "A send of %s can never be confirmed: %s. Its offset is released without it; %s", where, exc,
+                "bound what grows the record or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topics' "
+                "max.message.bytes" if large else "grant the worker Write on the topic if it is one of this app's",
             )
-            self.control("alert.record_too_large", where, None, {"error": str(exc)[:500]})
+            alert = "alert.record_too_large" if large else "alert.send_refused"
+            self.control(alert, where, None, {"error": str(exc)[:500]})
         finally:
             if release:
                 self.watermark.close(tp, offset, delivery.gen)

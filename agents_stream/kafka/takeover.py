@@ -12,7 +12,7 @@ from functools import partial
 from typing import Any, Callable
 
 from agents_stream.contract.events import LeaseExpired, encode
-from agents_stream.kafka.delivery import RecordTooLarge, until_confirmed
+from agents_stream.kafka.delivery import Undeliverable, until_confirmed
 from agents_stream.kafka.members import group_members
 from agents_stream.settings import Settings
 from agents_stream.tables.definitions import Tables
@@ -67,7 +67,7 @@ class Takeover:
             return
         try:
             await asyncio.wait_for(asyncio.gather(*claims), timeout=EPOCH_CLAIM_S)
-        except (asyncio.TimeoutError, RecordTooLarge) as exc:
+        except (asyncio.TimeoutError, Undeliverable) as exc:
             log.error(
                 "The owner epochs of partitions %s were not confirmed within %.0fs (%r): until they are, a record a "
                 "former owner of them writes late could be read as current by a later recovery. Check the brokers",

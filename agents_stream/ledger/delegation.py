@@ -10,18 +10,20 @@ from __future__ import annotations
 import json
 import logging
 import time
+from typing import Any
 
 from agents_stream.contract import topics
 from agents_stream.contract.events import CallsDelegated, SubtaskResult, encode
-from agents_stream.contract.models import ParentRef, TaskPayload
+from agents_stream.contract.models import ParentRef, TaskPayload, sub_task_id, task_digest
 from agents_stream.kafka.delivery import Send
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.ledger import sizes
 from agents_stream.ops import tracing
 from agents_stream.settings import Settings
 from agents_stream.tables import delegation, leases
 from agents_stream.tables.leases import TaskRecord
 
-__all__ = ["Delegation"]
+__all__ = ["Delegation", "result_send"]
 
 log = logging.getLogger(__name__)
 
@@ -38,28 +40,33 @@ class Delegation:
     def on_event(self, task_id: str, record: TaskRecord | None, event: CallsDelegated | SubtaskResult) -> Transition:
         """The transition of a delegation (sub-tasks published) or of a sub-task's result (journaled)."""
         if isinstance(event, SubtaskResult):
+            limit = self.settings.record_max_bytes
             new, effects = delegation.arrive(
-                record, call_id=event.call_id, agent=event.agent, result=event.result, now=time.time(),
-                me=self.worker_id, ttl=self.settings.lease_ttl_s,
+                record, task_id=task_id, sub_task=event.task_id, call_id=event.call_id, agent=event.agent,
+                result=event.result, digest=event.digest, now=time.time(), me=self.worker_id,
+                ttl=self.settings.lease_ttl_s, fits=lambda r: sizes.subresult_too_large(r, limit),
             )
             if new is record:
-                log.debug("Sub-task result %s for %s changes nothing (a duplicate, or not awaited)", event.task_id,
-                          task_id)
+                log.debug("Sub-task result %s for %s changes nothing (a duplicate, not awaited, or not the call's "
+                          "own sub-task)", event.task_id, task_id)
             return record, new, effects
         if record is None:
             return record, None, []
         parent = TaskPayload.model_validate_json(record.payload)
         lineage = [*(parent.parent.lineage if parent.parent else []), record.agent]
-        subtasks = []
+        subtasks, digests = [], {}
         for call in event.calls:
-            sub_id = f"{task_id}/{call.id}"
+            sub_id = sub_task_id(task_id, call.id)
             payload = TaskPayload(
                 task_id=sub_id, agent_name=call.agent, instruction=call.instruction,
                 context_data=call.context or {}, deadline=parent.deadline,
                 parent=ParentRef(task_id=task_id, app_id=self.settings.app_id, call_id=call.id, lineage=lineage),
             )
             subtasks.append((call.id, call.agent, sub_id, payload.model_dump_json(exclude_none=True)))
-        new, effects = delegation.delegate(record, dispatch=event.dispatch, turn=event.turn, subtasks=subtasks)
+            digests[call.id] = task_digest(payload)  # its result counts only if it ran this very payload
+        new, effects = delegation.delegate(
+            record, dispatch=event.dispatch, turn=event.turn, subtasks=subtasks, digests=digests,
+        )
         return record, new, effects
 
     def send(self, effect: delegation.SendTask, trace: str | None = None) -> Send:
@@ -76,7 +83,14 @@ class Delegation:
         task = TaskPayload.model_validate_json(record.payload)
         if task.parent is None:
             return []
-        event = SubtaskResult(task_id=task.task_id, agent=record.agent, call_id=task.parent.call_id,
-                              result=json.loads(result))
-        target = topics.outcomes_topic(task.parent.app_id)
-        return [self.outbox.record(target, task.parent.task_id.encode(), encode(event))]
+        digest = record.digest or task_digest(task)
+        return [result_send(self.outbox, task, record.agent, digest, json.loads(result))]
+
+
+def result_send(outbox: Outbox, task: TaskPayload, agent: str, digest: str, result: dict[str, Any]) -> Send:
+    """The send of sub-task ``task``'s result to its parent's ledger, with the digest of the task that ran (the
+    caller counts it only when that is the payload it delegated: ``tables.delegation.is_from_call``)."""
+    assert task.parent is not None
+    event = SubtaskResult(task_id=task.task_id, agent=agent, call_id=task.parent.call_id, result=result,
+                          digest=digest)
+    return outbox.record(topics.outcomes_topic(task.parent.app_id), task.parent.task_id.encode(), encode(event))

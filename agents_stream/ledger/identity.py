@@ -11,6 +11,7 @@ from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.events import FannedInResult
 from agents_stream.contract.models import TaskPayload, task_digest
 from agents_stream.kafka.outbox import Outbox
+from agents_stream.ledger.delegation import result_send
 from agents_stream.ledger.poison import Poison
 from agents_stream.orchestrator import fan_in_event
 from agents_stream.tables import leases
@@ -41,7 +42,8 @@ def refuse_conflict(
 ) -> bool:
     """True when ``task`` is another task than the one its task_id is recorded for: its message is dead-lettered
     (``task_id_conflict``, exactly once across redeliveries) and an alert sent; it is never answered with the
-    recorded task's result. A task of a job also tells the job it failed, under its own agent and digest."""
+    recorded task's result. A task of a job also tells the job it failed, under its own agent and digest; a
+    sub-task tells its caller so."""
     agent = task.agent_name
     why = leases.conflict(
         record, agent=agent, digest=digest, recorded_digest=recorded_digest(record) if record is not None else None,
@@ -59,9 +61,15 @@ def refuse_conflict(
     )
     key = task.task_id.encode("utf-8")
     poison.on_message(tp, offset, agent, key, value, headers, PoisonMessage(REASON, why))
+    failed = FannedInResult(task_id=task.task_id, status="failed", error=f"dead-lettered: {REASON}: {why}")
+    sends = []
     if task.job_id:  # the job hears its task failed (it counts it only if this is the task it dispatched)
-        failed = FannedInResult(task_id=task.task_id, status="failed", error=f"dead-lettered: {REASON}: {why}")
         event = fan_in_event(failed, agent, digest)
-        outbox.deliver(tp, offset, [outbox.record(topics.JOB_EVENTS, task.job_id.encode("utf-8"), event)])
+        sends.append(outbox.record(topics.JOB_EVENTS, task.job_id.encode("utf-8"), event))
+    if task.parent is not None:  # so does its caller, under its digest: only the caller of this very payload
+        # counts it (a task that took a caller's sub-task id first cannot leave that caller waiting forever)
+        sends.append(result_send(outbox, task, agent, digest, failed.model_dump(mode="json", exclude_none=True)))
+    if sends:
+        outbox.deliver(tp, offset, sends)
     return True
 

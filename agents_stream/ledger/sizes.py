@@ -9,7 +9,7 @@ from agents_stream.contract.models import Usage
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 from agents_stream.tables.leases import TaskRecord
 
-__all__ = ["REASON", "oversize", "record_bytes"]
+__all__ = ["REASON", "oversize", "record_bytes", "subresult_too_large"]
 
 #: the start of the dead letter's error_reason and of the failed result's error
 REASON = "result_too_large"
@@ -32,6 +32,18 @@ def _at_most_bytes(record: TaskRecord) -> int:
         if isinstance(value, str):
             strings += len(value)
     return 12 * strings + _FIELDS_BYTES
+
+
+def subresult_too_large(new: TaskRecord, limit: int) -> str | None:
+    """Why ``new`` (a caller's record with a sub-task's result journaled) cannot be one Kafka record of ``limit``
+    bytes, or None when it fits: ``arrive`` then journals the call as failed with this reason instead."""
+    if _at_most_bytes(new) + RECORD_OVERHEAD_BYTES <= limit:
+        return None
+    size = record_bytes(new) + RECORD_OVERHEAD_BYTES
+    if size <= limit:
+        return None
+    return (f"{REASON}: with the sub-task's result the caller's record is {size} bytes > "
+            f"AGENTS_STREAM_RECORD_MAX_BYTES {limit}; the result is not kept")
 
 
 def oversize(
