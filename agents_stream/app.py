@@ -38,6 +38,7 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import input_topics, output_topics
 from agents_stream.kafka.circuits_log import CircuitsLog
 from agents_stream.kafka.deadletters import dead_letter_finder
+from agents_stream.kafka.delivery import TopicCheck
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.takeover import TAKEOVER_SCAN_S, Takeover
@@ -154,7 +155,7 @@ class Runtime(Service):
         )
         self.outbox = Outbox(
             lambda name: app.topic(name, key_serializer="raw", value_serializer="raw"), watermark, self.worker_id,
-            find_dead_letter=dead_letter_finder(settings), member=self.member,
+            find_dead_letter=dead_letter_finder(settings), member=self.member, topics=TopicCheck(self._producer_client),
         )
         self.notifier = Notifier(rate_per_s=settings.webhook_rate_per_s, queue_max=settings.webhook_queue_max)
         jobs = settings.jobs_enabled()
@@ -304,6 +305,13 @@ class Runtime(Service):
         self.add_future(self.takeover.learn_members())
         if self.ready:
             self.executor.beat_now()
+
+    def _producer_client(self) -> Any:
+        """The producer's aiokafka client (its metadata says which topics exist), or None before it started."""
+        try:
+            return self.app.producer._ensure_producer().client  # type: ignore[attr-defined]
+        except Exception:  # not started yet (Faust's NotReady): nothing is sent before it is
+            return None
 
     def partitions(self) -> list[int]:
         """The partition numbers this worker owns now (of every input topic and table: they are copartitioned)."""

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+import time
 from typing import Any, Awaitable, Callable
 
 import faust
 from aiokafka.errors import (
     InvalidTopicError,
+    KafkaError,
     MessageSizeTooLargeError,
     RecordListTooLargeError,
     RecordTooLargeError,
@@ -148,6 +150,52 @@ async def until_confirmed(
             if not still_mine():
                 raise Fenced(f"{what}: not sent again, its partition is no longer this worker's") from exc
             fut = send()
+
+
+#: how long a send to a topic the producer has no metadata for waits for it before failing for good
+UNKNOWN_TOPIC_WAIT_S = 5.0
+#: how long a topic found missing is refused at once before the broker is asked again
+MISSING_TOPIC_TTL_S = 60.0
+
+
+class TopicCheck:
+    """Whether a topic exists, asked before a record for it enters Faust's producer buffer. The buffer sends one
+    record at a time and the producer waits for an unknown topic's metadata for its whole request timeout (20
+    minutes in Faust), so one record for a topic that does not exist (another app id a task's parent named, with
+    topic creation off) held every send of the worker. A topic unknown to the producer is looked up in a task of its
+    own (one metadata request, ``UNKNOWN_TOPIC_WAIT_S`` at most; no answer: sent as usual); a missing one is refused
+    at once for ``MISSING_TOPIC_TTL_S``.
+
+    ``client()``: the producer's aiokafka client, or None before it started (then every topic counts as known)."""
+
+    def __init__(self, client: Callable[[], Any]) -> None:
+        self.client = client
+        self.missing: dict[str, float] = {}  # topic → when it was found missing (monotonic)
+
+    def known(self, topic: str) -> bool:
+        client = self.client()
+        return client is None or topic in client.cluster.topics()
+
+    async def exists(self, topic: str) -> bool:
+        client = self.client()
+        if client is None or topic in client.cluster.topics():
+            return True
+        since = self.missing.get(topic)
+        if since is not None and time.monotonic() - since < MISSING_TOPIC_TTL_S:
+            return False
+        try:  # one metadata request for every topic: asking for this one would make the producer track it
+            metadata = await asyncio.wait_for(client.fetch_all_metadata(), UNKNOWN_TOPIC_WAIT_S)
+            found = topic in metadata.topics()
+        except (asyncio.TimeoutError, KafkaError) as exc:
+            log.warning("Could not tell whether topic %s exists (%r); its record is sent as usual", topic, exc)
+            return True
+        if not found:
+            self.missing[topic] = time.monotonic()
+            log.warning("Topic %s does not exist: records for it fail for good. If it is one of this app's, create "
+                        "it; if a task named it (its parent's app id), the task's producer is at fault", topic)
+            return False
+        self.missing.pop(topic, None)
+        return True
 
 
 class GuardedTopic(faust.Topic):

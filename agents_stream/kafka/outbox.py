@@ -19,6 +19,8 @@ from agents_stream.kafka.delivery import (
     CONFIRM_TIMEOUT_S,
     RecordTooLarge,
     Send,
+    SendRefused,
+    TopicCheck,
     Undeliverable,
     is_confirmed,
     retry_delay,
@@ -106,6 +108,7 @@ class Outbox(mode.Service):
         retry_delay: Callable[[int], float] = retry_delay,
         member: Callable[[], bool] = lambda: True,
         member_wait_s: float = MEMBER_WAIT_S,
+        topics: TopicCheck | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -114,6 +117,8 @@ class Outbox(mode.Service):
         #: the group confirmed this worker as a member lately (Runtime.member): see ``deliver``
         self.member = member
         self.member_wait_s = member_wait_s
+        #: topics the producer does not know are looked up before a record for them is sent (None: not checked)
+        self.topics = topics
         self.worker_id = worker_id
         self.find_dead_letter = find_dead_letter
         self.confirm_timeout_s = confirm_timeout_s
@@ -128,11 +133,25 @@ class Outbox(mode.Service):
         self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,
         headers: Any = None,
     ) -> "asyncio.Future[Any]":
-        """One attempt: start sending the record now; the future is the broker's answer."""
+        """One attempt: start sending the record now; the future is the broker's answer. A topic the producer
+        does not know yet is looked up first, off Faust's producer buffer (``TopicCheck``)."""
+        if self.topics is not None and not self.topics.known(topic):
+            return self.retrying(self._send_checked(topic, key, value, partition, headers))
         channel = self._channels.get(topic)
         if channel is None:
             channel = self._channels[topic] = self.channel(topic)
         return channel.send_soon(key=key, value=value, partition=partition, headers=headers)
+
+    async def _send_checked(
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int | None, headers: Any,
+    ) -> Any:
+        assert self.topics is not None
+        if not await self.topics.exists(topic):
+            raise SendRefused(f"topic {topic} does not exist")
+        channel = self._channels.get(topic)
+        if channel is None:
+            channel = self._channels[topic] = self.channel(topic)
+        return await channel.send_soon(key=key, value=value, partition=partition, headers=headers)
 
     def record(
         self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,

@@ -48,6 +48,32 @@ async def test_a_parent_naming_an_invalid_app_is_dead_lettered_and_the_next_task
     assert "is not a valid topic name" not in c.workers[0].tail(2000)
 
 
+async def test_a_parent_naming_an_app_that_does_not_exist_holds_no_other_send(cluster_factory):
+    """A parent whose app id is a legal name but has no outcomes topic (topic creation is off): the task is answered
+    on agent.results, its copy for the caller fails for good within seconds (alert.send_refused), and the tasks
+    after it are answered at once: the producer never waits on the missing topic's metadata for them."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], None)
+    w = await c.started()
+    ghost = unique("ghost")
+    orphan = task(agent, task_id="x/c1", parent={"task_id": "x", "app_id": ghost, "call_id": "c1"})
+    orphan["task_id"] = f"{unique('x')}/c1"
+    orphan["parent"]["task_id"] = orphan["task_id"].rsplit("/", 1)[0]
+    plain = [task(agent, n=i) for i in range(3)]
+    await produce(topics.task_topic(agent), [encode(orphan)])
+    got = await results_for({orphan["task_id"]}, timeout=60)
+    await produce(topics.task_topic(agent), [encode(t) for t in plain])
+    started = asyncio.get_running_loop().time()
+    got.update(await results_for({t["task_id"] for t in plain}, timeout=60))
+    waited = asyncio.get_running_loop().time() - started
+    assert all(json.loads(got[t["task_id"]][0].value)["status"] == "succeeded" for t in plain)
+    assert waited < 20, f"the plain tasks waited {waited:.1f}s behind a send to a topic that does not exist"
+    refused = await read_topic(topics.CONTROL, until=lambda s: bool(s), timeout=30,
+                               keep=lambda m: b"alert.send_refused" in (m.value or b"") and ghost.encode() in m.value)
+    assert refused, "operators hear that the caller's copy can never be sent"
+    assert f"Topic agent.outcomes.{ghost} does not exist" in w.tail(2000)
+
+
 def _lead_module(tmp_path: Any, *agents: str) -> str:
     """A lead agent (Python) that may call ``agents`` as tools; its module name, importable from ``tmp_path``."""
     module = unique("lead_def")
