@@ -292,6 +292,7 @@ class Runtime(Service):
         mine = {tp.partition for tp in self.app.consumer.assignment() if tp.topic == self.outcomes.get_topic_name()}
         expiry = self.ledger.expiry
         expiry.keep(mine)
+        await expiry.refresh(self.app.consumer.earliest_offsets)  # a record stays while its task message is readable
         for partition in sorted(mine):
             keys = expiry.sweep_one(partition, time.time())
             if keys:
