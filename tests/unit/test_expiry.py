@@ -142,11 +142,12 @@ async def test_the_ledger_tombstones_what_is_still_expired_when_the_event_comes_
     tasks["old"] = _record(leases.SUCCEEDED, now - 1000)
     tasks["requeued"] = _record(leases.RUNNING, now - 1000)  # found expired, then requeued before the event
     tasks["\x00dead/agent.tasks.a/3"] = json.dumps({"at": now - 1000})
-    event = RecordsExpired(keys=["old", "requeued", "\x00dead/agent.tasks.a/3", "gone"], worker="w1")
+    tasks["readable"] = {**_record(leases.SUCCEEDED, now - 1000), "offset": 8}  # its message is still in the log
+    event = RecordsExpired(keys=["old", "requeued", "\x00dead/agent.tasks.a/3", "gone", "readable"], worker="w1")
     ledger.handle(faust_event(TP(MINE, 0), 8, b"old", encode(event)))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert set(tasks) == {"requeued"}
+    assert set(tasks) == {"requeued", "readable"}
     assert ledger.expiry.expired == 2 and ledger.watermark.commit_offset(TP(MINE, 0)) == 9, (
         "the event's offset commits once its tombstones are confirmed"
     )
