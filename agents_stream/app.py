@@ -324,6 +324,7 @@ class Runtime(Service):
         mine = set(self.partitions())
         expiry = self.ledger.expiry
         expiry.keep(mine)
+        await expiry.refresh(self.app.consumer.earliest_offsets)  # a record stays while its task message is readable
         for partition in sorted(mine):
             keys = expiry.sweep_one(partition, time.time())
             if keys:

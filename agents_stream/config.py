@@ -168,6 +168,9 @@ class McpServerConfig(BaseModel):
     ping_interval_s: float = Field(default=10.0, gt=0)
     #: calls in flight at once, cluster-wide (split among live workers); None: no limit
     max_concurrency: int | None = Field(default=None, ge=1)
+    #: the largest message read from an HTTP server (a JSON body, or one SSE event): a bigger one is not read on
+    #: past this many bytes, and its call fails as the server's error
+    max_message_bytes: int = Field(default=1024 * 1024, ge=1024)
     #: overrides of the top-level ``[breaker]`` defaults for this server's breaker
     breaker: dict[str, Any] = Field(default_factory=dict)
 

@@ -13,8 +13,9 @@ from typing import Any, Iterator
 import faust
 import orjson
 from agents_stream.tables.epochs import EpochFilter, epoch_in, epoch_key, header, next_epoch
-from agents_stream.tables.writes import DELETED, WriteBuffer, chain
+from agents_stream.tables.writes import DELETED, Unconfirmed, WriteBuffer, chain, unanswered
 from faust.streams import current_event
+from faust.types import TP
 from rocksdict import WriteBatch
 
 from agents_stream.settings import Settings
@@ -69,6 +70,11 @@ class LedgerTable(faust.Table):
     Owner epochs (``tables/epochs.py``): a partition this worker takes over gets a higher epoch (``take``), which
     every changelog record it writes there carries; records of a lower epoch than one already read are skipped
     when the changelog is applied (recovery, standbys).
+
+    Only confirmed writes survive a restart: each batch also deletes the partition's persisted changelog offset,
+    which is written back once the broker confirmed every local write of the partition (``Unconfirmed``); a store
+    found with data but no persisted offset when this worker first opens it (the last one was killed before the
+    broker answered) is discarded, and the partition recovered from the changelog (``persisted_offset``).
     """
 
     last_changelog: Any = None
@@ -81,6 +87,9 @@ class LedgerTable(faust.Table):
         self.epochs: dict[int, int] = {}  # partition → the epoch this worker writes it with (``take``)
         self.epoch_filter = EpochFilter()
         self.skipped = 0  # changelog records skipped as a former owner's (for tests and logs)
+        self.unconfirmed = Unconfirmed()
+        self._opened: set[int] = set()  # partitions whose store this worker checked (``persisted_offset``)
+        self._unanswered = unanswered(self.name)  # a test fault (tables/writes.py); None in production
 
     # -- writes --------------------------------------------------------------------------------------
 
@@ -106,18 +115,19 @@ class LedgerTable(faust.Table):
         try:
             batches: dict[int, WriteBatch] = {}
             records = []
+            store: Any = self.data
             for key, write in staged:
                 key_bytes = _key_bytes(key)
                 value = None if write.value is DELETED else _value_bytes(write.value)
                 batch = batches.get(write.partition)
                 if batch is None:
                     batch = batches[write.partition] = WriteBatch(raw_mode=True)
+                    batch.delete(store.offset_key)  # back once the broker confirmed it all (_on_changelog_sent)
                 if value is None:
                     batch.delete(key_bytes)
                 else:
                     batch.put(key_bytes, value)
                 records.append((write, key_bytes, value))
-            store: Any = self.data
             for partition, batch in batches.items():
                 store._db_for_partition(partition).write(batch)
         except Exception as exc:
@@ -135,6 +145,7 @@ class LedgerTable(faust.Table):
             self.crashing = asyncio.ensure_future(self.app.crash(exc))  # Faust's crash stops the worker: its owner
             return
         for write, key_bytes, value in records:
+            self.unconfirmed.wrote(write.partition, key_bytes, value)
             chain(self._send_raw(write.partition, key_bytes, value), write.sent)
 
     def send_changelog(
@@ -149,6 +160,9 @@ class LedgerTable(faust.Table):
             failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
             failed.set_exception(self.broken)
             return failed
+        if self._unanswered is not None and value is not None and self._unanswered in value:
+            log.warning("Test fault: the changelog record of %s in table %s is never sent", key, self.name)
+            return asyncio.get_running_loop().create_future()  # never settles, as if the broker never answered
         epoch = self.epochs.get(partition)
         # Faust's own send (Collection.send_changelog) with the epoch's header: its callback keeps the partition's
         # persisted changelog offset in RocksDB.
@@ -174,7 +188,9 @@ class LedgerTable(faust.Table):
         return epoch, self.last_changelog
 
     def apply_changelog_batch(self, batch: Any) -> None:
-        """Faust's RocksDB apply (recovery, standbys), less the records of a former owner (``EpochFilter``)."""
+        """Faust's RocksDB apply (recovery, standbys), less the records of a former owner (``EpochFilter``). A
+        partition with writes of this worker still unconfirmed (assigned back to it meanwhile) must not look
+        confirmed, so its persisted offset goes again."""
         store: Any = self.data
         batches: dict[int, WriteBatch] = {}
         offsets: dict[Any, int] = {}
@@ -199,6 +215,8 @@ class LedgerTable(faust.Table):
             store._db_for_partition(partition).write(write)
         for tp, offset in offsets.items():
             store.set_persisted_offset(tp, offset)
+        for partition in {tp.partition for tp in offsets} & set(self.unconfirmed.partitions()):
+            store._db_for_partition(partition).delete(store.offset_key)
         if skipped:
             self.skipped += skipped
             log.warning(
@@ -214,6 +232,44 @@ class LedgerTable(faust.Table):
             return next_epoch(orjson.loads(raw)) - 1
         except ValueError:
             return 0
+
+    def _on_changelog_sent(self, fut: Any) -> None:
+        """The broker confirmed a changelog record: the partition's persisted offset is written once every local
+        write of it is confirmed (Faust's own callback writes it at each confirmation)."""
+        if self.app.in_transaction:
+            super()._on_changelog_sent(fut)
+            return
+        res, message = fut.result(), fut.message
+        tp = res.topic_partition
+        offset = self.unconfirmed.confirmed(tp.partition, message.key, message.value, res.offset)
+        if offset is not None:
+            self.data.set_persisted_offset(tp, offset)
+
+    def persisted_offset(self, tp: TP) -> int | None:
+        """The partition's persisted changelog offset, where Faust's recovery reads on from. The first time this
+        worker opens a partition's store, one with data and no persisted offset holds writes the changelog never
+        confirmed: it is emptied, so the partition is recovered from the changelog alone."""
+        offset = self.data.persisted_offset(tp)
+        if tp.partition not in self._opened:
+            self._opened.add(tp.partition)
+            if offset is None:
+                self._discard(tp.partition)
+        return offset
+
+    def _discard(self, partition: int) -> None:
+        store: Any = self.data
+        db = store._db_for_partition(partition)
+        batch, found = WriteBatch(raw_mode=True), 0
+        for key in db.keys():
+            batch.delete(key)
+            found += 1
+        if found:
+            db.write(batch)
+            log.warning(
+                "Table %s partition %d: the local store held writes the changelog never confirmed (the worker "
+                "stopped before the broker answered); its %d entries are discarded and the partition is recovered "
+                "from the changelog. Nothing to do", self.name, partition, found,
+            )
 
     # -- reads ---------------------------------------------------------------------------------------
 

@@ -6,15 +6,29 @@ changelog record per key, with the key's last value, and writes one RocksDB batc
 for a write (the outbox, holding an offset) waits on the key's ``Staged.sent``, which the flush chains to the
 broker's answer for the record that carries the key's final value. A later value supersedes an earlier one: a
 compacted changelog keeps only the last anyway, and nothing waits on the earlier value alone.
+
+The local store is written before the broker answers, so it can hold writes the changelog never got (the worker
+killed in between). ``Unconfirmed`` keeps, per partition, the local writes whose changelog record the broker has
+not confirmed yet: while there are any, the partition's persisted changelog offset is absent from its store, and a
+store found with data but no persisted offset when a worker opens it is discarded and recovered from the
+changelog (``LedgerTable.persisted_offset``; docs/decisions.md, "Only confirmed writes survive a restart").
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DELETED", "Staged", "WriteBuffer", "chain"]
+__all__ = ["DELETED", "FAULT_UNANSWERED_CHANGELOG", "Staged", "Unconfirmed", "WriteBuffer", "chain", "unanswered"]
+
+log = logging.getLogger(__name__)
+
+#: Fault injection for tests: ``<table>=<text>`` — a changelog record of that table whose value contains the text
+#: is never sent, and its send never settles (the broker never answers). Unset (always, in production): inert.
+FAULT_UNANSWERED_CHANGELOG = "AGENTS_STREAM_FAULT_UNANSWERED_CHANGELOG"
 
 
 class _Deleted:
@@ -87,3 +101,47 @@ def chain(source: "asyncio.Future[Any]", target: "asyncio.Future[Any]") -> None:
         settle(source)
     else:
         source.add_done_callback(settle)
+
+
+class Unconfirmed:
+    """Per partition, the local writes whose changelog record the broker has not confirmed yet (key → the value
+    written, None for a delete), and the highest changelog offset confirmed so far."""
+
+    def __init__(self) -> None:
+        self._writes: dict[int, dict[bytes, bytes | None]] = {}
+        self._confirmed: dict[int, int] = {}
+
+    def __contains__(self, partition: object) -> bool:
+        return bool(self._writes.get(partition))  # type: ignore[call-overload]
+
+    def partitions(self) -> list[int]:
+        """The partitions with local writes not yet confirmed."""
+        return [partition for partition, writes in self._writes.items() if writes]
+
+    def wrote(self, partition: int, key: bytes, value: bytes | None) -> None:
+        """``key`` was written to ``partition``'s local store, its changelog record not yet confirmed."""
+        self._writes.setdefault(partition, {})[key] = value
+
+    def confirmed(self, partition: int, key: bytes, value: bytes | None, offset: int) -> int | None:
+        """The broker confirmed the changelog record ``key`` → ``value`` at ``offset``: the offset to persist once
+        every local write of the partition is confirmed, else None (a later write of the key is still open)."""
+        self._confirmed[partition] = max(offset, self._confirmed.get(partition, offset))
+        writes = self._writes.get(partition)
+        if writes is not None and key in writes and writes[key] == value:
+            del writes[key]
+        if writes:
+            return None
+        self._writes.pop(partition, None)
+        return self._confirmed[partition]
+
+
+def unanswered(table: str) -> bytes | None:
+    """The text of ``FAULT_UNANSWERED_CHANGELOG`` for ``table`` (a test fault), None when it is not set for it."""
+    name, _, text = os.environ.get(FAULT_UNANSWERED_CHANGELOG, "").partition("=")
+    if not text or name.strip() != table:
+        return None
+    log.warning(
+        "%s is set: changelog records of table %s containing %r are never sent (a test fault; never set it in "
+        "production)", FAULT_UNANSWERED_CHANGELOG, table, text,
+    )
+    return text.encode()

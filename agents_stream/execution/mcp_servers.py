@@ -167,16 +167,20 @@ class McpConnection:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
+        from agents_stream.execution.mcp_bounds import bounded_transport  # imports httpx2: the mcp extra's
+
         logging.getLogger("httpx2").setLevel(logging.WARNING)  # one INFO line per request (keepalives too) otherwise
 
         headers = {header: os.environ.get(var, "") for header, var in self.config.headers_env.items()}
         missing = [var for var in self.config.headers_env.values() if not os.environ.get(var)]
         if missing:
             raise ValueError(f"the environment variables {missing} of headers_env are not set")
+        limit = self.config.max_message_bytes
         http = await stack.enter_async_context(httpx2.AsyncClient(
             headers=headers, timeout=httpx2.Timeout(30.0, connect=self.config.connect_timeout_s, read=300.0),
+            transport=bounded_transport(httpx2.AsyncHTTPTransport(), limit),
         ))
-        return streamable_http_client(self.config.url or "", http_client=http)
+        return streamable_http_client(self.config.url or "", http_client=http, max_sse_event_size=limit)
 
     async def _list(self, client: Any) -> list[Any]:
         listed: list[Any] = []

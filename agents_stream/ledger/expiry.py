@@ -9,12 +9,19 @@ each entry again (``tables/expiry.expired``): one that changed since (a requeue)
 The time to live is settled at start: ``AGENTS_STREAM_RECORD_TTL_S``, never less than the longest retention of
 the task topics this worker reads (0, the default, means that retention). A topic kept forever keeps its records
 forever.
+
+Past its time to live an entry is still kept while its task message can be read (tables/expiry.py): before each
+sweep the worker asks the broker for the log start offsets (ListOffsets earliest) of the task topic partitions the
+entries found past their time to live point at (``refresh``), and an entry goes once its message's offset is below
+its partition's log start. A log start only grows, so one read a sweep ago is a safe answer at the ledger too.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import math
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from faust.types import TP
@@ -22,7 +29,7 @@ from faust.types import TP
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.settings import Settings
 from agents_stream.tables.definitions import LedgerTable
-from agents_stream.tables.expiry import expired
+from agents_stream.tables.expiry import expired, past_ttl, source
 
 __all__ = ["Expiry"]
 
@@ -40,6 +47,10 @@ class Expiry:
         self._cursors: dict[int, bytes | None] = {}
         #: entries expired here since start (for the log and tests)
         self.expired = 0
+        #: the broker's log start offset of each task topic partition an entry past its time to live points at
+        self.log_starts: dict[tuple[str, int], int] = {}
+        #: the task topic partitions whose log start the next ``refresh`` asks for
+        self._asked: set[TP] = set()
 
     def settle(self, retention_s: float | None) -> float:
         """The time to live, from the setting and the task topics' longest retention (None: kept forever)."""
@@ -63,6 +74,25 @@ class Expiry:
         """Only ``partitions`` are this worker's now: the places of the others are forgotten."""
         for gone in set(self._cursors) - partitions:
             del self._cursors[gone]
+        self._asked = {tp for tp in self._asked if tp.partition in partitions}
+        self.log_starts = {at: start for at, start in self.log_starts.items() if at[1] in partitions}
+
+    async def refresh(self, earliest: Callable[..., Awaitable[Mapping[TP, int]]], timeout: float = 10.0) -> None:
+        """Ask the broker (``earliest``: the consumer's ListOffsets earliest) for the log start offsets of the task
+        topic partitions the last sweeps found entries past their time to live on. Unanswered, the entries stay."""
+        if not self._asked:
+            return
+        try:
+            starts = await asyncio.wait_for(earliest(*sorted(self._asked)), timeout=timeout)
+        except Exception as exc:  # a broker that does not answer keeps every record (the safe side)
+            log.warning(
+                "Could not read the log start offsets of %d task topic partitions (%r): finished records whose task "
+                "message may still be in its topic are kept; the next sweep asks again", len(self._asked), exc,
+            )
+            return
+        for tp, start in starts.items():
+            if isinstance(start, int):
+                self.log_starts[(tp.topic, tp.partition)] = start
 
     def sweep_one(self, partition: int, now: float) -> list[str]:
         """The next ``AGENTS_STREAM_EXPIRY_BATCH`` entries of one partition: the expired keys among them. A slice at
@@ -73,7 +103,13 @@ class Expiry:
         entries, self._cursors[partition] = self.table.scan(
             partition, self._cursors.get(partition), self.settings.expiry_batch,
         )
-        return [key for key, value in entries if expired(key, value, now=now, ttl=ttl)]
+        found = []
+        for key, value in entries:
+            if expired(key, value, now=now, ttl=ttl, partition=partition, log_starts=self.log_starts):
+                found.append(key)
+            elif past_ttl(key, value, now=now, ttl=ttl) and (message := source(key, value, partition)) is not None:
+                self._asked.add(TP(message[0], message[1]))  # its message may still be readable: ask the broker
+        return found
 
     def apply(self, tp: TP, keys: list[str], now: float) -> list[Send]:
         """The ledger handles a ``RecordsExpired`` event: each entry still expired is deleted; the tombstones' sends."""
@@ -83,7 +119,9 @@ class Expiry:
         sends: list[Send] = []
         for key in keys:
             value: Any = self.table.get(key)
-            if value is not None and expired(key, value, now=now, ttl=ttl):
+            if value is not None and expired(
+                key, value, now=now, ttl=ttl, partition=tp.partition, log_starts=self.log_starts,
+            ):
                 del self.table[key]
                 sends.append(self.outbox.changelog(self.table, tp.partition, key))
         self.expired += len(sends)

@@ -18,7 +18,7 @@ from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import HISTORY_HEADER, requeue_headers
 from agents_stream.ops import metrics
 from agents_stream.tables.definitions import LedgerTable
-from agents_stream.tables.expiry import POISON_PREFIX
+from agents_stream.tables.expiry import POISON_PREFIX, marked_message
 
 log = logging.getLogger(__name__)
 
@@ -34,9 +34,8 @@ def poison_key(topic: str, offset: int) -> str:
 
 def poison_source(marker: str, partition: int) -> tuple[TP, int] | None:
     """(partition, offset) of the poison message a marker key (see poison_key) names."""
-    _, _, rest = marker.partition("/")
-    topic, _, offset = rest.rpartition("/")
-    return (TP(topic, partition), int(offset)) if topic and offset.isdigit() else None
+    marked = marked_message(marker)
+    return None if marked is None else (TP(marked[0], partition), marked[1])
 
 
 def reason_of(poison: PoisonMessage) -> str:

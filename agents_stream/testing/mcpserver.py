@@ -5,11 +5,12 @@
 
 Its tools (a small ticket desk): ``create_ticket`` (a side effect, idempotent by the call's key),
 ``lookup_customer``, ``sleep`` (answers after ``seconds``, recorded as it starts), ``refuse`` (an ``isError``
-result). Every call appends one JSON line to ``--record``: the tool, its arguments, the idempotency key from
-``_meta`` (``agents-stream/idempotency-key``), the attempt, ``replay``: whether that key was seen before (then
-the stored answer is sent again, no second ticket), the request's Authorization header and which DESK_*, KAFKA* and
-AGENTS_STREAM_* variables the server's environment has. The file is read back at start, so a server started again (a
-stdio server lives and dies with its worker) still knows every key.
+result), ``report`` (``size`` bytes of text: an oversized result). Every call appends one JSON line to ``--record``:
+the tool, its arguments, the idempotency key from ``_meta`` (``agents-stream/idempotency-key``), the attempt,
+``replay``: whether that key was seen before (then the stored answer is sent again, no second ticket), the request's
+Authorization header and which DESK_*, KAFKA* and AGENTS_STREAM_* variables the server's environment has. The file
+is read back at start, so a server started again (a stdio server lives and dies with its worker) still knows every
+key.
 """
 
 from __future__ import annotations
@@ -91,6 +92,12 @@ def build(record: Path, name: str = "desk") -> MCPServer:
         """Always fails, saying why (an isError result)."""
         note(ctx, "refuse", {"reason": reason}, None)
         raise ToolError(f"refused: {reason}")
+
+    @server.tool()
+    def report(size: int, ctx: Context) -> str:
+        """A report of ``size`` bytes (at most 64 MiB)."""
+        note(ctx, "report", {"size": size}, None)
+        return "x" * max(0, min(size, 64 * 1024 * 1024))
 
     return server
 

@@ -134,8 +134,8 @@ async def test_an_agent_of_mcp_tools_holds_until_its_server_is_listed_then_calls
 
     first, last = [r for r in fake_llm.requests if r.task_id == t["task_id"]]
     offered = {f["function"]["name"]: f["function"] for f in (x for x in first.body["tools"])}
-    assert set(offered) == {"create_ticket", "lookup_customer", "sleep", "refuse", "s_create_ticket",
-                            "s_lookup_customer", "s_sleep", "s_refuse"}
+    assert set(offered) == {"create_ticket", "lookup_customer", "sleep", "refuse", "report", "s_create_ticket",
+                            "s_lookup_customer", "s_sleep", "s_refuse", "s_report"}
     schema = offered["create_ticket"]["parameters"]
     assert schema["properties"]["priority"]["type"] == "integer" and schema["properties"]["priority"]["default"] == 1
     ticket = [x for x in read_calls(http_mcp.record) if x["tool"] == "create_ticket"]

@@ -1,6 +1,7 @@
-"""Finished records expire: which entries are past their time to live, the time to live against the task topics'
-retention, the sweep's slices of a real RocksDB (rocksdict) partition, and the ledger tombstoning what the sweep
-found, once, and nothing that changed since."""
+"""Finished records expire: which entries are past their time to live and their task message gone from its topic,
+the time to live against the task topics' retention, the sweep's slices of a real RocksDB (rocksdict) partition and
+the log starts it asks the broker for, and the ledger tombstoning what the sweep found, once, and nothing that
+changed since."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from typing import Any
 
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import LedgerTable, Tables
-from agents_stream.tables.expiry import expired
+from agents_stream.tables.expiry import expired as expired_on_0
 from faust.types import TP
 from rocksdict import Options, Rdict
 
@@ -27,6 +28,12 @@ from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
 
 NOW = 1_000_000.0
 MINE = topics.outcomes_topic(Settings().app_id)
+#: the task topic's log start is past offset 1 (the records' message) and 7 (the markers')
+GONE = {("agent.tasks.a", 0): 8}
+
+
+def expired(key: str, value: Any, *, now: float, ttl: float, log_starts: Any = GONE) -> bool:
+    return expired_on_0(key, value, now=now, ttl=ttl, partition=0, log_starts=log_starts)
 
 
 def _record(state: str, finished_at: float | None) -> dict[str, Any]:
@@ -50,6 +57,22 @@ def test_finished_records_and_sent_markers_expire_and_nothing_open_does() -> Non
     )
     assert not expired("\x00spend/a/2026-12-01/0", 1.5, now=NOW, ttl=ttl)
     assert not expired("t", {"state": "succeeded", "finished_at": True}, now=NOW, ttl=ttl)
+
+
+def test_an_entry_past_its_time_to_live_stays_while_its_task_message_can_be_read() -> None:
+    """Kafka deletes closed segments only: a message outlives its retention by up to a segment (7 days by default),
+    and a rewound group reading it must find its record, not run the task again."""
+    old = _record(leases.SUCCEEDED, NOW - 1e6)
+    marker = json.dumps({"at": NOW - 1e6})
+    for starts in ({}, {("agent.tasks.a", 0): 0}, {("agent.tasks.a", 0): 1}, {("agent.tasks.a", 1): 9}):
+        assert not expired("t", old, now=NOW, ttl=100, log_starts=starts), f"message at 1 still readable: {starts}"
+    assert expired("t", old, now=NOW, ttl=100, log_starts={("agent.tasks.a", 0): 2}), "log start past offset 1"
+    assert not expired("\x00dead/agent.tasks.a/7", marker, now=NOW, ttl=100, log_starts={("agent.tasks.a", 0): 7})
+    assert expired("\x00dead/agent.tasks.a/7", marker, now=NOW, ttl=100, log_starts={("agent.tasks.a", 0): 8})
+    before_it_came = {**old, "offset": -1}  # cancelled before its message arrived (tables/cancel.py)
+    assert expired("t", before_it_came, now=NOW, ttl=100, log_starts={})
+    assert not expired("t", {**old, "offset": None}, now=NOW, ttl=100), "a record naming no message is kept"
+    assert not expired("t", _record(leases.SUCCEEDED, NOW - 99), now=NOW, ttl=100), "the message gone, not the TTL"
 
 
 def test_the_time_to_live_is_never_shorter_than_the_task_topics_retention() -> None:
@@ -82,10 +105,27 @@ def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_pa
 
     assert sweep({0}) == {}, "nothing expires before the time to live is settled"
     expiry.settle(100.0)
+    assert [sweep({0, 5}) for _ in range(3)] == [{}, {}, {}], "past the TTL, but no log start known yet"
+    asked: list[tuple[TP, ...]] = []
+
+    async def earliest(*tps: TP) -> dict[TP, int]:  # the broker's answer (the consumer's ListOffsets earliest)
+        asked.append(tps)
+        return {tp: 2 for tp in tps}
+
+    asyncio.run(expiry.refresh(earliest))
+    assert asked == [(TP("agent.tasks.a", 0),)], "the log start of the partition the records' messages are on"
     slices = [sweep({0, 5}) for _ in range(4)]
     assert slices == [{0: ["t00", "t02"]}, {0: ["t04"]}, {0: ["t06"]}, {0: ["t00", "t02"]}], (
         "three entries a tick, the offset key skipped, a partition without a database (5) gives nothing"
     )
+
+    async def silent(*tps: TP) -> dict[TP, int]:
+        raise asyncio.TimeoutError
+
+    asyncio.run(expiry.refresh(silent))
+    assert sweep({0}) == {0: ["t04"]}, "a broker that does not answer: the last log start it gave still holds"
+    expiry.keep({5})
+    assert expiry.log_starts == {}, "a partition given away forgets its log starts"
     db.close()
 
 
@@ -97,15 +137,17 @@ async def test_the_ledger_tombstones_what_is_still_expired_when_the_event_comes_
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     ledger.expiry.settle(100.0)
+    ledger.expiry.log_starts = dict(GONE)
     now = time.time()
     tasks["old"] = _record(leases.SUCCEEDED, now - 1000)
     tasks["requeued"] = _record(leases.RUNNING, now - 1000)  # found expired, then requeued before the event
     tasks["\x00dead/agent.tasks.a/3"] = json.dumps({"at": now - 1000})
-    event = RecordsExpired(keys=["old", "requeued", "\x00dead/agent.tasks.a/3", "gone"], worker="w1")
+    tasks["readable"] = {**_record(leases.SUCCEEDED, now - 1000), "offset": 8}  # its message is still in the log
+    event = RecordsExpired(keys=["old", "requeued", "\x00dead/agent.tasks.a/3", "gone", "readable"], worker="w1")
     ledger.handle(faust_event(TP(MINE, 0), 8, b"old", encode(event)))
     for _ in range(5):
         await asyncio.sleep(0)
-    assert set(tasks) == {"requeued"}
+    assert set(tasks) == {"requeued", "readable"}
     assert ledger.expiry.expired == 2 and ledger.watermark.commit_offset(TP(MINE, 0)) == 9, (
         "the event's offset commits once its tombstones are confirmed"
     )

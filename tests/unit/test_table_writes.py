@@ -2,6 +2,8 @@
 
 A key written twice before the flush is one changelog record with its last value; whoever waits for a write waits
 for that record; reads see a staged write at once; keys are the bytes Faust has always written (JSON, ASCII).
+Only confirmed writes survive a restart: a store holding a write the broker never confirmed is discarded when a
+worker opens it again, and its partition recovered from the changelog.
 """
 
 from __future__ import annotations
@@ -9,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import faust
 import pytest
 from agents_stream.tables.definitions import define_tables, writing
-from agents_stream.tables.writes import DELETED, WriteBuffer, chain
+from agents_stream.tables.writes import DELETED, Unconfirmed, WriteBuffer, chain
+from faust.types import TP
+from faust.types.tuples import RecordMetadata
 
 from agents_stream.settings import Settings
 
@@ -68,6 +73,21 @@ async def test_a_staged_future_settles_as_the_send_that_carries_it() -> None:
     done.set_result("early")
     chain(done, target)
     assert target.result() == "early"
+
+
+def test_a_partition_is_confirmed_once_every_local_write_of_it_is() -> None:
+    """The offset to persist comes only when nothing written to the partition waits for the broker any more."""
+    open_writes = Unconfirmed()
+    open_writes.wrote(2, b"k", b"1")
+    open_writes.wrote(2, b"j", None)
+    open_writes.wrote(2, b"k", b"2")  # written again before the first record was confirmed
+    assert 2 in open_writes and 3 not in open_writes
+    assert open_writes.confirmed(2, b"k", b"1", 10) is None, "the key's later value is not confirmed yet"
+    assert open_writes.confirmed(2, b"j", None, 11) is None
+    assert open_writes.confirmed(2, b"k", b"2", 12) == 12 and 2 not in open_writes
+    assert open_writes.confirmed(3, b"x", b"0", 4) == 4, "a retry's confirmation of a partition with nothing open"
+    open_writes.wrote(2, b"k", b"3")
+    assert open_writes.confirmed(2, b"other", b"9", 9) is None and open_writes.confirmed(2, b"k", b"3", 13) == 13
 
 
 # -- LedgerTable: a real Faust table on a real RocksDB store, its changelog records left in the producer buffer ------
@@ -138,3 +158,70 @@ async def test_an_integer_past_64_bits_is_written_and_read_back_exactly(tmp_path
     [(_, value, _)] = _records(app)
     assert value == b'{"context":{"n":100000000000000000000}}'
     assert table.get("job-1") == {"context": {"n": 10**20}} and isinstance(table.get("job-1")["context"]["n"], int)
+
+
+def _confirm(table: faust.Table, app: faust.App, offset: int) -> None:
+    """The broker confirms every changelog record in the producer's buffer, from ``offset`` on."""
+    pending = app.producer.buffer.pending
+    while not pending.empty():
+        fut = pending.get_nowait()
+        tp = TP(table.changelog_topic.get_topic_name(), fut.message.partition)
+        fut.set_result(RecordMetadata(tp.topic, tp.partition, tp, offset))
+        table._on_changelog_sent(fut)  # what Faust calls once the broker answered
+        offset += 1
+
+
+def _reopened(app: faust.App, table: faust.Table, tmp_path: Path) -> tuple[faust.App, faust.Table]:
+    """The worker restarted on the same data dir (its stores closed, as a killed process leaves them)."""
+    for db in table.data._dbs.values():
+        db.close()
+    table.data._dbs.clear()
+    return _tables(tmp_path)
+
+
+async def test_a_store_with_a_write_the_broker_never_confirmed_is_discarded_when_it_is_opened_again(
+    tmp_path: Path,
+) -> None:
+    """Killed between the local write and the broker's answer: the restarted worker would otherwise answer from a
+    record the changelog never got, and a later owner, recovering from the changelog, run the task again."""
+    app, table = _tables(tmp_path)
+    changelog = TP(table.changelog_topic.get_topic_name(), 2)
+    with writing(2):
+        table["t-1"] = {"state": "running"}
+    await _spin()
+    assert table.data.persisted_offset(changelog) is None, "no persisted offset while a write waits for the broker"
+    _confirm(table, app, 7)
+    assert table.data.persisted_offset(changelog) == 7
+    with writing(2):
+        table["t-1"] = {"state": "succeeded"}
+    await _spin()
+    assert table.data.persisted_offset(changelog) is None
+    app, table = _reopened(app, table, tmp_path)  # killed before the broker answered
+    assert table.persisted_offset(changelog) is None, "recovered from the changelog's start"
+    assert table.get("t-1") is None and table.data._db_for_partition(2).get(b'"t-1"') is None, (
+        "the never-confirmed record is gone: the changelog's running record comes back by recovery"
+    )
+
+
+async def test_a_store_whose_writes_were_all_confirmed_is_kept_and_read_on_from_its_offset(tmp_path: Path) -> None:
+    app, table = _tables(tmp_path)
+    changelog = TP(table.changelog_topic.get_topic_name(), 1)
+    with writing(1):
+        table["t-1"] = {"state": "succeeded"}
+        table["t-2"] = {"state": "running"}
+    await _spin()
+    _confirm(table, app, 40)
+    assert table.data.persisted_offset(changelog) == 41
+    app, table = _reopened(app, table, tmp_path)
+    assert table.persisted_offset(changelog) == 41
+    assert table.get("t-1") == {"state": "succeeded"} and table.get("t-2") == {"state": "running"}
+    with writing(1):
+        table["t-3"] = {"state": "running"}  # written while this worker runs: nothing is discarded any more
+    await _spin()
+    assert table.persisted_offset(changelog) is None and table.get("t-1") == {"state": "succeeded"}
+    replayed = SimpleNamespace(message=SimpleNamespace(tp=changelog, partition=1, offset=44, key=b'"t-9"', value=b"1",
+                                                          headers=[]))
+    table.apply_changelog_batch([replayed])  # recovered again (assigned back) while t-3 waits for the broker
+    assert table.data.persisted_offset(changelog) is None and table.get("t-9") == 1
+    _confirm(table, app, 45)
+    assert table.data.persisted_offset(changelog) == 45
