@@ -140,6 +140,9 @@ def park_call(
     its journal stays in the record, and a decision or the last timeout resumes it at that call."""
     if record is None or record.state != RUNNING or record.dispatch != dispatch or not timeouts:
         return record, []  # a stale run's report, or a task that moved on
+    # Each parking of a task its own millisecond (its identity, ``parked_ms_of``): a decision for the last one
+    # never fits this one, however soon the loop parks again.
+    now = max(now, float(state(record).get("requested_at", 0.0)) + 0.001)
     approval = {
         "reason": reason, "level": 0, "requested_at": now, "due": now + timeouts[0], "timeouts": list(timeouts),
         "escalations": [], "decision": None, "call": call,
