@@ -44,6 +44,9 @@ def _cmd_decide(args: argparse.Namespace) -> int:
     from agents_stream.ops.cli_views import get_view, no_worker
 
     command, settings = args.decision, Settings.from_env()
+    made = _build(command, args.decision, task_id=args.task_id, by=args.by, comment=args.comment, parked=args.parked)
+    if isinstance(made, int):
+        return made
     try:
         status, view = get_view(settings, f"/tasks/{quote(args.task_id, safe='')}")
     except (OSError, ValueError) as exc:
@@ -53,8 +56,9 @@ def _cmd_decide(args: argparse.Namespace) -> int:
         code, message = refusal
         print(f"agents-stream {command}: {printable(message)}", file=sys.stderr)
         return code
-    return _send(command, args.decision, task_id=args.task_id, by=args.by, comment=args.comment,
-                 parked=args.parked, app_id=view.get("app_id"), agent=view.get("agent"))
+    named = _build(command, args.decision, **{**made.model_dump(include={"task_id", "by", "comment", "parked"}),
+                                             "app_id": view.get("app_id"), "agent": view.get("agent")})
+    return named if isinstance(named, int) else _publish(command, settings, named)
 
 
 def decide_refusal(task_id: str, parked: int | None, status: int, view: dict[str, Any]) -> tuple[int, str] | None:
@@ -81,28 +85,34 @@ def decide_refusal(task_id: str, parked: int | None, status: int, view: dict[str
 def cancel_task(args: argparse.Namespace) -> int:
     """``agents-stream tasks cancel``: a signed cancel for this shell's app id; ``--agent`` lets it stop a task not
     yet read too."""
-    return _send("tasks cancel", "cancel", task_id=args.id, by=args.by, comment=args.reason, agent=args.agent,
-                 app_id=Settings.from_env().app_id)
+    settings = Settings.from_env()
+    made = _build("tasks cancel", "cancel", task_id=args.id, by=args.by, comment=args.reason, agent=args.agent,
+                  app_id=settings.app_id)
+    return made if isinstance(made, int) else _publish("tasks cancel", settings, made)
 
 
-def _send(command: str, verb: str, **fields: str | int | None) -> int:
+def _build(command: str, verb: str, **fields: Any) -> Any:
+    """The decision, or the exit code after saying why it cannot be made (a bad field, a short secret)."""
     from pydantic import ValidationError
 
     from agents_stream.contract.models import ApprovalDecision
 
-    settings = Settings.from_env()
-    problem = settings.approval_secret_problem()
+    problem = Settings.from_env().approval_secret_problem()
     if problem:
         print(f"agents-stream {command}: {problem}", file=sys.stderr)
         return 2
     try:
-        decision = ApprovalDecision(decision=verb, via="cli", **fields)  # type: ignore[arg-type]
+        return ApprovalDecision(decision=verb, via="cli", **fields)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = first["loc"][0] if first["loc"] else "decision"
         hint = " (control characters are refused)" if first["type"] == "string_pattern_mismatch" else ""
         print(f"agents-stream {command}: {field}: {first['msg']}{hint}", file=sys.stderr)
         return 2
+
+
+def _publish(command: str, settings: Settings, decision: Any) -> int:
+    verb = decision.decision
     # Signed with the approval secret when this shell has it; without it the worker applies the decision and
     # records it as signed: false (or refuses it under AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED).
     decision = with_signature(settings.approval_secret, decision)

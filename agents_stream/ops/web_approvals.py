@@ -131,8 +131,8 @@ def register_approval_views(app: Any, runtime: Worker) -> None:
                         "/tasks/<task_id> show it (a decision names what its human saw, so a retry cannot decide "
                         f"the task's next parking); expected JSON {EXPECTED}")}, status=400)
                 checked = await self._at_owner(request, task_id, body, decision)
-                if isinstance(checked, Response):
-                    return checked
+                if not isinstance(checked, ApprovalDecision):
+                    return checked  # the owner's answer, or why the decision does not decide the task
                 decision = checked
             try:
                 await publish_decision(app, decision, settings.approval_secret)
