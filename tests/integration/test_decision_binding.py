@@ -25,8 +25,14 @@ async def _parked_at(worker: Any, task_id: str, call_id: str) -> int | None:
     view = await worker.get(f"/tasks/{task_id}")
     approval = view.get("approval") or {}
     if view.get("state") == "awaiting_approval" and (approval.get("call") or {}).get("id") == call_id:
-        return int(approval["parked"])
+        return _parking(approval)
     return None
+
+
+def _parking(shown: dict[str, Any]) -> int:
+    """The parking a view shows (``parked``: when it was parked, in ms; a worker that does not show it, of the
+    version before decisions named it, is asked the same thing through ``requested_at``)."""
+    return int(shown["parked"]) if "parked" in shown else int(round(float(shown["requested_at"]) * 1000))
 
 
 async def _post(port: int, task_id: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -102,16 +108,16 @@ async def test_one_app_ids_decision_does_not_decide_another_app_ids_task_of_the_
     waiting = {}
     for name, w in (("a", wa), ("b", wb)):
         waiting[name] = await eventually(lambda w=w: _listed(w, t["task_id"]), timeout=60, what=f"parked in {name}")
-    assert (waiting["a"]["app_id"], waiting["b"]["app_id"]) == (a.app_id, b.app_id)
     status, body = await _post(wa.web_port, t["task_id"], {"decision": "approve", "by": "ann",
-                                                            "parked": waiting["a"]["parked"]})
+                                                            "parked": _parking(waiting["a"])})
     assert status == 202, body
     await eventually(lambda: _state_is(wa, t["task_id"], "succeeded"), timeout=60, what="A's task run")
+    assert (await wb.get(f"/tasks/{t['task_id']}"))["state"] == "awaiting_approval", "B's task still waits"
+    assert (waiting["a"]["app_id"], waiting["b"]["app_id"]) == (a.app_id, b.app_id), "/approvals names the app id"
     events = await control_events(t["task_id"], "approval.ignored")
     [ignored] = [e for e in events if e["event"] == "approval.ignored"]
     assert ignored["details"]["reason"] == (
         f"the decision is for the task of this id in app id {a.app_id}; this is app id {b.app_id}")
-    assert (await wb.get(f"/tasks/{t['task_id']}"))["state"] == "awaiting_approval", "B's task still waits"
 
 
 async def _listed(worker: Any, task_id: str) -> dict[str, Any] | None:
