@@ -89,7 +89,7 @@ async def test_a_retried_approve_leaves_the_loops_next_refund_parked(cluster_fac
         got = await results_for({task_id}, timeout=60)
         assert json.loads(got[task_id][0].value)["status"] == "succeeded"
         assert len(services.executed("payment.refund")) == 2, "each refund once, each after its own approval"
-    print(f"\nretried approve: HTTP 409, event ignored, CLI exit 1; refund(900) ran only after its own decision")
+    print("\nretried approve: HTTP 409, event ignored, CLI exit 1; refund(900) ran only after its own decision")
 
 
 async def test_one_app_ids_decision_does_not_decide_another_app_ids_task_of_the_same_id(cluster_factory, fake_llm):

@@ -179,7 +179,8 @@ def test_approval_at_level_two_records_that_level():
 
 
 def test_a_non_ascii_signature_is_refused_not_an_error():
-    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED, "shop", "refunds")), "sig": "é" * 64}
+    url = links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED, "shop", "refunds")
+    fields = {**fields_of(url), "sig": "é" * 64}
     with pytest.raises(links.LinkError, match="signature"):
         links.verify(SECRET, "r-1", "approve", fields, now=1_000)
 
@@ -224,7 +225,8 @@ def fields_of(url: str) -> dict[str, str]:
 def test_a_genuine_link_verifies_to_its_level_and_approver():
     url = links.link("http://w:6066/", SECRET, "r/1 x", "approve", 1, "manager", 2_000, PARKED, "shop", "refunds")
     assert url.startswith("http://w:6066/approvals/r%2F1%20x/approve?")
-    assert links.verify(SECRET, "r/1 x", "approve", fields_of(url), now=1_999) == (1, "manager", PARKED, "shop", "refunds")
+    claim = links.verify(SECRET, "r/1 x", "approve", fields_of(url), now=1_999)
+    assert claim == (1, "manager", PARKED, "shop", "refunds")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -238,7 +240,8 @@ def test_a_genuine_link_verifies_to_its_level_and_approver():
 ])
 def test_an_altered_link_is_refused(change, message):
     """Changing any signed field (level, approver, expiry, parking, app id, agent) breaks the signature."""
-    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 1, "manager", 2_000, PARKED, "shop", "refunds")), **change}
+    url = links.link("http://w", SECRET, "r-1", "approve", 1, "manager", 2_000, PARKED, "shop", "refunds")
+    fields = {**fields_of(url), **change}
     with pytest.raises(links.LinkError, match=message):
         links.verify(SECRET, "r-1", "approve", fields, now=1_000)
 

@@ -111,7 +111,8 @@ async def test_a_decision_for_another_app_ids_task_of_the_same_id_decides_nothin
     await _spin()
     assert _state(f)[0] == leases.AWAITING_APPROVAL
     [ignored] = _controls(f, "approval.ignored")
-    assert ignored["details"]["reason"] == f"the decision is for the task of this id in app id app-b; this is app id {APP}"
+    assert ignored["details"]["reason"] == (
+        f"the decision is for the task of this id in app id app-b; this is app id {APP}")
 
 
 async def test_a_decision_naming_no_app_id_agent_or_parking_is_refused_naming_what_it_lacks() -> None:
