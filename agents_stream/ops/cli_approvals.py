@@ -102,7 +102,7 @@ def _build(command: str, verb: str, **fields: Any) -> Any:
         print(f"agents-stream {command}: {problem}", file=sys.stderr)
         return 2
     try:
-        return ApprovalDecision(decision=verb, via="cli", **fields)
+        return ApprovalDecision(decision=verb, via="cli", **fields)  # type: ignore[arg-type]  # pydantic checks it
     except ValidationError as exc:
         first = exc.errors()[0]
         field = first["loc"][0] if first["loc"] else "decision"

@@ -67,7 +67,7 @@ async def publish_decision(app: Any, decision: ApprovalDecision, secret: str) ->
     await send_event(app, topics.APPROVALS, decision.task_id, decision.model_dump_json(exclude_none=True).encode())
 
 
-def decision_refusal(data: bytes | None, decision: ApprovalDecision, app_id: str) -> tuple[int, str] | None:
+def decision_refusal(data: Any, decision: ApprovalDecision, app_id: str) -> tuple[int, str] | None:
     """(HTTP status, why) when an approve or reject does not decide the task whose record is ``data``, or None."""
     if not data:
         return 404, f"unknown task_id {decision.task_id!r} in app id {app_id}"
