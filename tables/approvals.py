@@ -140,6 +140,9 @@ def park_call(
     its journal stays in the record, and a decision or the last timeout resumes it at that call."""
     if record is None or record.state != RUNNING or record.dispatch != dispatch or not timeouts:
         return record, []  # a stale run's report, or a task that moved on
+    # Each parking of a task its own millisecond (its identity, ``parked_ms_of``): a decision for the last one
+    # never fits this one, however soon the loop parks again.
+    now = max(now, float(state(record).get("requested_at", 0.0)) + 0.001)
     approval = {
         "reason": reason, "level": 0, "requested_at": now, "due": now + timeouts[0], "timeouts": list(timeouts),
         "escalations": [], "decision": None, "call": call,
@@ -213,16 +216,35 @@ def parked_ms_of(record: TaskRecord) -> int:
     return int(round(float(state(record).get("requested_at", 0.0)) * 1000))
 
 
-def binding_problem(record: TaskRecord, *, level: int | None, parked: int | None) -> str | None:
-    """Why a decision bound to a level and a parking (a signed link's) does not decide this parked task, or None.
+def binding_problem(
+    record: TaskRecord, *, here: str, app_id: str | None, agent: str | None, parked: int | None, level: int | None,
+) -> str | None:
+    """Why an approve or reject does not decide this parked task of app id ``here``, or None when it does.
 
-    A link is sent for one level of one parking: after an escalation it is another level's turn, and a task
-    requeued and parked again has new links, so an old link decides nothing.
+    A decision names what its human saw: the app id and agent of the task, and the parking (``parked_ms_of``;
+    signed links add the level). Every app id reads agent.approvals and two may hold the same task id, so another
+    app id's decision decides nothing here. An agent loop parks again at its next guarded call, so a decision
+    retried after the first was applied (an HTTP 503 whose event did land) names an earlier parking and decides
+    nothing; so does an old link of a task requeued and parked again, or a link of a level escalated since. A
+    decision that names none of these (an old client, a hand-written event) is refused: accepting it would decide
+    whatever parking is current.
     """
-    if parked is not None and parked != parked_ms_of(record):
+    missing = [name for name, value in (("app_id", app_id), ("agent", agent), ("parked", parked)) if value is None]
+    if missing:
         return (
-            f"the decision is for an earlier parking of this task (parked at {parked} ms; it was parked again at "
-            f"{parked_ms_of(record)} ms): use the links of the latest notification"
+            f"the decision names no {', '.join(missing)}: an approve or reject must name the app id, agent and "
+            f"parking it decides (this task: app_id {here}, agent {record.agent}, parked {parked_ms_of(record)}); "
+            "send it from the console, POST /approvals/<task_id> with parked, or agents-stream approve|reject --parked"
+        )
+    if app_id != here:
+        return f"the decision is for the task of this id in app id {app_id}; this is app id {here}"
+    if agent != record.agent:
+        return f"the decision is for a task of agent {agent}; this task is agent {record.agent}'s"
+    if parked != parked_ms_of(record):
+        return (
+            f"the decision is for another parking of this task (parked at {parked} ms; it is parked at "
+            f"{parked_ms_of(record)} ms now: an earlier decision was applied and it parked again, or it was "
+            "requeued): look at what the task awaits now and decide that parking"
         )
     current = state(record).get("level", 0)
     if level is not None and level != current:

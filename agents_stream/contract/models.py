@@ -151,10 +151,15 @@ class ApprovalDecision(BaseModel):
     #: how it arrived: "http", "link", "cli" or "event"
     via: str = Field(default="event", max_length=20, pattern=NO_CONTROL)
     comment: str | None = Field(default=None, max_length=2000, pattern=NO_CONTROL)
-    #: a cancel's agent (optional): a signed cancel naming it is recorded by the apps that run that agent even
-    #: before the task arrived, so a task still in its topic never runs
+    #: the app id whose task this decides: every app id reads agent.approvals, and two of them may hold the same
+    #: task id; only this one applies it. Required on approve and reject (tables/approvals.binding_problem); on a
+    #: cancel it may be absent only when the cancel names the agent (a caller's cancel of its sub-tasks)
+    app_id: str | None = Field(default=None, min_length=1, max_length=249, pattern=NO_CONTROL)
+    #: the task's agent: required on approve and reject, checked against the task's. A signed cancel naming it is
+    #: also recorded by the apps that run that agent before the task arrived, so a task still in its topic never runs
     agent: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_CONTROL)
-    #: a signed link's level and parking (``notify.parked_ms``): the decision counts only for that parking there
+    #: a signed link's level (optional elsewhere) and the parking decided (``notify.parked_ms``, required on approve
+    #: and reject): the decision counts only for that parking, so a retried decision cannot decide the next one
     level: int | None = Field(default=None, ge=0, le=1000)
     parked: int | None = Field(default=None, ge=0)
     #: the sender's signature (``notify.decision_signature``): workers, links and the CLI sign with the approval

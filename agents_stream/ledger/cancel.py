@@ -4,6 +4,11 @@ the cancels of its sub-tasks sent, and a task cancelled before it arrived answer
 The pure transitions are ``tables/cancel.py``'s. Every app id reads ``agent.approvals``; the one that has the
 task's record applies the cancel. A cancel that names the task's agent and is signed is also recorded by an app
 running that agent before the task arrived (a sub-task or a job's step still waiting in its topic).
+
+A cancel is for a task, not for one parking: it names no ``parked``. People's cancels (HTTP, CLI, console) name
+the app id they were sent to, and another app id holding the same task id ignores them. A cancel naming no app id
+must name the agent, checked against the task's: that is a caller's cancel of its sub-task or a job's of its step,
+which is for that task wherever it runs (every app id that runs it runs it for that caller).
 """
 
 from __future__ import annotations
@@ -53,6 +58,9 @@ class Cancellation:
         task_id, by, reason = decision.task_id, decision.by, decision.comment or NO_REASON
         now = at if at is not None and at > 0 else _now()
         if record is None:
+            if decision.app_id not in (None, self.settings.app_id):
+                log.debug("Cancel of %s is for app id %s; ignored", task_id, decision.app_id)
+                return None
             if decision.agent is None or decision.agent not in self.agents:
                 log.debug("Cancel of %s is not for a task of this app; ignored", task_id)
                 return None
@@ -69,7 +77,7 @@ class Cancellation:
                 via=decision.via, reason=reason, now=now,
             )
             return None, recorded, list(said)
-        refused = self._refusal(record, signed)
+        refused = self._refusal(record, decision, signed)
         if refused is not None:
             log.info("Cancel of %s by %r (via %s) ignored: %s", task_id, by, decision.via, refused)
             self.outbox.control("task.cancel_ignored", task_id, record.agent,
@@ -87,7 +95,15 @@ class Cancellation:
                                      result=result)
         return record, new, list(effects)
 
-    def _refusal(self, record: TaskRecord, signed: bool) -> str | None:
+    def _refusal(self, record: TaskRecord, decision: ApprovalDecision, signed: bool) -> str | None:
+        if decision.app_id is not None and decision.app_id != self.settings.app_id:
+            return f"the cancel is for the task of this id in app id {decision.app_id}; this is app id " \
+                   f"{self.settings.app_id}"
+        if decision.app_id is None and decision.agent is None:
+            return ("the cancel names no app_id and no agent: a cancel names the app id it is for (the console, "
+                    "POST /tasks/<id>/cancel and agents-stream tasks cancel do), or the task's agent")
+        if decision.agent is not None and decision.agent != record.agent:
+            return f"the cancel is for a task of agent {decision.agent}; this task is agent {record.agent}'s"
         if record.terminal:
             return f"the task is {record.state} already"
         if record.agent in self.sagas and leases.completed_steps(record):

@@ -122,7 +122,7 @@ class ApprovalGate:
         return decision_signed(
             self.settings.approval_secret, decision.sig, task_id=decision.task_id, decision=decision.decision,
             by=decision.by, via=decision.via, comment=decision.comment, level=decision.level, parked=decision.parked,
-            agent=decision.agent,
+            agent=decision.agent, app_id=decision.app_id,
         )
 
     def _refusal(self, decision: ApprovalDecision, record: TaskRecord, signed: bool) -> str | None:
@@ -131,7 +131,10 @@ class ApprovalGate:
             return f"the task is {record.state} (decided before, or timed out)"
         if not signed and self.settings.approval_require_signed:
             return "the decision is not signed and AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED is set"
-        return approvals.binding_problem(record, level=decision.level, parked=decision.parked)
+        return approvals.binding_problem(
+            record, here=self.settings.app_id, app_id=decision.app_id, agent=decision.agent, parked=decision.parked,
+            level=decision.level,
+        )
 
     def admit(self, tp: TP, old: TaskRecord | None, new: TaskRecord | None, effects: list[leases.Effect]) -> Transition:
         """A task about to be parked when its agent's share of the partition already waits: dead-lettered instead
@@ -222,8 +225,10 @@ class ApprovalGate:
         if secret:
             base = self.settings.link_base()
             parked = approvals.parked_ms_of(record)  # a requeued task parked again gets new links
+            app_id = self.settings.app_id
             links = {
-                d: link(base, secret, task_id, d, level, rung.name, int(due), parked) for d in ("approve", "reject")
+                d: link(base, secret, task_id, d, level, rung.name, int(due), parked, app_id, record.agent)
+                for d in ("approve", "reject")
             }
         instruction = json.loads(record.payload).get("instruction", "")
         body = slack_message(
@@ -239,7 +244,10 @@ class ApprovalGate:
         level = state.get("level", 0)
         payload = json.loads(record.payload)
         return {
-            "task_id": task_id, "agent": record.agent, "reason": state.get("reason"), "level": level + 1,
+            # app_id, agent and parked: what a decision on this parking names (tables/approvals.binding_problem)
+            "task_id": task_id, "app_id": self.settings.app_id, "agent": record.agent,
+            "parked": approvals.parked_ms_of(record), "call": state.get("call"),
+            "reason": state.get("reason"), "level": level + 1,
             "level_name": policy.levels[level].name if policy and level < len(policy.levels) else None,
             "requested_at": state.get("requested_at"), "due": state.get("due"),
             "escalations": state.get("escalations", []),

@@ -83,6 +83,11 @@ def _render_task(t: dict[str, Any]) -> str:
                      + (f"; {made['decision']} by {made['by']} via {made['via']}" if made else "; waiting")
                      + ("; UNSIGNED (no valid signature on the decision event)" if made and not made.get("signed", True)
                         else ""))
+        if t["state"] == "awaiting_approval":  # what approve|reject --parked names (ops/cli_approvals.py)
+            call = a.get("call") or {}
+            lines.append(f"parked {a.get('parked')}" + (f" at tool call {call.get('tool')} ({call.get('id')})"
+                                                         if call else "")
+                         + f"; decide: agents-stream approve|reject {t['task_id']} --parked {a.get('parked')}")
     r = t.get("result")
     if r:
         lines.append(f"result: {r['status']}  confidence {r['confidence']}  source {r['source'] or '-'}"

@@ -1,5 +1,6 @@
 """Approval links, decision signatures and notifications: HMAC-signed approve/reject links bound to one parking
-at one level, signed decision events, and Slack-compatible webhooks posted at a bounded rate."""
+at one level of one app id's task of one agent, signed decision events, and Slack-compatible webhooks posted at a
+bounded rate."""
 
 from __future__ import annotations
 
@@ -24,12 +25,15 @@ class LinkError(ValueError):
 
 
 class LinkClaim(NamedTuple):
-    """What a genuine link decides: the level it was sent to, its approver, and the parking it belongs to."""
+    """What a genuine link decides: the level it was sent to, its approver, the parking it belongs to, and the app
+    id and agent of the task it was sent for."""
 
     level: int
     by: str
     #: when the task was parked, in milliseconds (``parked_ms``): a link decides only that parking
     parked: int
+    app_id: str
+    agent: str
 
 
 def parked_ms(requested_at: float) -> int:
@@ -42,19 +46,28 @@ def _mac(secret: str, *parts: object) -> str:
     return hmac.new(secret.encode("utf-8"), message, hashlib.sha256).hexdigest()
 
 
-def sign(secret: str, task_id: str, decision: str, level: int, by: str, exp: int, parked: int) -> str:
+def sign(
+    secret: str, task_id: str, decision: str, level: int, by: str, exp: int, parked: int, app_id: str, agent: str,
+) -> str:
     """A link's signature (the "link" domain: a link's signature is never a valid decision signature)."""
-    return _mac(secret, "link", task_id, decision, level, by, exp, parked)
+    return _mac(secret, "link", task_id, decision, level, by, exp, parked, app_id, agent)
+
+
+#: the query fields of a link, all signed
+LINK_FIELDS = ("level", "by", "exp", "parked", "app", "agent", "sig")
 
 
 def link(
     public_url: str, secret: str, task_id: str, decision: str, level: int, by: str, exp: int, parked: int,
+    app_id: str, agent: str,
 ) -> str:
-    """A signed link: task, decision, level, who it was sent to, its expiry and the parking it belongs to, signed
-    with the secret every worker shares (any of them can check it). Opening it shows a confirmation page; only its
-    button (a POST of the same fields) decides, so a chat client that prefetches links decides nothing."""
-    sig = sign(secret, task_id, decision, level, by, exp, parked)
-    query = urlencode({"level": level, "by": by, "exp": exp, "parked": parked, "sig": sig})
+    """A signed link: task, decision, level, who it was sent to, its expiry, the parking it belongs to and the app
+    id and agent of the task, signed with the secret every worker shares (any of them can check it). Opening it
+    shows a confirmation page; only its button (a POST of the same fields) decides, so a chat client that
+    prefetches links decides nothing."""
+    sig = sign(secret, task_id, decision, level, by, exp, parked, app_id, agent)
+    query = urlencode({"level": level, "by": by, "exp": exp, "parked": parked, "app": app_id, "agent": agent,
+                       "sig": sig})
     return f"{public_url.rstrip('/')}/approvals/{quote(task_id, safe='')}/{decision}?{query}"
 
 
@@ -67,26 +80,33 @@ def verify(secret: str, task_id: str, decision: str, fields: dict[str, str], now
         raise LinkError(f"unknown decision {decision!r}; expected approve or reject")
     try:
         level, by, exp, parked = int(fields["level"]), fields["by"], int(fields["exp"]), int(fields["parked"])
-        sig = fields["sig"]
+        app_id, agent, sig = fields["app"], fields["agent"], fields["sig"]
     except (KeyError, ValueError):
-        raise LinkError("the link is incomplete: it needs level, by, exp, parked and sig") from None
-    expected = sign(secret, task_id, decision, level, by, exp, parked).encode()
+        raise LinkError(
+            "the link is incomplete: it needs level, by, exp, parked, app, agent and sig (a link sent before "
+            "decisions named their app id and agent: decide in the console or with agents-stream approve|reject)"
+        ) from None
+    expected = sign(secret, task_id, decision, level, by, exp, parked, app_id, agent).encode()
     if not hmac.compare_digest(expected, sig.encode("utf-8", "replace")):
         raise LinkError("the link's signature does not match (altered, or signed with another secret)")
     if now > exp:
         raise LinkError("the link has expired: this approval level's time ran out (it was escalated or rejected)")
-    return LinkClaim(level, by, parked)
+    return LinkClaim(level, by, parked, app_id, agent)
 
 
 def decision_signature(
     secret: str, *, task_id: str, decision: str, by: str, via: str, comment: str | None, level: int | None,
-    parked: int | None, agent: str | None = None,
+    parked: int | None, agent: str | None = None, app_id: str | None = None,
 ) -> str:
-    """The signature a worker or the CLI puts on a decision event it sends (the "decision" domain); a cancel's
-    agent is signed too when it names one (so a decision without one keeps the signature it always had)."""
+    """The signature a worker or the CLI puts on a decision event it sends (the "decision" domain). The agent and
+    the app id are signed when named: with an app id, both take a slot after a marker (no field holds a newline,
+    so the part counts tell the forms apart); a cancel of a sub-task names only its agent, as before."""
+    named: tuple[str, ...] = () if agent is None else (agent,)
+    if app_id is not None:
+        named = ("app_id+agent", app_id, agent or "")
     return _mac(
         secret, "decision", task_id, decision, by, via, comment or "", "" if level is None else level,
-        "" if parked is None else parked, *(() if agent is None else (agent,)),
+        "" if parked is None else parked, *named,
     )
 
 
@@ -97,6 +117,7 @@ def with_signature(secret: str, decision: Any) -> Any:
     sig = decision_signature(
         secret, task_id=decision.task_id, decision=decision.decision, by=decision.by, via=decision.via,
         comment=decision.comment, level=decision.level, parked=decision.parked, agent=decision.agent,
+        app_id=decision.app_id,
     )
     return decision.model_copy(update={"sig": sig})
 

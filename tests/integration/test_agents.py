@@ -218,10 +218,12 @@ async def test_a_large_refund_parks_at_its_call_until_a_human_decides_and_a_huge
         assert not services.executed("payment.refund")
         approved, rejected = tickets
         fake_llm.enqueue(ok("Refunded 420."), ok("I could not refund: a lead said no."))
+        parked = {a["task_id"]: a["parked"] for a in waiting}  # what the inbox showed
         for t, decision in ((approved, "approve"), (rejected, "reject")):
             url = f"http://127.0.0.1:{w.web_port}/approvals/{t['task_id']}"
             async with aiohttp.ClientSession() as s, s.post(
-                url, json={"decision": decision, "by": "lead-ann", "comment": "over budget"},
+                url, json={"decision": decision, "by": "lead-ann", "comment": "over budget",
+                           "parked": parked[t["task_id"]]},
                 headers={"Authorization": f"Bearer {token}"},
             ) as r:
                 assert r.status == 202, await r.text()

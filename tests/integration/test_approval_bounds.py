@@ -33,7 +33,7 @@ from .harness import (
     task,
     unique,
 )
-from .test_approvals import Hooks, approval_toml, calls_for
+from .test_approvals import Hooks, approval_toml, calls_for, named
 
 TOKEN = "t0ken-for-tests"
 SECRET = "approval-secret-for-tests-of-32-characters-or-more"
@@ -131,11 +131,11 @@ async def test_cap_dead_letters_and_a_requeued_task_gets_new_links_that_alone_de
         new_link = hooks.for_task(first_id)[1][1]["blocks"][-1]["elements"][0]["url"]
         assert link_fields(new_link)["parked"] != link_fields(old_link)["parked"], "a new parking, new links"
         page_status, page = await open_link(w, old_link)  # opening it: the owner of the record says why not
-        assert page_status == 409 and "earlier parking" in page, page
+        assert page_status == 409 and "another parking" in page, page
         assert await post_link(w, old_link) == 202  # pressing it anyway: sent, and the ledger ignores it
         events = await control_events(first_id, "approval.ignored")
         ignored = [e for e in events if e["event"] == "approval.ignored"][-1]
-        assert "earlier parking" in ignored["details"]["reason"], ignored
+        assert "another parking" in ignored["details"]["reason"], ignored
         assert (await w.get(f"/tasks/{first_id}"))["state"] == "awaiting_approval"
 
         assert await post_link(w, new_link) == 202
@@ -166,17 +166,21 @@ async def test_decisions_say_whether_they_were_signed_and_refuse_control_charact
                                                                         "comment": "ok\r\nby: admin"}):
                 async with s.post(url, json=body, headers=auth) as r:
                     assert r.status == 400 and "control characters" in (await r.json())["error"]
-            async with s.post(url, json={"decision": "approve", "by": "dave"}, headers=auth) as r:
+            parked = (await named(w, via_http["task_id"]))["parked"]
+            async with s.post(url, json={"decision": "approve", "by": "dave", "parked": parked}, headers=auth) as r:
                 assert r.status == 202
 
-        forged = {"task_id": via_event["task_id"], "decision": "approve", "by": "ops@cli", "via": "cli"}
+        forged = {"task_id": via_event["task_id"], "decision": "approve", "by": "ops@cli", "via": "cli",
+                  **await named(w, via_event["task_id"])}
         await produce(topics.APPROVALS, [(via_event["task_id"].encode(), json.dumps(forged).encode())])
 
         bad = cli("reject", via_cli["task_id"], "--by", "x\x1b]0;owned\x07", AGENTS_STREAM_APPROVAL_SECRET=SECRET)
         assert bad.returncode == 2 and "control characters" in bad.stderr, bad.stderr
         short = cli("reject", via_cli["task_id"], "--by", "carol", AGENTS_STREAM_APPROVAL_SECRET="short")
         assert short.returncode == 2 and "at least 32" in short.stderr, short.stderr
-        good = cli("reject", via_cli["task_id"], "--by", "carol", AGENTS_STREAM_APPROVAL_SECRET=SECRET)
+        good = cli("reject", via_cli["task_id"], "--by", "carol", "--parked",
+                   str((await named(w, via_cli["task_id"]))["parked"]), AGENTS_STREAM_APPROVAL_SECRET=SECRET,
+                   WEB_PORT=str(w.web_port), WEB_HOST="127.0.0.1", AGENTS_STREAM_READ_TOKEN=READ_TOKEN)
         assert good.returncode == 0 and "signed" in good.stdout, good.stderr
 
         signed_of = {}

@@ -16,9 +16,27 @@ from aiohttp import web
 
 from agents_stream.contract import topics
 
-from .harness import BOOTSTRAP, ROOT, encode, eventually, produce, read_topic, results_for, task, uncommitted, unique
+from .harness import (
+    BOOTSTRAP,
+    READ_TOKEN,
+    ROOT,
+    encode,
+    eventually,
+    produce,
+    read_topic,
+    results_for,
+    task,
+    uncommitted,
+    unique,
+)
 
 TOKEN = "t0ken-for-tests"
+
+
+async def named(worker: Any, task_id: str) -> dict[str, Any]:
+    """What a decision on the task names now (tables/approvals.binding_problem): app id, agent, parking."""
+    view = await worker.get(f"/tasks/{task_id}")
+    return {"app_id": view["app_id"], "agent": view["agent"], "parked": view["approval"]["parked"]}
 LINK_SECRET = "link-secret-for-tests-of-32-characters-or-more"
 
 
@@ -165,8 +183,9 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
         env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}"}
         out = subprocess.run(
             [sys.executable, "-m", "agents_stream.ops.cli", "reject", rejected["task_id"], "--by", "carol",
-             "--comment", "fraud"],
-            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+             "--comment", "fraud", "--parked", str((await named(w, rejected["task_id"]))["parked"])],
+            cwd=ROOT, env={**env, "WEB_PORT": str(w.web_port), "WEB_HOST": "127.0.0.1",
+                           "AGENTS_STREAM_READ_TOKEN": READ_TOKEN}, capture_output=True, text=True, timeout=60,
         )
         assert out.returncode == 0, out.stderr
         got = await results_for({rejected["task_id"]}, timeout=30)
@@ -185,6 +204,13 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
                 assert r.status == 400
             async with s.post(url, json={"decision": "approve", "by": "dave"},
                               headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+                assert r.status == 400 and "parked is required" in (await r.json())["error"]
+            parked = (await named(w, via_http["task_id"]))["parked"]
+            async with s.post(url, json={"decision": "approve", "by": "dave", "parked": parked + 1},
+                              headers={"Authorization": f"Bearer {TOKEN}"}) as r:
+                assert r.status == 409 and "another parking" in (await r.json())["error"]
+            async with s.post(url, json={"decision": "approve", "by": "dave", "parked": parked},
+                              headers={"Authorization": f"Bearer {TOKEN}"}) as r:
                 assert r.status == 202
         got = await results_for({via_http["task_id"]}, timeout=60)
         assert json.loads(got[via_http["task_id"]][0].value)["status"] == "succeeded"
@@ -193,7 +219,8 @@ async def test_rejected_tasks_never_run_and_decisions_need_a_token_or_a_signatur
         w.kill()
         w2 = await c.started("w-after-kill")
         await eventually(lambda: _len_awaiting(w2, 1), timeout=60, what="parked task recovered")
-        decision = {"task_id": survivor["task_id"], "decision": "approve", "by": "erin"}
+        decision = {"task_id": survivor["task_id"], "decision": "approve", "by": "erin",
+                    **await named(w2, survivor["task_id"])}
         bad = {"task_id": survivor["task_id"], "decision": "approve"}  # no "by": dead-lettered
         await produce(topics.APPROVALS,
                       [(survivor["task_id"].encode(), json.dumps(bad).encode()), (None, json.dumps(decision).encode())])

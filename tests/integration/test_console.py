@@ -15,7 +15,7 @@ import pytest
 from agents_stream.contract import topics
 from agents_stream.ops.console import ASSETS
 
-from .harness import ROOT, encode, eventually, produce, results_for, task, unique
+from .harness import ROOT, encode, eventually, produce, read_topic, results_for, task, unique
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -150,6 +150,7 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
         await page.wait("the task in the approvals inbox",
                         lambda d: d.execute_script("return !!document.querySelector(arguments[0])", row))
         assert await page.text(f"{row} td.instruction") == HOSTILE, "the instruction is shown as text, not markup"
+        shown = next(a for a in (await w.get("/approvals"))["awaiting"] if a["task_id"] == task_id)
         assert await page.js("return document.querySelectorAll('img').length") == 0
         assert await page.js("return document.title") == "agents-stream console"
         await page.wait("the live counters", lambda d: d.execute_script(
@@ -189,6 +190,11 @@ async def test_console_approves_a_parked_task_only_with_the_token(cluster_factor
 
         got = await results_for({task_id}, timeout=60)
         assert len(got[task_id]) == 1, "one result"
+        sent = await read_topic(topics.APPROVALS, timeout=30, until=lambda s: len(s) >= 1,
+                                keep=lambda m: m.key == task_id.encode())
+        decided = json.loads(sent[-1].value)  # the console names what its row showed: parking, app id, agent
+        assert (decided.get("parked"), decided.get("app_id"), decided.get("agent")) == (
+            round(shown["requested_at"] * 1000), c.app_id, agent), decided
         result = json.loads(got[task_id][0].value)
         assert result["status"] == "succeeded", result
         await page.wait("the inbox emptied", lambda d: d.execute_script(

@@ -101,7 +101,9 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
         return value(await scrape(), "agents_stream_approvals_pending", agent=gate) == 1
 
     await eventually(pending, timeout=30, what="one approval pending")
-    decision = ApprovalDecision(task_id=parked["task_id"], decision="reject", by="metrics-test")
+    view = await w.get(f"/tasks/{parked['task_id']}")  # a decision names the app id, agent and parking it decides
+    decision = ApprovalDecision(task_id=parked["task_id"], decision="reject", by="metrics-test", app_id=view["app_id"],
+                                agent=view["agent"], parked=view["approval"]["parked"])
     await produce(topics.APPROVALS, [(parked["task_id"].encode(), decision.model_dump_json().encode())])
     rejected = await results_for({parked["task_id"]}, timeout=60)
     assert json.loads(rejected[parked["task_id"]][0].value)["status"] == "failed"

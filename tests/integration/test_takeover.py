@@ -42,5 +42,5 @@ async def test_a_killed_workers_tasks_finish_long_before_their_leases_lapse(clus
     calls = calls_per_task(fake_llm, ids)
     print(f"\ntakeover: 16 interrupted tasks answered {last:.1f}s after the SIGKILL (lease {LEASE_S:.0f}s); "
           f"calls per task max {max(calls.values())}")
-    assert last < LEASE_S / 2, f"the last interrupted task answered {last:.1f}s after the kill: the lease was waited out"
+    assert last < LEASE_S / 2, f"the last interrupted task answered {last:.1f}s after the kill: its lease waited out"
     assert max(calls.values()) <= 2, calls

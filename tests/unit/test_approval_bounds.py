@@ -52,25 +52,28 @@ def test_a_link_names_its_parking_and_a_requeued_parking_refuses_it():
     """The link carries when the task was parked; a decision bound to an earlier parking (the task was requeued
     and parked again) or another level does not decide it, and says why."""
     first = parked_record(T0)
-    url = links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, approvals.parked_ms_of(first))
+    url = links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, approvals.parked_ms_of(first), "app",
+                     AGENT)
     claim = links.verify(SECRET, "r-1", "approve", dict(_query(url)), now=1_500)
-    assert claim == links.LinkClaim(0, "lead", 1_000_000)
-    assert approvals.binding_problem(first, level=claim.level, parked=claim.parked) is None
+    assert claim == links.LinkClaim(0, "lead", 1_000_000, "app", AGENT)
 
+    def problem_of(record: leases.TaskRecord, level: int | None) -> str | None:
+        return approvals.binding_problem(record, here="app", app_id=claim.app_id, agent=claim.agent,
+                                         parked=claim.parked, level=level)
+
+    assert problem_of(first, claim.level) is None
     again = parked_record(T0 + 60)  # requeued and parked again: new links
-    problem = approvals.binding_problem(again, level=claim.level, parked=claim.parked)
-    assert problem is not None and "earlier parking" in problem
+    problem = problem_of(again, claim.level)
+    assert problem is not None and "another parking" in problem
     escalated, _ = approvals.escalate(first, level=0, timeouts=(10.0, 20.0), now=T0 + 11, rejected_result="{}")
-    problem = approvals.binding_problem(escalated, level=0, parked=claim.parked)
-    assert problem == "the decision is for level 1; the task now awaits level 2"
-    assert approvals.binding_problem(first, level=None, parked=None) is None, "a CLI decision names no parking"
+    assert problem_of(escalated, 0) == "the decision is for level 1; the task now awaits level 2"
 
 
 def test_a_changed_parking_breaks_the_links_signature():
-    url = links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, 1_000_000)
-    fields = {**dict(_query(url)), "parked": "1000001"}
-    with pytest.raises(links.LinkError, match="signature"):
-        links.verify(SECRET, "r-1", "approve", fields, now=1_500)
+    url = links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, 1_000_000, "app", AGENT)
+    for changed in ({"parked": "1000001"}, {"app": "other-app"}, {"agent": "other-agent"}):
+        with pytest.raises(links.LinkError, match="signature"):
+            links.verify(SECRET, "r-1", "approve", {**dict(_query(url)), **changed}, now=1_500)
     with pytest.raises(links.LinkError, match="parked"):
         links.verify(SECRET, "r-1", "approve", {k: v for k, v in _query(url) if k != "parked"}, now=1_500)
 
@@ -78,17 +81,20 @@ def test_a_changed_parking_breaks_the_links_signature():
 # -- signed decisions ----------------------------------------------------------------------------
 
 def test_a_signed_decision_verifies_and_any_change_or_another_secret_does_not():
-    made = ApprovalDecision(task_id="r-1", decision="approve", by="carol", via="cli", comment="ok")
+    made = ApprovalDecision(task_id="r-1", decision="approve", by="carol", via="cli", comment="ok", parked=5,
+                            app_id="app", agent=AGENT)
     signed = links.with_signature(SECRET, made)
-    fields = signed.model_dump(include={"task_id", "decision", "by", "via", "comment", "level", "parked"})
+    fields = signed.model_dump(include={"task_id", "decision", "by", "via", "comment", "level", "parked", "agent",
+                                        "app_id"})
     assert links.decision_signed(SECRET, signed.sig, **fields)
-    assert not links.decision_signed(SECRET, signed.sig, **{**fields, "by": "mallory"})
-    assert not links.decision_signed(SECRET, signed.sig, **{**fields, "decision": "reject"})
+    for changed in ({"by": "mallory"}, {"decision": "reject"}, {"parked": 6}, {"app_id": "b"}, {"agent": "x"},
+                    {"app_id": None}, {"agent": None}):
+        assert not links.decision_signed(SECRET, signed.sig, **{**fields, **changed}), changed
     assert not links.decision_signed(SECRET + "x", signed.sig, **fields)
     assert not links.decision_signed(SECRET, None, **fields), "no signature: unsigned"
     assert not links.decision_signed("", signed.sig, **fields), "no secret to check with: unsigned"
     assert links.with_signature("", made).sig is None
-    link_sig = links.sign(SECRET, "r-1", "approve", 0, "carol", 0, 0)
+    link_sig = links.sign(SECRET, "r-1", "approve", 0, "carol", 0, 0, "app", AGENT)
     assert not links.decision_signed(SECRET, link_sig, **fields), "a link's signature is no decision signature"
 
 
@@ -239,7 +245,7 @@ async def test_a_task_over_the_agents_share_is_dead_lettered_not_parked():
     assert [json.loads(v)["event"] for t, v, _ in sent if t == topics.CONTROL] == [
         "approval.requested", "approval.requested", "approval.refused",
     ]
-    decision = links.with_signature(SECRET, ApprovalDecision(task_id="r-0", decision="reject", by="carol", via="cli"))
+    decision = links.with_signature(SECRET, decision_for(tasks, "r-0", "reject", by="carol", via="cli"))
     ledger.handle(_event(TP(topics.APPROVALS, 0), 1, b"r-0", decision.model_dump_json().encode()))
     ledger.handle(_task_event(3, "r-3"))
     await _spin()
@@ -253,9 +259,9 @@ async def test_unsigned_decisions_are_recorded_so_and_refused_when_signatures_ar
         ledger, tasks, sent = _ledger(Settings(partitions=1, approval_secret=SECRET, approval_require_signed=required))
         ledger.handle(_task_event(0, "r-0"))
         ledger.handle(_task_event(1, "r-1"))
-        forged = ApprovalDecision(task_id="r-0", decision="approve", by="ops", via="cli", sig="0" * 64)
+        forged = decision_for(tasks, "r-0", "approve", by="ops", via="cli", sig="0" * 64)
         ledger.handle(_event(TP(topics.APPROVALS, 0), 1, b"r-0", forged.model_dump_json().encode()))
-        genuine = links.with_signature(SECRET, ApprovalDecision(task_id="r-1", decision="reject", by="carol"))
+        genuine = links.with_signature(SECRET, decision_for(tasks, "r-1", "reject", by="carol"))
         ledger.handle(_event(TP(topics.APPROVALS, 0), 2, b"r-1", genuine.model_dump_json().encode()))
         await _spin()
         controls = {json.loads(v)["subject"]: json.loads(v) for t, v, _ in sent if t == topics.CONTROL}
@@ -274,13 +280,14 @@ async def test_a_link_decision_for_another_parking_changes_nothing():
     ledger, tasks, sent = _ledger(Settings(partitions=1, approval_secret=SECRET))
     ledger.handle(_task_event(0, "r-0"))
     stale = links.with_signature(SECRET, ApprovalDecision(
-        task_id="r-0", decision="approve", by="lead", via="link", level=0, parked=1,
+        task_id="r-0", decision="approve", by="lead", via="link", level=0, parked=1, app_id="agents-stream",
+        agent=AGENT,
     ))
     ledger.handle(_event(TP(topics.APPROVALS, 0), 1, b"r-0", stale.model_dump_json().encode()))
     await _spin()
     assert tasks["r-0"]["state"] == "awaiting_approval"
     ignored = [json.loads(v) for t, v, _ in sent if t == topics.CONTROL and b"approval.ignored" in (v or b"")]
-    assert len(ignored) == 1 and "earlier parking" in ignored[0]["details"]["reason"]
+    assert len(ignored) == 1 and "another parking" in ignored[0]["details"]["reason"]
 
 
 # -- the webhook pacer ------------------------------------------------------------------------------
@@ -296,6 +303,13 @@ def test_the_pacer_starts_at_most_rate_posts_per_second():
 
 
 # -- helpers ---------------------------------------------------------------------------------------
+
+def decision_for(tasks: Table, task_id: str, verb: str, **fields: Any) -> ApprovalDecision:
+    """A decision naming what /approvals shows of the task now: this app id (the default), its agent, its parking."""
+    record = leases.TaskRecord.from_json(tasks[task_id])
+    return ApprovalDecision(task_id=task_id, decision=verb, app_id=Settings().app_id, agent=record.agent,  # type: ignore[arg-type]
+                            parked=approvals.parked_ms_of(record), **fields)
+
 
 def _query(url: str) -> list[tuple[str, str]]:
     from urllib.parse import parse_qsl, urlsplit

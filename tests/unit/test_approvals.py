@@ -179,7 +179,8 @@ def test_approval_at_level_two_records_that_level():
 
 
 def test_a_non_ascii_signature_is_refused_not_an_error():
-    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED)), "sig": "é" * 64}
+    url = links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED, "shop", "refunds")
+    fields = {**fields_of(url), "sig": "é" * 64}
     with pytest.raises(links.LinkError, match="signature"):
         links.verify(SECRET, "r-1", "approve", fields, now=1_000)
 
@@ -222,9 +223,10 @@ def fields_of(url: str) -> dict[str, str]:
 
 
 def test_a_genuine_link_verifies_to_its_level_and_approver():
-    url = links.link("http://w:6066/", SECRET, "r/1 x", "approve", 1, "manager", 2_000, PARKED)
+    url = links.link("http://w:6066/", SECRET, "r/1 x", "approve", 1, "manager", 2_000, PARKED, "shop", "refunds")
     assert url.startswith("http://w:6066/approvals/r%2F1%20x/approve?")
-    assert links.verify(SECRET, "r/1 x", "approve", fields_of(url), now=1_999) == (1, "manager", PARKED)
+    claim = links.verify(SECRET, "r/1 x", "approve", fields_of(url), now=1_999)
+    assert claim == (1, "manager", PARKED, "shop", "refunds")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -233,16 +235,19 @@ def test_a_genuine_link_verifies_to_its_level_and_approver():
     ({"exp": "9999999"}, "signature"),
     ({"sig": "0" * 64}, "signature"),
     ({"parked": str(PARKED + 1)}, "signature"),
+    ({"app": "other-shop"}, "signature"),
+    ({"agent": "payouts"}, "signature"),
 ])
 def test_an_altered_link_is_refused(change, message):
-    """Changing any signed field (level, approver, expiry, parking) breaks the signature."""
-    fields = {**fields_of(links.link("http://w", SECRET, "r-1", "approve", 1, "manager", 2_000, PARKED)), **change}
+    """Changing any signed field (level, approver, expiry, parking, app id, agent) breaks the signature."""
+    url = links.link("http://w", SECRET, "r-1", "approve", 1, "manager", 2_000, PARKED, "shop", "refunds")
+    fields = {**fields_of(url), **change}
     with pytest.raises(links.LinkError, match=message):
         links.verify(SECRET, "r-1", "approve", fields, now=1_000)
 
 
 def test_a_link_is_bound_to_its_task_decision_and_secret_and_expires():
-    fields = fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED))
+    fields = fields_of(links.link("http://w", SECRET, "r-1", "approve", 0, "lead", 2_000, PARKED, "shop", "refunds"))
     with pytest.raises(links.LinkError, match="signature"):
         links.verify(SECRET, "r-2", "approve", fields, now=1_000)
     with pytest.raises(links.LinkError, match="signature"):

@@ -124,6 +124,8 @@ def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None 
 
 
 def _decision(task_id: str = "t-1", *, signed: bool = True, **fields: Any) -> bytes:
+    """A cancel as people send it: for this app id's task (``app_id=None``: a caller's cancel, naming the agent)."""
+    fields.setdefault("app_id", Settings().app_id)
     decision = ApprovalDecision(task_id=task_id, decision="cancel", by="ops", via="cli", comment="wrong input",
                                 **fields)
     if signed:
@@ -182,7 +184,8 @@ async def test_a_subtask_cancelled_before_it_arrived_never_runs_and_its_caller_h
     sub = TaskPayload(task_id="t-1/c1", agent_name="analyzer", instruction="analyse",
                       parent=ParentRef(task_id="t-1", app_id="caller-app", call_id="c1", lineage=["lead"]))
     f = _ledger(agents={"analyzer"})
-    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1/c1", _decision("t-1/c1", agent="analyzer")))
+    callers = _decision("t-1/c1", agent="analyzer", app_id=None)  # a caller's cancel names the agent, no app id
+    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1/c1", callers))
     await _spin()
     assert f.tasks["t-1/c1"]["state"] == leases.CANCELLED and not _sent(f.sent, topics.RESULTS)
     f.ledger.handle(faust_event(TP("agent.tasks.analyzer", 0), 5, b"t-1/c1", sub.model_dump_json().encode(),

@@ -455,6 +455,18 @@
 
   function updateApprovalRow(row, item) {
     const cell = (cls) => row.querySelector("td." + cls);
+    // A decision names what this row shows: the parking, the app id and the agent. A task that parked again (an
+    // agent loop's next guarded call) is a new request: its earlier decision was applied, its buttons come back.
+    const parked = String(item.parked ?? "");
+    if (row.dataset.parked && row.dataset.parked !== parked && row.dataset.sentAt) {
+      delete row.dataset.sentAt;
+      row.classList.remove("decided");
+      for (const b of row.querySelectorAll("button")) b.disabled = false;
+      rowStatus(row, "", "A new request: the task parked again after the last decision.");
+    }
+    row.dataset.parked = parked;
+    row.dataset.agent = String(item.agent ?? "");
+    row.dataset.appId = String(item.app_id ?? "");
     row.querySelector(".agent").textContent = String(item.agent ?? "");
     row.querySelector(".level-name").textContent = `${item.level ?? ""}${item.level_name ? " · " + item.level_name : ""}`;
     row.querySelector(".why").textContent = String(item.reason ?? "");
@@ -484,7 +496,8 @@
     for (const b of buttons) b.disabled = true;
     rowStatus(row, "", `sending ${decision}…`);
     const comment = row.querySelector("input.comment").value.trim();
-    const body = { decision, by };
+    // what the row displayed: the worker refuses the decision (409, with why) if the task is parked elsewhere now
+    const body = { decision, by, parked: Number(row.dataset.parked), agent: row.dataset.agent, app_id: row.dataset.appId };
     if (comment) body.comment = comment;
     const r = await api("POST", "/approvals/" + encodeURIComponent(taskId), body);
     if (r.ok) {
