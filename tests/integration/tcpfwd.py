@@ -87,7 +87,8 @@ class Forwarder:
             return
         _quick_retransmits(writer)
         _quick_retransmits(far_writer)
-        for task in (asyncio.ensure_future(_pipe(reader, far_writer)), asyncio.ensure_future(_pipe(far_reader, writer))):
+        for pipe in (_pipe(reader, far_writer), _pipe(far_reader, writer)):
+            task = asyncio.ensure_future(pipe)
             self._pipes.add(task)
             task.add_done_callback(self._pipes.discard)
 

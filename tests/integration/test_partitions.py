@@ -4,8 +4,9 @@ over and finishes them; then the first one comes back. Each account is charged o
 the worker that was cut off says it was fenced.
 
 The agent is the billing agent (agents_stream/examples/billing.py): it looks the account up, then charges it
-through the payment service (payment.charge), which is idempotent by the call's key (``<task>:<turn>:<call_id>``). The fake LLM answers every task by its own conversation: turn 0 looks up, turn 1
-charges (the decision takes CHARGE_DECISION_S, so the fault lands while the model is deciding), turn 2 answers.
+through the payment service (payment.charge), which is idempotent by the call's key (``<task>:<turn>:<call_id>``).
+The fake LLM answers every task by its own conversation: turn 0 looks up, turn 1 charges (the decision takes
+CHARGE_DECISION_S, so the fault lands while the model is deciding), turn 2 answers.
 The model names a new call id each time it is asked, as a real one does: a worker that asks turn 1 again gets a
 different key, and only ownership of the task keeps the service from charging twice. So the services count EFFECTS
 (keys that took effect), per account, not requests.
@@ -28,7 +29,7 @@ from typing import Any
 
 from agents_stream.contract import topics
 from agents_stream.examples.services import FakeServices
-from agents_stream.testing.fakellm import FakeLLM, Reply, RecordedRequest, call, ok, tool_calls
+from agents_stream.testing.fakellm import FakeLLM, RecordedRequest, Reply, call, ok, tool_calls
 
 from .harness import BOOTSTRAP, Cluster, Worker, encode, eventually, produce, results_for, task, unique
 from .netpart import Netns
@@ -67,6 +68,8 @@ class Scenario:
         events = [(t, name) for name, t in self.marks.items()]
         events += [(c.at, f"charge {c.key}") for c in self.services.calls
                    if c.operation == "payment.charge" and not c.replay and not c.failed]
+        events += [(r.ts, f"turn {_turn(r)} asked") for r in self.llm.requests if r.task_id in self.accounts
+                   and r.ts >= start]
         return ", ".join(f"{name} +{t - start:.1f}s" for t, name in sorted(events))
 
     def reply(self, request: RecordedRequest, turn: int) -> Reply | None:
@@ -111,7 +114,7 @@ def _toml(agent: str, llm_url: str) -> str:
     return ('[breaker]\nfailure_threshold = 100000\nfailure_rate_threshold = 1.0\nminimum_calls = 100000\n\n'
             f'[providers.{provider}]\nkind = "openai"\nbase_url = "{llm_url}/v1"\nmodel = "fake-model"\n'
             # longer than any cut here: the answer W1 was waiting for reaches it when the link heals, as in the issue
-            f'timeout_s = 60\n\n[agents.{agent}]\nproviders = ["{provider}"]\nagent = "{BILLING}"\n')
+            f'timeout_s = 45\n\n[agents.{agent}]\nproviders = ["{provider}"]\nagent = "{BILLING}"\n')
 
 
 @contextlib.asynccontextmanager
@@ -126,7 +129,7 @@ async def scenario(cluster_factory: Callable[..., Cluster], latency: dict[int, f
         yield s
 
 
-async def settle(s: Scenario, *, at_least: float = 15.0, quiet: float = 6.0, timeout: float = 45.0) -> None:
+async def settle(s: Scenario, *, at_least: float = 12.0, quiet: float = 6.0, timeout: float = 45.0) -> None:
     """Give the worker that came back its chance to act: at least ``at_least`` seconds, ending with ``quiet`` seconds
     in which neither the model nor the services were asked anything."""
     started = time.monotonic()
