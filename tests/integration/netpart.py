@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
@@ -73,7 +74,7 @@ def sweep_stale() -> list[str]:
 class Netns:
     """One network namespace, its veth pair and its two forwarders; a context manager (``close`` on exit)."""
 
-    def __init__(self, expose: list[int], publish: list[int] = ()) -> None:  # type: ignore[assignment]
+    def __init__(self, expose: Sequence[int], publish: Sequence[int] = ()) -> None:
         suffix = uuid.uuid4().hex[:6]
         self.name = f"asnp-{os.getpid()}-{suffix}"
         # interface names have at most 15 characters

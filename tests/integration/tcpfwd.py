@@ -18,8 +18,10 @@ import socket
 
 #: bytes read per chunk; a Kafka fetch answer is piped through in chunks of this size
 _CHUNK = 64 * 1024
-#: how long a connect to the far side may take before the near connection is dropped (a cut link hangs a SYN)
-_CONNECT_TIMEOUT_S = 10.0
+#: how long a connect to the far side may take before the near connection is dropped: a cut link loses the SYN, and
+#: Linux gives a connect up after about 127 s (tcp_syn_retries 6), so a connection opened during a cut hangs as
+#: one to a partitioned host would, instead of ending early as if the host had answered
+_CONNECT_TIMEOUT_S = 130.0
 #: linux/tcp.h TCP_RTO_MAX_MS (Linux 6.15+): the longest retransmission timeout of a socket. Kernel default 120 s:
 #: after a cut of 20 s the next retransmission can come 20 s after the heal; at 1 s (the least allowed) a healed
 #: link carries the held bytes within a second, so a test knows when the worker has them. The retransmissions then
