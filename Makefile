@@ -43,7 +43,8 @@ fake-llm: install
 # broker, run the job orchestrator, which answers whatever is on the shared agent.jobs, or bound a time that a second
 # test's CPU would stretch), then the rest two at a time (pytest-xdist; every other test has its own app id and topics).
 # Prometheus and promtool (scripts/prometheus.sh) come first: tests/unit's rule tests run promtool.
-# Chromium (scripts/chromium.sh, Debian's packages) and the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI;
+# Chromium (scripts/chromium.sh, Debian's packages), iproute2 for the network-partition tests (scripts/netns.sh: they
+# make network namespaces, so make test runs as root) and the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI;
 # kept once per machine, so a new clone does not install it again) are installed while tests/unit runs.
 test: install
 	@mkdir -p .data; \
@@ -51,6 +52,7 @@ test: install
 	$(PY) -m pytest -q -p no:cacheprovider --durations=10 tests/unit > .data/test-unit.log 2>&1 & unit=$$!; \
 	stop_unit() { kill $$unit 2>/dev/null; wait $$unit 2>/dev/null; }; \
 	bash scripts/chromium.sh || { rc=$$?; stop_unit; exit $$rc; }; \
+	bash scripts/netns.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	bash scripts/litellm.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	started=""; \
 	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \

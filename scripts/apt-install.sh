@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Installs Debian packages for the test suite, only when a program they ship is missing (idempotent); used by
-# scripts/chromium.sh and scripts/prometheus.sh.
+# scripts/chromium.sh, scripts/prometheus.sh and scripts/netns.sh.
 #
 # Usage: scripts/apt-install.sh WHO HINT BIN... -- PACKAGE...
 #   WHO   the calling script, named in every message

@@ -21,6 +21,9 @@
 #   CLUSTER_DATA_DIR         node-N/ config, data, logs, PID file         (default <repo>/.data/cluster)
 #   CLUSTER_HEAP_OPTS        JVM heap flags of each node                  (default -Xms128m -Xmx256m)
 #   CLUSTER_START_TIMEOUT    seconds to wait for the three nodes          (default 120)
+#   CLUSTER_NODE_<N>_PREFIX  a command node N runs under, e.g. "ip netns exec <ns>" (a partition test puts a
+#                            node in its own network namespace, tests/integration/netpart.py; its ports are then
+#                            the forwarders', so they are not checked for being free)
 #
 # Replication defaults (each topic may override them): default.replication.factor=3,
 # min.insync.replicas=2, unclean.leader.election.enable=false, and the internal
@@ -131,7 +134,10 @@ start_node() {
     local n="$1" dir port
     dir="$(node_dir "$n")"
     port="$(port_of "$n")"
-    if port_open "$port" || port_open "$(controller_port_of "$n")"; then
+    local prefix_var="CLUSTER_NODE_${n}_PREFIX"
+    local -a prefix=()
+    [[ -n "${!prefix_var:-}" ]] && read -r -a prefix <<<"${!prefix_var}"
+    if [[ ${#prefix[@]} -eq 0 ]] && { port_open "$port" || port_open "$(controller_port_of "$n")"; }; then
         log "node $n: port $port or $(controller_port_of "$n") is in use by another process; set CLUSTER_PORT/CLUSTER_CONTROLLER_PORT"
         return 1
     fi
@@ -140,7 +146,7 @@ start_node() {
     log "node $n: starting on 127.0.0.1:$port (logs in $dir/logs)"
     # setsid + nohup: the node outlives this script; every fd redirected so callers are not held open.
     # shellcheck disable=SC2086  # HEAP_OPTS is a list of JVM flags
-    nohup setsid java $HEAP_OPTS -server -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError \
+    nohup setsid "${prefix[@]}" java $HEAP_OPTS -server -XX:+UseSerialGC -XX:TieredStopAtLevel=1 -XX:+ExitOnOutOfMemoryError \
         -Djava.awt.headless=true -Dkafka.logs.dir="$dir/logs" \
         -Dlog4j2.configurationFile="$REPO_ROOT/kafka/log4j2.properties" \
         -cp "$LIBS_DIR/*" kafka.Kafka "$dir/server.properties" \

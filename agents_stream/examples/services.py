@@ -1,5 +1,5 @@
-"""Fake carrier, payment, mail and order services for the refund saga and the support agent: real HTTP, idempotent
-by key, recording calls.
+"""Fake carrier, payment, mail, order and account services for the refund saga, the support agent and the billing
+agent: real HTTP, idempotent by key, recording calls.
 
     async with FakeServices() as services:
         services.fail("payment.refund", times=1)      # the next refund call answers 503
@@ -23,6 +23,7 @@ from aiohttp import web
 
 OPERATIONS = (
     "carrier.label", "carrier.cancel_label", "payment.refund", "mail.send", "orders.update", "orders.lookup",
+    "payment.charge", "accounts.lookup",
 )
 
 
@@ -33,6 +34,7 @@ class Call:
     replay: bool  # the key had been executed before: no effect this time
     failed: bool
     at: float
+    body: Any = None  # the request's JSON (what was charged to whom)
 
 
 class FakeServices:
@@ -67,6 +69,14 @@ class FakeServices:
     def pad_orders(self, size: int) -> None:
         """Orders looked up from now on carry ``size`` bytes of notes."""
         self._notes_bytes = size
+
+    def effects(self, operation: str, field: str) -> dict[Any, list[str]]:
+        """The keys whose call of ``operation`` had an effect, by the request's ``field`` (charges per account)."""
+        out: dict[Any, list[str]] = {}
+        for c in self.calls:
+            if c.operation == operation and not c.replay and not c.failed:
+                out.setdefault((c.body or {}).get(field), []).append(c.key)
+        return out
 
     def executed(self, operation: str) -> list[str]:
         """Keys whose call of ``operation`` had an effect, in order (a key twice here would be a double effect)."""
@@ -115,8 +125,10 @@ class FakeServices:
         if operation == "orders.lookup":  # every order exists, delivered, for 42.50
             answer["order"] = {"order_id": body.get("order_id"), "amount": 42.5, "email": "customer@example.com",
                                "status": "delivered", "notes": "n" * self._notes_bytes}
+        if operation == "accounts.lookup":  # every account exists and owes 42.50
+            answer["account"] = {"account": body.get("account"), "owes": 42.5}
         self._done[(operation, key)] = answer
-        self.calls.append(Call(operation, key, False, False, time.time()))
+        self.calls.append(Call(operation, key, False, False, time.time(), body))
         if self._delays.get(operation):
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=self._delays[operation])

@@ -10,7 +10,7 @@ import random
 import re
 import time
 from collections import deque
-from collections.abc import Generator, Iterable
+from collections.abc import Callable, Generator, Iterable
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 from urllib.parse import unquote
@@ -81,12 +81,16 @@ class FakeLLM:
         port: int = 0,
         seed: int = 0,
         api_key: str | None = None,
+        responder: Callable[[RecordedRequest, int], Reply | None] | None = None,
     ) -> None:
         self.host = host
         self.port = port
         self.default = default
         #: when set, requests without this key in the API's header get the API's 401
         self.api_key = api_key
+        #: asked after the modes, before the script: (the request, the turn it asks for) → a reply, or None for the
+        #: script's; answers each task by its own conversation when tasks run at once on several workers
+        self.responder = responder
         self.mode = Mode()
         self.requests: list[RecordedRequest] = []
         self.in_flight = 0
@@ -281,7 +285,7 @@ class FakeLLM:
             self.in_flight -= 1
 
     def _choose(self, record: RecordedRequest, body: Any, key: str | None) -> Reply:
-        """Modes first (outage, auth, rate limit, error rate), then the script, then the default."""
+        """Modes first (outage, auth, rate limit, error rate), then the responder, the script, the default."""
         api = record.api
         if self.mode.outage:
             return status(503, body=error_body(api, 503, "fake LLM outage: the service is unavailable"))
@@ -299,6 +303,10 @@ class FakeLLM:
             n = model_turns(api, body)
             if n < len(turns):
                 return tool_calls(call(turns[n]))
+        if self.responder is not None:
+            chosen = self.responder(record, model_turns(api, body))
+            if chosen is not None:
+                return chosen
         if self._script:
             return self._script.popleft()
         if self.default is not None:

@@ -71,6 +71,8 @@ class Worker:
     cwd: Path = ROOT
     #: Python run in the worker process before Faust's command line (a test's own topic names)
     preamble: str | None = None
+    #: what the command runs under: ``Netns.exec_prefix()`` runs the worker in a test's network namespace
+    prefix: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
         cli = ["-A", "agents_stream.app", *self.faust_options, "worker", "-l", "info"]
@@ -83,7 +85,7 @@ class Worker:
     def start(self) -> Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            self.command(), cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            [*self.prefix, *self.command()], cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
         )
         return self
 

@@ -1,0 +1,195 @@
+"""Real network partitions for integration tests: a worker in its own network namespace, joined to the host by a veth
+pair that the test cuts and heals.
+
+    with Netns(expose=[9092, llm_port, services_port], publish=[web_port]) as net:
+        worker.prefix = net.exec_prefix()   # the worker process runs inside the namespace
+        ...
+        net.cut()                           # the namespace's link is down: no packet in or out
+        net.heal()
+
+Inside the namespace everything keeps its usual address: a forwarder there listens on 127.0.0.1:<port> for each
+``expose`` port and pipes it over the veth to a forwarder on the host side (10.231.N.1:<port>), which pipes it to
+the host's 127.0.0.1:<port> (the broker advertises 127.0.0.1, so a worker must find it there). ``publish`` goes the
+other way (the worker's web port, so the test can ask /readyz from the host). Both forwarders' connections cross the
+veth, so a cut stops them: the link's host end is set down, its carrier drops, and the namespace's packets go
+nowhere — its open connections hang, new ones time out, as in a partition (this kernel has no netem; a down link is
+the fault). Only loopback and this namespace's own veth addresses are ever connected to.
+
+Needs root and iproute2 (``ip netns``). Names carry the test process's PID and a random suffix, so tests running at
+once (pytest-xdist) never share one; ``close`` removes the namespace (and with it both veth ends) and stops the
+forwarders by PID, and a later run removes namespaces left by a test process that no longer exists.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+
+ROOT = Path(__file__).resolve().parents[2]
+#: the namespaces' subnets: 10.231.N.0/30, host end .1, namespace end .2
+_PREFIX = "10.231"
+_NAME = re.compile(r"^asnp-(\d+)-[0-9a-f]+$")
+#: chosen-subnet lock: two tests starting at once must not pick the same N
+_LOCK = Path("/tmp/agents-stream-netpart.lock")
+_READY_TIMEOUT_S = 15.0
+_STOP_TIMEOUT_S = 5.0
+
+
+def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=15, check=check)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale() -> list[str]:
+    """Remove the namespaces of test processes that are gone (a run killed before its ``close``); their names."""
+    gone = []
+    for line in _ip("netns", "list").stdout.splitlines():
+        name = line.split()[0] if line.strip() else ""
+        found = _NAME.match(name)
+        if found and not _alive(int(found.group(1))):
+            _ip("netns", "del", name, check=False)
+            gone.append(name)
+    return gone
+
+
+class Netns:
+    """One network namespace, its veth pair and its two forwarders; a context manager (``close`` on exit)."""
+
+    def __init__(self, expose: Sequence[int], publish: Sequence[int] = ()) -> None:
+        suffix = uuid.uuid4().hex[:6]
+        self.name = f"asnp-{os.getpid()}-{suffix}"
+        # interface names have at most 15 characters
+        self.host_if, self.ns_if = f"asnp{suffix}h", f"asnp{suffix}n"
+        self.expose, self.publish = list(expose), list(publish)
+        self.host_addr = self.ns_addr = ""
+        self._forwarders: list[subprocess.Popen[bytes]] = []
+        self._made = False
+
+    # lifecycle
+
+    def open(self) -> Netns:
+        sweep_stale()
+        try:
+            self._make()
+            host_maps = [f"{self.host_addr}:{p}=127.0.0.1:{p}" for p in self.expose]
+            host_maps += [f"127.0.0.1:{p}={self.ns_addr}:{p}" for p in self.publish]
+            ns_maps = [f"127.0.0.1:{p}={self.host_addr}:{p}" for p in self.expose]
+            ns_maps += [f"{self.ns_addr}:{p}=127.0.0.1:{p}" for p in self.publish]
+            self._forward([], host_maps)
+            self._forward(self.exec_prefix(), ns_maps)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _make(self) -> None:
+        _LOCK.touch(exist_ok=True)
+        with open(_LOCK) as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # held only while choosing and assigning the subnet
+            used = set(re.findall(rf"inet {re.escape(_PREFIX)}\.(\d+)\.", _ip("-o", "-4", "addr", "show").stdout))
+            free = [n for n in range(256) if str(n) not in used]
+            if not free:
+                raise RuntimeError(f"no free {_PREFIX}.N.0/30 subnet for a test namespace; `ip netns list` shows "
+                                   "leftovers to remove")
+            n = free[0]
+            self.host_addr, self.ns_addr = f"{_PREFIX}.{n}.1", f"{_PREFIX}.{n}.2"
+            _ip("netns", "add", self.name)
+            self._made = True
+            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if, "netns", self.name)
+            _ip("addr", "add", f"{self.host_addr}/30", "dev", self.host_if)
+        _ip("link", "set", self.host_if, "up")
+        _ip("-n", self.name, "addr", "add", f"{self.ns_addr}/30", "dev", self.ns_if)
+        _ip("-n", self.name, "link", "set", self.ns_if, "up")
+        _ip("-n", self.name, "link", "set", "lo", "up")
+        self._wait_link(up=True)
+
+    def _forward(self, prefix: list[str], maps: list[str]) -> None:
+        if not maps:
+            return
+        args = [a for m in maps for a in ("--map", m)]
+        proc = subprocess.Popen(
+            [*prefix, sys.executable, "-m", "tests.integration.tcpfwd", *args], cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )
+        self._forwarders.append(proc)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        assert proc.stdout is not None
+        fd, seen = proc.stdout.fileno(), b""
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([fd], [], [], min(left, 0.2))[0]:
+                chunk = os.read(fd, 4096)
+                seen += chunk
+                if b"tcpfwd ready" in seen:
+                    return
+                if not chunk:
+                    break
+        raise RuntimeError(f"forwarder {maps} not ready after {_READY_TIMEOUT_S}s (exit {proc.poll()}): {seen}")
+
+    def close(self) -> None:
+        for proc in self._forwarders:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=_STOP_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait(timeout=_STOP_TIMEOUT_S)
+            if proc.stdout:
+                proc.stdout.close()
+        self._forwarders.clear()
+        if self._made:
+            # deleting the namespace deletes the veth end in it, and with it the host end
+            _ip("netns", "del", self.name, check=False)
+            _ip("link", "del", self.host_if, check=False)
+            self._made = False
+
+    def __enter__(self) -> Netns:
+        return self.open()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    # use
+
+    def exec_prefix(self) -> list[str]:
+        """What runs a command inside the namespace: ``[*net.exec_prefix(), "python", ...]`` (its PID is the
+        command's: ``ip netns exec`` execs it)."""
+        return ["ip", "netns", "exec", self.name]
+
+    def cut(self) -> None:
+        """The namespace loses the host: its link's host end goes down (the namespace end loses its carrier)."""
+        _ip("link", "set", self.host_if, "down")
+        self._wait_link(up=False)
+
+    def heal(self) -> None:
+        _ip("link", "set", self.host_if, "up")
+        self._wait_link(up=True)
+
+    def _wait_link(self, *, up: bool, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            out = _ip("-n", self.name, "-o", "link", "show", self.ns_if).stdout
+            if ("LOWER_UP" in out) == up:
+                return
+            time.sleep(0.05)
+        raise RuntimeError(f"{self.ns_if} in {self.name} not {'up' if up else 'down'} after {timeout}s")
