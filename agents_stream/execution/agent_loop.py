@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from agents_stream.contract.errors import Fenced
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
@@ -257,9 +258,12 @@ class Loop:
                 self._on_event("agent.tool_call", {"turn": turn, "call_id": entry["id"], "tool": entry["name"],
                                                    "error": entry["error"], "attempts": entry["attempts"]})
 
-        async with asyncio.TaskGroup() as group:
-            for i, call in enumerate(calls):
-                group.create_task(one(i, call))
+        try:
+            async with asyncio.TaskGroup() as group:
+                for i, call in enumerate(calls):
+                    group.create_task(one(i, call))
+        except* Fenced as fenced:  # a result journaled after the partition moved: the run stops (Executor)
+            raise fenced.exceptions[0] from None
         return next((r for r in results if r is not None), None)
 
     def _bounded(self, entry: dict[str, Any]) -> Failed | None:

@@ -263,9 +263,9 @@ class Executor(Service):
             log.info("Task %s was cancelled while it ran here: its run is stopped and sends no outcome", task_id)
         except Fenced as exc:
             log.warning(
-                "Fenced: task %s (dispatch %d) stops here without acting on its last step: %s. The partition's owner "
-                "takes it over from its journal; nothing to do unless this repeats (check this worker's connection to "
-                "the brokers and its pauses)", task_id, run.dispatch, exc,
+                "Task %s (dispatch %d) is fenced: it stops here without acting on its last step: %s. The partition's "
+                "owner takes it over from its journal; nothing to do unless this repeats (check this worker's "
+                "connection to the brokers and its pauses)", task_id, run.dispatch, exc,
             )
             self._spawn(self._release(task_id, run.dispatch))
         except Exception as exc:  # a bug here must not kill the slot; the lease recovers the task

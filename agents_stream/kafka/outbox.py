@@ -349,7 +349,7 @@ class Outbox(mode.Service):
         tp = delivery.tp
         if delivery.after or delivery.fenced is not None:
             log.warning(
-                "Fenced: the writes of %s[%d]@%d are not acted on here (%s); the partition's owner recovers the "
+                "The writes of %s[%d]@%d are fenced, not acted on here (%s); the partition's owner recovers the "
                 "task from the changelog and carries it on. Nothing to do unless this repeats (then check this "
                 "worker's connection to the brokers and its pauses)", tp.topic, tp.partition, delivery.offset, why,
             )
