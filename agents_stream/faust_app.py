@@ -28,6 +28,9 @@ __all__ = ["AgentsStreamApp", "new_app"]
 
 log = logging.getLogger(__name__)
 
+#: how long one produce request may wait for its broker before it is sent again (to the partition's leader then)
+PRODUCER_REQUEST_TIMEOUT_S = 30.0
+
 
 class AgentsStreamApp(faust.App):
     """faust.App whose consumer commits the ledger's watermark (agents_stream.kafka.consumer), which makes its
@@ -123,6 +126,9 @@ def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Agen
         broker_session_timeout=settings.session_timeout_s, broker_heartbeat_interval=settings.heartbeat_interval_s,
         consumer_group_instance_id=settings.instance_id or None,
         broker_request_timeout=max(40.0, settings.session_timeout_s + 10), broker_rebalance_timeout=60.0,
+        # Kafka's default (Faust's is 20 minutes): a produce request to a broker cut off from the cluster is given up
+        # after 30 s and sent again to the partition's new leader (the idempotent producer retries without duplicates)
+        producer_request_timeout=PRODUCER_REQUEST_TIMEOUT_S,
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
         stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
