@@ -10,6 +10,8 @@ violations, the wrong agent); the fake LLM (in this process) answers 500 to a
 share ``error_rate`` of calls and has one ``outage_s`` outage (503 to
 everything); a random worker is SIGKILLed every ``kill_every`` seconds and
 started again at once (same name and data dir: a restart on the same host);
+a random worker is paused (SIGSTOP) for ``pause_s`` every ``pause_every``
+seconds, past its session timeout, and resumed: it comes back fenced;
 the broker is stopped and started once with ``scripts/broker.sh`` (the same
 KAFKA_PORT / KAFKA_DATA_DIR environment as this process).
 
@@ -38,6 +40,7 @@ import logging
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,6 +95,10 @@ class ChaosPlan:
     outage_at: float = 60.0
     outage_s: float = 20.0
     kill_every: float = 20.0  # 0: no kills
+    #: a random worker is paused (SIGSTOP) for ``pause_s`` every ``pause_every`` seconds, past its session timeout so
+    #: its partitions move, then resumed (SIGCONT): it comes back fenced (docs/security.md, "Fencing"). 0: no pauses
+    pause_every: float = 45.0
+    pause_s: float = 12.0
     broker_restart_at: float | None = 120.0  # None: no broker restart
     broker_down_s: float = 3.0  # between stop and start
     drain_timeout: float = 600.0  # after the last publish
@@ -126,6 +133,7 @@ class ChaosReport:
     calls_max: int = 0
     max_attempts: int = 0  # highest dispatch count in a result
     kills: int = 0
+    pauses: int = 0
     broker_restarts: int = 0
     breaker_opened: int = 0
     held: int = 0  # tasks held at least once (task.held)
@@ -155,6 +163,7 @@ class ChaosReport:
             ("calls after the task's result", self.calls_after_result),
             ("max dispatches of a task", self.max_attempts),
             ("kills", self.kills),
+            ("pauses past the session timeout (SIGSTOP, then SIGCONT)", self.pauses),
             ("broker restarts", self.broker_restarts),
             ("breaker openings", self.breaker_opened),
             ("tasks held / re-dispatched", f"{self.held} / {self.redispatched}"),
@@ -344,6 +353,25 @@ class Chaos:
                 await self.restart(name)
             at = max(at + self.plan.kill_every, time.monotonic() - self.t0)
 
+    async def pauses(self) -> None:
+        if not self.plan.pause_every:
+            return
+        at = self.plan.pause_every
+        while await self._until(at):
+            async with self.lock:
+                self.check_alive()
+                name = self.rng.choice(sorted(self.workers))
+                proc = self.workers[name].proc
+                if proc is not None and proc.poll() is None:
+                    log.info("SIGSTOP %s (pid %s) for %.0fs", name, proc.pid, self.plan.pause_s)
+                    proc.send_signal(signal.SIGSTOP)
+                    try:
+                        await asyncio.sleep(self.plan.pause_s)
+                    finally:
+                        proc.send_signal(signal.SIGCONT)
+                    self.report.pauses += 1
+            at = max(at + self.plan.pause_every, time.monotonic() - self.t0)
+
     async def restart(self, name: str) -> None:
         # a new Worker of the same name: same data dir (data-<name>), a fresh web port and log handle
         worker = self.cluster.worker(name)
@@ -464,7 +492,8 @@ async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] 
 
             chaos = Chaos(plan, cluster, workers, fake, broker, report)
             chaos.t0 = t0 = time.monotonic()
-            faults = [asyncio.create_task(c) for c in (chaos.outage(), chaos.broker_restart(), chaos.kills())]
+            faults = [asyncio.create_task(c)
+                      for c in (chaos.outage(), chaos.broker_restart(), chaos.kills(), chaos.pauses())]
             background += faults
             last_publish = await publish(plan, topics.task_topic(agent), msgs, t0)
             report.publish_s = time.monotonic() - t0
