@@ -211,10 +211,19 @@ class GuardedTopic(faust.Topic):
         try:
             return await super().publish_message(fut, wait=wait)
         except ProducerSendError as exc:  # Faust's wrapper of the producer's own error
-            permanent = None if wait else undeliverable(exc)
-            if permanent is None:
+            if wait:
                 raise
-            return self._fail(fut, permanent)
+            permanent = undeliverable(exc)
+            if permanent is not None:
+                return self._fail(fut, permanent)
+            # A transient error (the producer's buffer stayed full for its request timeout while a broker was away):
+            # raised here it would crash the worker; the send fails instead and its sender sends it again (the
+            # outbox retries until confirmed; a heartbeat or control event is best effort).
+            log.warning("A record for %s was not sent (%r); its sender retries it. Check the brokers if this repeats",
+                        self.get_topic_name(), exc)
+            if not fut.done():
+                fut.set_exception(exc)
+            return fut
 
     def _fail(self, fut: FutureMessage, exc: Undeliverable) -> FutureMessage:
         """``fut`` fails for good with ``exc`` (and operators read what to do)."""
