@@ -41,7 +41,7 @@ from agents_stream.kafka.deadletters import dead_letter_finder
 from agents_stream.kafka.delivery import TopicCheck
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.takeover import TAKEOVER_SCAN_S, Takeover
+from agents_stream.kafka.takeover import Takeover
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.route import OutcomeRoute
@@ -54,6 +54,7 @@ from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
+from agents_stream.wiring import wire
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,8 @@ class Runtime(Service):
         self.ready = False  # output topics declared and executor running: /readyz says ready
         self.samples = SampleRing(settings.console_sample_s, settings.console_history_s)  # the console's charts
         self.stopping = False
+        for table in tables.all():
+            table.trusted = self.may_be_member
         self.takeover = Takeover(
             settings, app.conf.id, self.worker_id, tables, partitions=self.partitions,
             scan_gone=self.ledger.scan_gone, learned=self.ledger.scanner.learned_members,
@@ -295,6 +298,14 @@ class Runtime(Service):
     def on_revoked(self, revoked: set[TP]) -> None:
         self.flow.revoked(revoked)
         self.ledger.forget(revoked)
+        for table in self.tables.all():
+            table.revoked({tp.partition for tp in revoked})
+
+    def may_be_member(self) -> bool:
+        """The group cannot have expelled this worker yet: no commit was refused to it for a whole session timeout
+        (its last accepted one was sent less than that ago, or it has not committed since it joined)."""
+        consumer: Any = self.app.consumer
+        return consumer.member_at is None or bool(consumer.member_since(self.settings.session_timeout_s))
 
     def on_assigned(self) -> None:
         self.flow.assigned()
@@ -346,84 +357,6 @@ class Runtime(Service):
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
-def _wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
-    """The ledger agent, the timers and the rebalance signals: Faust owns them and calls into the runtime."""
-    channel = app.topic(
-        *app.input_topics, partitions=settings.partitions, internal=True, key_serializer="raw", value_serializer="raw",
-    )
-
-    async def ledger_agent(stream: Any) -> None:
-        # One event at a time: the ledger is the table's only writer (DESIGN.md).
-        async for event in stream.events():
-            runtime.ledger.handle(event)
-
-    app.agent(channel, name="ledger", concurrency=1)(ledger_agent)
-
-    @app.timer(interval=max(0.5, settings.lease_ttl_s / 4))
-    async def lease_scanner() -> None:
-        try:
-            runtime.scan_leases()
-            runtime.update_flow()  # a Retry-After or open_timeout that ran out changes no event: look again
-            runtime.flow.check()
-        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
-            log.exception("Lease scan failed (%r); the next tick tries again", exc)
-
-    @app.timer(interval=TAKEOVER_SCAN_S)
-    async def takeover_scanner() -> None:
-        try:
-            runtime.takeover.take_over()
-        except Exception as exc:  # a timer exception would crash the worker
-            log.exception("Take-over scan failed (%r); the next tick tries again", exc)
-
-    @app.timer(interval=settings.console_sample_s)
-    async def console_sample() -> None:
-        try:
-            runtime.sample()
-        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
-            log.warning("Console sample failed (%r); the charts miss this point, the next tick tries again", exc)
-
-    @app.timer(interval=max(0.5, settings.expiry_interval_s))
-    async def expiry_sweep() -> None:
-        try:
-            await runtime.sweep_expired()
-        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
-            log.exception("Expiry sweep failed (%r); the next tick tries again", exc)
-
-    if settings.stall_after_s > 0:
-        @app.timer(interval=max(0.5, settings.stall_after_s / 4))
-        async def progress_check() -> None:
-            try:
-                await runtime.flow.check_progress()
-            except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
-                log.warning("Progress check failed (%r); the next tick tries again", exc)
-
-    # mode's SignalHandlerT (mypy_extensions argument types) admits no def mypy accepts: hence the ignores.
-    # An exception in these signals crashes the worker (Faust calls crash()): what reads the broker or a table
-    # contains its own failures (seed_starts, after_rebalance); the rest changes memory only.
-    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
-    async def _revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
-        (revoked,) = args  # Faust sends the revoked partitions positionally
-        runtime.on_revoked(set(revoked))
-
-    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
-    async def _assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
-        runtime.on_assigned()
-
-    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
-    async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
-        # After the group settled and before the streams resume (Faust's recovery sends this first):
-        # the broker answers offset requests now, and nothing of the new assignment has been read yet.
-        await runtime.flow.seed_starts(set(app.consumer.assignment()))
-        await runtime.takeover.claim_epochs()  # before the ledger reads a record of its new partitions
-        runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
-        runtime.after_rebalance()
-
-    @app.task
-    async def _start_runtime() -> None:
-        # After table recovery (Faust starts app tasks then): the runtime is the app's child from here on.
-        await app.add_runtime_dependency(runtime)
-
-
 def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
     settings = settings or Settings.from_env()
     if settings.approval_secret_problem():
@@ -438,7 +371,7 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
         tables=tables, watermark=watermark, output_topics=output_topics(app, settings, config, agents),
     )
     app.attach(runtime)
-    _wire(app, runtime, settings)
+    wire(app, runtime, settings)
     web.register(app, runtime)
     return app
 

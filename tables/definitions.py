@@ -5,17 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import faust
 import orjson
-from agents_stream.tables.epochs import EpochFilter, epoch_in, epoch_key, header, next_epoch
-from agents_stream.tables.writes import DELETED, Unconfirmed, WriteBuffer, chain, unanswered
-from faust.streams import current_event
-from faust.types import TP
+from agents_stream.tables.changelog import ChangelogState
+from agents_stream.tables.epochs import header
+from agents_stream.tables.writes import (
+    DELETED,
+    WriteBuffer,
+    chain,
+    current_partition,
+    key_bytes,
+    unanswered,
+    value_bytes,
+    writing,
+)
 from rocksdict import WriteBatch
 
 from agents_stream.settings import Settings
@@ -24,39 +30,10 @@ __all__ = ["LedgerTable", "PromptTableManager", "Tables", "define_tables", "writ
 
 log = logging.getLogger(__name__)
 
-#: the partition a table write goes to when no Faust event is being handled (``writing``)
-_partition: ContextVar[int | None] = ContextVar("agents_stream_table_partition", default=None)
 _MISSING = object()
 
 
-@contextmanager
-def writing(partition: int) -> Iterator[None]:
-    """Table reads and writes in this block are of ``partition``: for the ledger applying an outcome of its own
-    executor between two events, where Faust has no current event to take the partition from."""
-    token = _partition.set(partition)
-    try:
-        yield
-    finally:
-        _partition.reset(token)
-
-
-def _value_bytes(value: Any) -> bytes:
-    """A value's JSON: orjson's, or the standard module's for what orjson refuses (an integer past 64 bits, which a
-    task's context or a model's answer may hold: refusing it would stop the worker on the task's data)."""
-    try:
-        return orjson.dumps(value)
-    except TypeError:
-        return json.dumps(value, separators=(",", ":")).encode()
-
-
-def _key_bytes(key: str) -> bytes:
-    # What Faust's json key serializer makes of a str without orjson (ASCII, escaped): the keys already in every
-    # deployed store and changelog. Faust switches to orjson (raw UTF-8) when it is importable, so the keys are
-    # encoded here, the same way whatever is installed.
-    return json.dumps(key).encode()
-
-
-class LedgerTable(faust.Table):
+class LedgerTable(ChangelogState, faust.Table):
     """A Table whose writes are coalesced and flushed once per loop iteration, each with a future to await.
 
     Faust sends a changelog record per write, fire-and-forget (FAUST-NOTES.md "Tables"), and encodes each value
@@ -84,11 +61,7 @@ class LedgerTable(faust.Table):
         self.staged = WriteBuffer()
         self.broken: BaseException | None = None  # the local store refused a write (see ``flush``)
         self.crashing: asyncio.Future[Any] | None = None  # the worker's crash, once ``broken``
-        self.epochs: dict[int, int] = {}  # partition → the epoch this worker writes it with (``take``)
-        self.epoch_filter = EpochFilter()
-        self.skipped = 0  # changelog records skipped as a former owner's (for tests and logs)
-        self.unconfirmed = Unconfirmed()
-        self._opened: set[int] = set()  # partitions whose store this worker checked (``persisted_offset``)
+        self.init_changelog_state()
         self._unanswered = unanswered(self.name)  # a test fault (tables/writes.py); None in production
 
     # -- writes --------------------------------------------------------------------------------------
@@ -117,17 +90,17 @@ class LedgerTable(faust.Table):
             records = []
             store: Any = self.data
             for key, write in staged:
-                key_bytes = _key_bytes(key)
-                value = None if write.value is DELETED else _value_bytes(write.value)
+                raw_key = key_bytes(key)
+                value = None if write.value is DELETED else value_bytes(write.value)
                 batch = batches.get(write.partition)
                 if batch is None:
                     batch = batches[write.partition] = WriteBatch(raw_mode=True)
                     batch.delete(store.offset_key)  # back once the broker confirmed it all (_on_changelog_sent)
                 if value is None:
-                    batch.delete(key_bytes)
+                    batch.delete(raw_key)
                 else:
-                    batch.put(key_bytes, value)
-                records.append((write, key_bytes, value))
+                    batch.put(raw_key, value)
+                records.append((write, raw_key, value))
             for partition, batch in batches.items():
                 store._db_for_partition(partition).write(batch)
         except Exception as exc:
@@ -144,16 +117,16 @@ class LedgerTable(faust.Table):
                     write.sent.set_exception(exc)
             self.crashing = asyncio.ensure_future(self.app.crash(exc))  # Faust's crash stops the worker: its owner
             return
-        for write, key_bytes, value in records:
-            self.unconfirmed.wrote(write.partition, key_bytes, value)
-            chain(self._send_raw(write.partition, key_bytes, value), write.sent)
+        for write, raw_key, value in records:
+            self.unconfirmed.wrote(write.partition, raw_key, value)
+            chain(self._send_raw(write.partition, raw_key, value), write.sent)
 
     def send_changelog(
         self, partition: Any, key: Any, value: Any, key_serializer: Any = None, value_serializer: Any = None,
     ) -> Any:
         """One changelog record of ``key`` with ``value`` (None: a tombstone); an outbox retry calls this."""
-        raw = None if value is None else _value_bytes(value)
-        return self._send_raw(partition, _key_bytes(key), raw)
+        raw = None if value is None else value_bytes(value)
+        return self._send_raw(partition, key_bytes(key), raw)
 
     def _send_raw(self, partition: int, key: bytes, value: bytes | None) -> Any:
         if self.broken is not None:  # the store refused a write: nothing of this table counts as durable any more
@@ -172,105 +145,6 @@ class LedgerTable(faust.Table):
             headers=[header(epoch)] if epoch is not None else None,
         )
 
-    # -- owner epochs ------------------------------------------------------------------------------
-
-    def take(self, partition: int) -> tuple[int, Any]:
-        """This worker now owns ``partition``: write it a higher epoch than any it holds or read, and write every
-        record of it with that epoch from now on. Returns the epoch and the send of its record (the caller waits
-        for it before anything else is written there)."""
-        with writing(partition):
-            stored = self.get(epoch_key(partition))
-        epoch = max(next_epoch(stored), self.epoch_filter.highest.get(partition, 0) + 1)
-        self.epochs[partition] = epoch
-        self.epoch_filter.start(partition, epoch)
-        with writing(partition):
-            self[epoch_key(partition)] = {"epoch": epoch}
-        return epoch, self.last_changelog
-
-    def apply_changelog_batch(self, batch: Any) -> None:
-        """Faust's RocksDB apply (recovery, standbys), less the records of a former owner (``EpochFilter``). A
-        partition with writes of this worker still unconfirmed (assigned back to it meanwhile) must not look
-        confirmed, so its persisted offset goes again."""
-        store: Any = self.data
-        batches: dict[int, WriteBatch] = {}
-        offsets: dict[Any, int] = {}
-        skipped = 0
-        for event in batch:
-            msg = event.message
-            offsets[msg.tp] = max(msg.offset, offsets.get(msg.tp, msg.offset))
-            partition = msg.partition
-            if not self.epoch_filter.known(partition):
-                self.epoch_filter.start(partition, self._stored_epoch(partition))
-            if not self.epoch_filter.keep(partition, epoch_in(msg.headers)):
-                skipped += 1
-                continue
-            write = batches.get(partition)
-            if write is None:
-                write = batches[partition] = WriteBatch(raw_mode=True)
-            if msg.value is None:
-                write.delete(msg.key)
-            else:
-                write.put(msg.key, msg.value)
-        for partition, write in batches.items():
-            store._db_for_partition(partition).write(write)
-        for tp, offset in offsets.items():
-            store.set_persisted_offset(tp, offset)
-        for partition in {tp.partition for tp in offsets} & set(self.unconfirmed.partitions()):
-            store._db_for_partition(partition).delete(store.offset_key)
-        if skipped:
-            self.skipped += skipped
-            log.warning(
-                "Table %s: %d changelog records written by a former owner after the partition moved were skipped "
-                "(fenced: a worker cut off or paused while its writes waited); nothing to do", self.name, skipped,
-            )
-
-    def _stored_epoch(self, partition: int) -> int:
-        raw = self.data._db_for_partition(partition).get(_key_bytes(epoch_key(partition)))  # type: ignore[attr-defined]
-        if raw is None:
-            return 0
-        try:
-            return next_epoch(orjson.loads(raw)) - 1
-        except ValueError:
-            return 0
-
-    def _on_changelog_sent(self, fut: Any) -> None:
-        """The broker confirmed a changelog record: the partition's persisted offset is written once every local
-        write of it is confirmed (Faust's own callback writes it at each confirmation)."""
-        if self.app.in_transaction:
-            super()._on_changelog_sent(fut)
-            return
-        res, message = fut.result(), fut.message
-        tp = res.topic_partition
-        offset = self.unconfirmed.confirmed(tp.partition, message.key, message.value, res.offset)
-        if offset is not None:
-            self.data.set_persisted_offset(tp, offset)
-
-    def persisted_offset(self, tp: TP) -> int | None:
-        """The partition's persisted changelog offset, where Faust's recovery reads on from. The first time this
-        worker opens a partition's store, one with data and no persisted offset holds writes the changelog never
-        confirmed: it is emptied, so the partition is recovered from the changelog alone."""
-        offset = self.data.persisted_offset(tp)
-        if tp.partition not in self._opened:
-            self._opened.add(tp.partition)
-            if offset is None:
-                self._discard(tp.partition)
-        return offset
-
-    def _discard(self, partition: int) -> None:
-        store: Any = self.data
-        db = store._db_for_partition(partition)
-        batch, found = WriteBatch(raw_mode=True), 0
-        for key in db.keys():
-            batch.delete(key)
-            found += 1
-        if found:
-            db.write(batch)
-            log.warning(
-                "Table %s partition %d: the local store held writes the changelog never confirmed (the worker "
-                "stopped before the broker answered); its %d entries are discarded and the partition is recovered "
-                "from the changelog. Nothing to do", self.name, partition, found,
-            )
-
     # -- reads ---------------------------------------------------------------------------------------
 
     def get(self, key: str, default: Any = None) -> Any:
@@ -278,7 +152,7 @@ class LedgerTable(faust.Table):
         write = self.staged.lookup(key)
         if write is not None:
             return default if write.value is DELETED else write.value
-        raw = self._read(_key_bytes(key))
+        raw = self._read(key_bytes(key))
         return default if raw is None else json.loads(raw)  # exact: orjson reads a huge integer as a float
 
     def __getitem__(self, key: str) -> Any:
@@ -319,11 +193,7 @@ class LedgerTable(faust.Table):
 
     @staticmethod
     def _current_partition() -> int | None:
-        partition = _partition.get()
-        if partition is not None:
-            return partition
-        event = current_event()
-        return None if event is None else event.message.partition
+        return current_partition()
 
 
     def scan(self, partition: int, after: bytes | None, limit: int) -> tuple[list[tuple[str, Any]], bytes | None]:

@@ -17,14 +17,64 @@ changelog (``LedgerTable.persisted_offset``; docs/decisions.md, "Only confirmed 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["DELETED", "FAULT_UNANSWERED_CHANGELOG", "Staged", "Unconfirmed", "WriteBuffer", "chain", "unanswered"]
+import orjson
+from faust.streams import current_event
+
+__all__ = [
+    "DELETED", "FAULT_UNANSWERED_CHANGELOG", "Staged", "Unconfirmed", "WriteBuffer", "chain", "current_partition",
+    "key_bytes", "unanswered", "value_bytes", "writing",
+]
 
 log = logging.getLogger(__name__)
+
+#: the partition a table write goes to when no Faust event is being handled (``writing``)
+_partition: ContextVar[int | None] = ContextVar("agents_stream_table_partition", default=None)
+
+
+@contextmanager
+def writing(partition: int) -> Iterator[None]:
+    """Table reads and writes in this block are of ``partition``: for the ledger applying an outcome of its own
+    executor between two events, where Faust has no current event to take the partition from."""
+    token = _partition.set(partition)
+    try:
+        yield
+    finally:
+        _partition.reset(token)
+
+
+def value_bytes(value: Any) -> bytes:
+    """A value's JSON: orjson's, or the standard module's for what orjson refuses (an integer past 64 bits, which a
+    task's context or a model's answer may hold: refusing it would stop the worker on the task's data)."""
+    try:
+        return orjson.dumps(value)
+    except TypeError:
+        return json.dumps(value, separators=(",", ":")).encode()
+
+
+def key_bytes(key: str) -> bytes:
+    # What Faust's json key serializer makes of a str without orjson (ASCII, escaped): the keys already in every
+    # deployed store and changelog. Faust switches to orjson (raw UTF-8) when it is importable, so the keys are
+    # encoded here, the same way whatever is installed.
+    return json.dumps(key).encode()
+
+
+
+def current_partition() -> int | None:
+    """The partition a table read or write is of: ``writing``'s, else the Faust event being handled's."""
+    partition = _partition.get()
+    if partition is not None:
+        return partition
+    event = current_event()
+    return None if event is None else event.message.partition
+
 
 #: Fault injection for tests: ``<table>=<text>`` — a changelog record of that table whose value contains the text
 #: is never sent, and its send never settles (the broker never answers). Unset (always, in production): inert.
@@ -117,6 +167,11 @@ class Unconfirmed:
     def partitions(self) -> list[int]:
         """The partitions with local writes not yet confirmed."""
         return [partition for partition, writes in self._writes.items() if writes]
+
+    def forget(self, partition: int) -> None:
+        """``partition``'s store was discarded: nothing of it waits for the broker any more."""
+        self._writes.pop(partition, None)
+        self._confirmed.pop(partition, None)
 
     def wrote(self, partition: int, key: bytes, value: bytes | None) -> None:
         """``key`` was written to ``partition``'s local store, its changelog record not yet confirmed."""

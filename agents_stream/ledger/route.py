@@ -92,10 +92,10 @@ class OutcomeRoute:
             return self.produce(task_id.encode(), body)
 
         if isinstance(outcome, Heartbeat):
-            # The lease has slack for a lost one; the next round sends again. A worker the group has not confirmed
-            # lately may have lost the partition: its beat must not keep the lease from the partition's owner.
-            if self.member():
-                send()
+            # The lease has slack for a lost one; the next round sends again. Sent also while the group has not
+            # confirmed this worker lately (a rebalance): a beat of a worker that left the group keeps nothing from
+            # the partition's owner, which takes over a departed owner's tasks whatever their lease says.
+            send()
             return
         await until_confirmed(
             send,

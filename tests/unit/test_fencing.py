@@ -177,20 +177,6 @@ async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> N
     assert len(sent) == 1, "the entry still goes to the owner, who keeps it if the run holds the lease"
 
 
-async def test_a_heartbeat_of_a_worker_the_group_has_not_confirmed_is_not_sent() -> None:
-    from agents_stream.contract.events import Heartbeat
-
-    sent: list[bytes] = []
-    member = [False]
-    route = OutcomeRoute(SimpleNamespace(), lambda k, v: sent.append(v),  # type: ignore[arg-type]
-                         member=lambda: member[0], send_control=lambda *a: None, stopping=lambda: False)
-    await route.send("t1", Heartbeat(worker="w1", dispatch=1, owner="w1"))
-    assert sent == []
-    member[0] = True
-    await route.send("t1", Heartbeat(worker="w1", dispatch=1, owner="w1"))
-    assert len(sent) == 1
-
-
 # -- who is in the group ----------------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,96 @@
+"""What Faust owns and calls into the worker's runtime: the one ledger agent, the timers (lease and take-over
+scans, the console's samples, the expiry sweep, the progress check) and the rebalance signals."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from agents_stream.faust_app import AgentsStreamApp
+from agents_stream.kafka.takeover import TAKEOVER_SCAN_S
+from agents_stream.settings import Settings
+
+if TYPE_CHECKING:
+    from agents_stream.app import Runtime
+
+__all__ = ["wire"]
+
+log = logging.getLogger(__name__)
+
+
+def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
+    """The ledger agent, the timers and the rebalance signals: Faust owns them and calls into the runtime."""
+    channel = app.topic(
+        *app.input_topics, partitions=settings.partitions, internal=True, key_serializer="raw", value_serializer="raw",
+    )
+
+    async def ledger_agent(stream: Any) -> None:
+        # One event at a time: the ledger is the table's only writer (DESIGN.md).
+        async for event in stream.events():
+            runtime.ledger.handle(event)
+
+    app.agent(channel, name="ledger", concurrency=1)(ledger_agent)
+
+    @app.timer(interval=max(0.5, settings.lease_ttl_s / 4))
+    async def lease_scanner() -> None:
+        try:
+            runtime.scan_leases()
+            runtime.update_flow()  # a Retry-After or open_timeout that ran out changes no event: look again
+            runtime.flow.check()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.exception("Lease scan failed (%r); the next tick tries again", exc)
+
+    @app.timer(interval=TAKEOVER_SCAN_S)
+    async def takeover_scanner() -> None:
+        try:
+            runtime.takeover.take_over()
+        except Exception as exc:  # a timer exception would crash the worker
+            log.exception("Take-over scan failed (%r); the next tick tries again", exc)
+
+    @app.timer(interval=settings.console_sample_s)
+    async def console_sample() -> None:
+        try:
+            runtime.sample()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.warning("Console sample failed (%r); the charts miss this point, the next tick tries again", exc)
+
+    @app.timer(interval=max(0.5, settings.expiry_interval_s))
+    async def expiry_sweep() -> None:
+        try:
+            await runtime.sweep_expired()
+        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            log.exception("Expiry sweep failed (%r); the next tick tries again", exc)
+
+    if settings.stall_after_s > 0:
+        @app.timer(interval=max(0.5, settings.stall_after_s / 4))
+        async def progress_check() -> None:
+            try:
+                await runtime.flow.check_progress()
+            except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+                log.warning("Progress check failed (%r); the next tick tries again", exc)
+
+    # mode's SignalHandlerT (mypy_extensions argument types) admits no def mypy accepts: hence the ignores.
+    # An exception in these signals crashes the worker (Faust calls crash()): what reads the broker or a table
+    # contains its own failures (seed_starts, after_rebalance); the rest changes memory only.
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
+    async def _revoked(sender: Any, *args: Any, **kwargs: Any) -> None:
+        (revoked,) = args  # Faust sends the revoked partitions positionally
+        runtime.on_revoked(set(revoked))
+
+    @app.on_partitions_assigned.connect  # type: ignore[arg-type]
+    async def _assigned(sender: Any, *args: Any, **kwargs: Any) -> None:
+        runtime.on_assigned()
+
+    @app.on_rebalance_complete.connect  # type: ignore[arg-type]
+    async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
+        # After the group settled and before the streams resume (Faust's recovery sends this first):
+        # the broker answers offset requests now, and nothing of the new assignment has been read yet.
+        await runtime.flow.seed_starts(set(app.consumer.assignment()))
+        await runtime.takeover.claim_epochs()  # before the ledger reads a record of its new partitions
+        runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
+        runtime.after_rebalance()
+
+    @app.task
+    async def _start_runtime() -> None:
+        # After table recovery (Faust starts app tasks then): the runtime is the app's child from here on.
+        await app.add_runtime_dependency(runtime)

@@ -1,0 +1,168 @@
+"""What a worker's local store of a table holds against its changelog: the owner epoch it writes a partition with
+(and the former owners' records it skips when it applies the changelog), which changelog offset its store may
+resume from (only one whose every local write the broker confirmed), and the partitions whose store must be
+rebuilt from the changelog (docs/security.md, "Fencing"; docs/decisions.md, "Only confirmed writes survive a
+restart"). A mixin of ``LedgerTable`` (tables/definitions.py), which it shares its store and writes with."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Callable
+
+import orjson
+from agents_stream.tables.epochs import EpochFilter, epoch_in, epoch_key, next_epoch
+from agents_stream.tables.writes import Unconfirmed, key_bytes, writing
+from faust.types import TP
+from rocksdict import WriteBatch
+
+__all__ = ["ChangelogState"]
+
+log = logging.getLogger(__name__)
+
+
+class ChangelogState:
+    """Owner epochs, confirmed offsets and stale partitions of one table on this worker (see the module)."""
+
+    # Faust's Table gives these (LedgerTable is a faust.Table)
+    app: Any
+    data: Any
+    name: str
+    last_changelog: Any
+
+    def init_changelog_state(self) -> None:
+        self.epochs: dict[int, int] = {}  # partition → the epoch this worker writes it with (``take``)
+        self.epoch_filter = EpochFilter()
+        self.skipped = 0  # changelog records skipped as a former owner's (for tests and logs)
+        #: partitions whose local store may hold writes the changelog does not (as current): rebuilt from the
+        #: changelog the next time this worker owns them (``revoked``, ``_on_changelog_sent``)
+        self.stale: set[int] = set()
+        #: whether the group cannot have expelled this worker yet (Runtime sets it: no commit refused for a
+        #: session timeout); a write confirmed otherwise makes its partition ``stale``
+        self.trusted: Callable[[], bool] = lambda: True
+        self.unconfirmed = Unconfirmed()
+        self._opened: set[int] = set()  # partitions whose store this worker checked (``persisted_offset``)
+
+    if TYPE_CHECKING:  # LedgerTable's, and faust.Table's
+        def get(self, key: str, default: Any = None) -> Any: ...
+
+        def __setitem__(self, key: str, value: Any) -> None: ...
+
+    def take(self, partition: int) -> tuple[int, Any]:
+        """This worker now owns ``partition``: write it a higher epoch than any it holds or read, and write every
+        record of it with that epoch from now on. Returns the epoch and the send of its record (the caller waits
+        for it before anything else is written there)."""
+        with writing(partition):
+            stored = self.get(epoch_key(partition))
+        epoch = max(next_epoch(stored), self.epoch_filter.highest.get(partition, 0) + 1)
+        self.epochs[partition] = epoch
+        self.epoch_filter.start(partition, epoch)
+        with writing(partition):
+            self[epoch_key(partition)] = {"epoch": epoch}
+        return epoch, self.last_changelog
+
+    def apply_changelog_batch(self, batch: Any) -> None:
+        """Faust's RocksDB apply (recovery, standbys), less the records of a former owner (``EpochFilter``). A
+        partition with writes of this worker still unconfirmed (assigned back to it meanwhile) must not look
+        confirmed, so its persisted offset goes again."""
+        store: Any = self.data
+        batches: dict[int, WriteBatch] = {}
+        offsets: dict[Any, int] = {}
+        skipped = 0
+        for event in batch:
+            msg = event.message
+            offsets[msg.tp] = max(msg.offset, offsets.get(msg.tp, msg.offset))
+            partition = msg.partition
+            if not self.epoch_filter.known(partition):
+                self.epoch_filter.start(partition, self._stored_epoch(partition))
+            if not self.epoch_filter.keep(partition, epoch_in(msg.headers)):
+                skipped += 1
+                continue
+            write = batches.get(partition)
+            if write is None:
+                write = batches[partition] = WriteBatch(raw_mode=True)
+            if msg.value is None:
+                write.delete(msg.key)
+            else:
+                write.put(msg.key, msg.value)
+        for partition, write in batches.items():
+            store._db_for_partition(partition).write(write)
+        for tp, offset in offsets.items():
+            store.set_persisted_offset(tp, offset)
+        for partition in {tp.partition for tp in offsets} & set(self.unconfirmed.partitions()):
+            store._db_for_partition(partition).delete(store.offset_key)
+        if skipped:
+            self.skipped += skipped
+            log.warning(
+                "Table %s: %d changelog records written by a former owner after the partition moved were skipped "
+                "(fenced: a worker cut off or paused while its writes waited); nothing to do", self.name, skipped,
+            )
+
+    def _stored_epoch(self, partition: int) -> int:
+        raw = self.data._db_for_partition(partition).get(key_bytes(epoch_key(partition)))
+        if raw is None:
+            return 0
+        try:
+            return next_epoch(orjson.loads(raw)) - 1
+        except ValueError:
+            return 0
+
+    def _on_changelog_sent(self, fut: Any) -> None:
+        """The broker confirmed a changelog record: the partition's persisted offset is written once every local
+        write of it is confirmed (Faust's own callback writes it at each confirmation)."""
+        if self.app.in_transaction:
+            super()._on_changelog_sent(fut)  # type: ignore[misc]  # faust.Table's, LedgerTable's next base
+            return
+        res, message = fut.result(), fut.message
+        tp = res.topic_partition
+        if tp.partition in self.stale:
+            return
+        if not self.trusted():
+            # Confirmed while the group may have expelled this worker: the record may have landed after another
+            # owner's, so this store no longer matches the changelog (its records may even be skipped there).
+            self.stale.add(tp.partition)
+            log.warning("Table %s partition %d: a write was confirmed while this worker may have been out of the "
+                        "group; its local store is recovered from the changelog the next time it owns the partition",
+                        self.name, tp.partition)
+            return
+        offset = self.unconfirmed.confirmed(tp.partition, message.key, message.value, res.offset)
+        if offset is not None:
+            self.data.set_persisted_offset(tp, offset)
+
+    def revoked(self, partitions: set[int]) -> None:
+        """Partitions taken from this worker: one with writes still unconfirmed may see them land after the next
+        owner's; its local store is recovered from the changelog the next time it is this worker's."""
+        self.stale |= partitions & set(self.unconfirmed.partitions())
+
+    def persisted_offset(self, tp: TP) -> int | None:
+        """The partition's persisted changelog offset, where Faust's recovery reads on from. The first time this
+        worker opens a partition's store, one with data and no persisted offset holds writes the changelog never
+        confirmed: it is emptied, so the partition is recovered from the changelog alone."""
+        if tp.partition in self.stale:  # see ``revoked`` and ``_on_changelog_sent``
+            self.stale.discard(tp.partition)
+            self._opened.add(tp.partition)
+            self.epoch_filter.highest.pop(tp.partition, None)
+            self.unconfirmed.forget(tp.partition)
+            self._discard(tp.partition, "its writes may have landed after another owner's")
+            return None
+        offset = self.data.persisted_offset(tp)
+        if tp.partition not in self._opened:
+            self._opened.add(tp.partition)
+            if offset is None:
+                self._discard(tp.partition)
+        return offset
+
+    def _discard(self, partition: int, why: str = "the worker stopped before the broker answered") -> None:
+        store: Any = self.data
+        db = store._db_for_partition(partition)
+        batch, found = WriteBatch(raw_mode=True), 0
+        for key in db.keys():
+            batch.delete(key)
+            found += 1
+        if found:
+            db.write(batch)
+            log.warning(
+                "Table %s partition %d: the local store held writes the changelog does not hold as current (%s); its "
+                "%d entries are discarded and the partition is recovered from the changelog. Nothing to do",
+                self.name, partition, why, found,
+            )
+
