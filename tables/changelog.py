@@ -151,7 +151,8 @@ class ChangelogState:
                 self._discard(tp.partition)
         return offset
 
-    def _discard(self, partition: int, why: str = "the worker stopped before the broker answered") -> None:
+    def _discard(self, partition: int, why: str = "never confirmed: the worker stopped before the broker answered",
+                 ) -> None:
         store: Any = self.data
         db = store._db_for_partition(partition)
         batch, found = WriteBatch(raw_mode=True), 0
