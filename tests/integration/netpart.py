@@ -17,7 +17,8 @@ other way (the worker's web port, so the test can ask /readyz from the host). Bo
 veth, so a cut stops them: the link's host end is set down, its carrier drops, and the namespace's packets go
 nowhere — its open connections hang, new ones time out, as in a partition (this kernel has no netem; a down link is
 the fault). ``side`` ports cross a second veth pair of their own (the side link, 10.231.M.0/30), which
-``cut_side`` takes down alone: a worker that still reaches the model but no longer the broker. Only loopback and this namespace's own veth addresses are ever connected to.
+``cut_side`` takes down alone: a worker that still reaches the model but no longer the broker. Only loopback and
+this namespace's own veth addresses are ever connected to.
 
 Needs root and iproute2 (``ip netns``). Names carry the test process's PID and a random suffix, so tests running at
 once (pytest-xdist) never share one; ``close`` removes the namespace (and with it both veth ends) and stops the
