@@ -7,13 +7,18 @@ pair that the test cuts and heals.
         net.cut()                           # the namespace's link is down: no packet in or out
         net.heal()
 
+    with Netns(expose=[llm_port, services_port], side=[9092], publish=[web_port]) as net:
+        net.cut_side()                      # only the broker is lost: the model and the services still answer
+
 Inside the namespace everything keeps its usual address: a forwarder there listens on 127.0.0.1:<port> for each
 ``expose`` port and pipes it over the veth to a forwarder on the host side (10.231.N.1:<port>), which pipes it to
 the host's 127.0.0.1:<port> (the broker advertises 127.0.0.1, so a worker must find it there). ``publish`` goes the
 other way (the worker's web port, so the test can ask /readyz from the host). Both forwarders' connections cross the
 veth, so a cut stops them: the link's host end is set down, its carrier drops, and the namespace's packets go
 nowhere — its open connections hang, new ones time out, as in a partition (this kernel has no netem; a down link is
-the fault). Only loopback and this namespace's own veth addresses are ever connected to.
+the fault). ``side`` ports cross a second veth pair of their own (the side link, 10.231.M.0/30), which
+``cut_side`` takes down alone: a worker that still reaches the model but no longer the broker. Only loopback and
+this namespace's own veth addresses are ever connected to.
 
 Needs root and iproute2 (``ip netns``). Names carry the test process's PID and a random suffix, so tests running at
 once (pytest-xdist) never share one; ``close`` removes the namespace (and with it both veth ends) and stops the
@@ -74,13 +79,16 @@ def sweep_stale() -> list[str]:
 class Netns:
     """One network namespace, its veth pair and its two forwarders; a context manager (``close`` on exit)."""
 
-    def __init__(self, expose: Sequence[int], publish: Sequence[int] = ()) -> None:
+    def __init__(self, expose: Sequence[int], publish: Sequence[int] = (), side: Sequence[int] = ()) -> None:
         suffix = uuid.uuid4().hex[:6]
         self.name = f"asnp-{os.getpid()}-{suffix}"
         # interface names have at most 15 characters
         self.host_if, self.ns_if = f"asnp{suffix}h", f"asnp{suffix}n"
-        self.expose, self.publish = list(expose), list(publish)
-        self.host_addr = self.ns_addr = ""
+        self.side_host_if, self.side_ns_if = f"asnp{suffix}sh", f"asnp{suffix}sn"
+        self.expose, self.publish, self.side = list(expose), list(publish), list(side)
+        if set(self.side) & set(self.expose):
+            raise ValueError(f"ports {sorted(set(self.side) & set(self.expose))} are both exposed and on the side link")
+        self.host_addr = self.ns_addr = self.side_host_addr = self.side_ns_addr = ""
         self._forwarders: list[subprocess.Popen[bytes]] = []
         self._made = False
 
@@ -91,8 +99,10 @@ class Netns:
         try:
             self._make()
             host_maps = [f"{self.host_addr}:{p}=127.0.0.1:{p}" for p in self.expose]
+            host_maps += [f"{self.side_host_addr}:{p}=127.0.0.1:{p}" for p in self.side]
             host_maps += [f"127.0.0.1:{p}={self.ns_addr}:{p}" for p in self.publish]
             ns_maps = [f"127.0.0.1:{p}={self.host_addr}:{p}" for p in self.expose]
+            ns_maps += [f"127.0.0.1:{p}={self.side_host_addr}:{p}" for p in self.side]
             ns_maps += [f"{self.ns_addr}:{p}=127.0.0.1:{p}" for p in self.publish]
             self._forward([], host_maps)
             self._forward(self.exec_prefix(), ns_maps)
@@ -107,20 +117,32 @@ class Netns:
             fcntl.flock(lock, fcntl.LOCK_EX)  # held only while choosing and assigning the subnet
             used = set(re.findall(rf"inet {re.escape(_PREFIX)}\.(\d+)\.", _ip("-o", "-4", "addr", "show").stdout))
             free = [n for n in range(256) if str(n) not in used]
-            if not free:
+            links = self._links()
+            if len(free) < len(links):
                 raise RuntimeError(f"no free {_PREFIX}.N.0/30 subnet for a test namespace; `ip netns list` shows "
                                    "leftovers to remove")
-            n = free[0]
-            self.host_addr, self.ns_addr = f"{_PREFIX}.{n}.1", f"{_PREFIX}.{n}.2"
+            self.host_addr, self.ns_addr = f"{_PREFIX}.{free[0]}.1", f"{_PREFIX}.{free[0]}.2"
+            if self.side:
+                self.side_host_addr, self.side_ns_addr = f"{_PREFIX}.{free[1]}.1", f"{_PREFIX}.{free[1]}.2"
             _ip("netns", "add", self.name)
             self._made = True
-            _ip("link", "add", self.host_if, "type", "veth", "peer", "name", self.ns_if, "netns", self.name)
-            _ip("addr", "add", f"{self.host_addr}/30", "dev", self.host_if)
-        _ip("link", "set", self.host_if, "up")
-        _ip("-n", self.name, "addr", "add", f"{self.ns_addr}/30", "dev", self.ns_if)
-        _ip("-n", self.name, "link", "set", self.ns_if, "up")
+            for host_if, ns_if, host_addr, _ in self._links():
+                _ip("link", "add", host_if, "type", "veth", "peer", "name", ns_if, "netns", self.name)
+                _ip("addr", "add", f"{host_addr}/30", "dev", host_if)
+        for host_if, ns_if, _, ns_addr in self._links():
+            _ip("link", "set", host_if, "up")
+            _ip("-n", self.name, "addr", "add", f"{ns_addr}/30", "dev", ns_if)
+            _ip("-n", self.name, "link", "set", ns_if, "up")
+            self._wait_link(ns_if, up=True)
         _ip("-n", self.name, "link", "set", "lo", "up")
-        self._wait_link(up=True)
+
+    def _links(self) -> list[tuple[str, str, str, str]]:
+        """(host interface, namespace interface, host address, namespace address) of each veth pair: the main
+        link, and the side link when there are ``side`` ports."""
+        links = [(self.host_if, self.ns_if, self.host_addr, self.ns_addr)]
+        if self.side:
+            links.append((self.side_host_if, self.side_ns_if, self.side_host_addr, self.side_ns_addr))
+        return links
 
     def _forward(self, prefix: list[str], maps: list[str]) -> None:
         if not maps:
@@ -159,7 +181,8 @@ class Netns:
         if self._made:
             # deleting the namespace deletes the veth end in it, and with it the host end
             _ip("netns", "del", self.name, check=False)
-            _ip("link", "del", self.host_if, check=False)
+            for host_if, *_ in self._links():
+                _ip("link", "del", host_if, check=False)
             self._made = False
 
     def __enter__(self) -> Netns:
@@ -177,19 +200,29 @@ class Netns:
         return ["ip", "netns", "exec", self.name]
 
     def cut(self) -> None:
-        """The namespace loses the host: its link's host end goes down (the namespace end loses its carrier)."""
-        _ip("link", "set", self.host_if, "down")
-        self._wait_link(up=False)
+        """The namespace loses the host: its links' host ends go down (the namespace ends lose their carrier)."""
+        for host_if, ns_if, *_ in self._links():
+            _ip("link", "set", host_if, "down")
+            self._wait_link(ns_if, up=False)
+
+    def cut_side(self) -> None:
+        """Only the side link goes down: the ``side`` ports are lost, the ``expose`` ports still answer."""
+        if not self.side:
+            raise RuntimeError(f"{self.name} has no side link: give Netns side=[ports]")
+        _ip("link", "set", self.side_host_if, "down")
+        self._wait_link(self.side_ns_if, up=False)
 
     def heal(self) -> None:
-        _ip("link", "set", self.host_if, "up")
-        self._wait_link(up=True)
+        """Every link up again (those that were not cut stay as they were)."""
+        for host_if, ns_if, *_ in self._links():
+            _ip("link", "set", host_if, "up")
+            self._wait_link(ns_if, up=True)
 
-    def _wait_link(self, *, up: bool, timeout: float = 10.0) -> None:
+    def _wait_link(self, ns_if: str, *, up: bool, timeout: float = 10.0) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            out = _ip("-n", self.name, "-o", "link", "show", self.ns_if).stdout
+            out = _ip("-n", self.name, "-o", "link", "show", ns_if).stdout
             if ("LOWER_UP" in out) == up:
                 return
             time.sleep(0.05)
-        raise RuntimeError(f"{self.ns_if} in {self.name} not {'up' if up else 'down'} after {timeout}s")
+        raise RuntimeError(f"{ns_if} in {self.name} not {'up' if up else 'down'} after {timeout}s")

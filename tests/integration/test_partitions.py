@@ -11,6 +11,10 @@ The model names a new call id each time it is asked, as a real one does: a worke
 different key, and only ownership of the task keeps the service from charging twice. So the services count EFFECTS
 (keys that took effect), per account, not requests.
 
+The "mid journal write" tests (e, f) cut only W1's way to the broker (Netns's side link) as the model is asked the
+charges: the answers still reach W1, which journals each charge call, and those changelog writes are held in the
+cut, unconfirmed, so W1's loop waits to be told to run the charge.
+
 The product fences a worker that lost its partitions and logs a line containing "fenced" (the product's word,
 issue 27); the tests assert it last, after the effects and the results.
 """
@@ -239,4 +243,88 @@ async def test_a_worker_cut_off_while_its_final_answer_is_in_flight_sends_no_sec
     send the results after W2 sent its own."""
     async with scenario(cluster_factory, {2: 2.0}) as s:
         w1 = await cut_while(s, lambda: s.asked(2) == set(s.accounts), "every final answer being decided on W1")
+        await assert_once_each(s, w1)
+
+
+#: the charge decision of the journal tests: the broker is cut as the last charge is asked, and the answers must reach
+#: W1 while it still counts itself a member (a commit accepted less than half the 6 s session timeout before, sent
+#: every quarter of it), so that each charge call is journaled in the changelog (not sent on the outcomes topic)
+JOURNAL_DECISION_S = 1.0
+#: how long W1 is given to journal the answers it got, before it is paused (f)
+JOURNAL_WRITE_S = 1.0
+#: how long a healed link takes to carry the held writes to the broker and its answers back (tcpfwd: 1 s RTO max)
+HEALED_S = 3.0
+
+
+@contextlib.asynccontextmanager
+async def journal_cut(s: Scenario, w1: Worker) -> AsyncIterator[Netns]:
+    """W1 alone, in its own namespace, whose broker port crosses the side link; the fake LLM cuts that link as it is
+    asked the last account's charge (before any charge is answered): the answers arrive, the journal writes of the
+    charge calls cannot. Yields once every charge was answered."""
+    with Netns(expose=[s.llm.port, s.services.port], side=[BROKER_PORT], publish=[w1.web_port]) as net:
+        reply = s.reply
+
+        def cut_at_the_last_charge(request: RecordedRequest, turn: int) -> Reply | None:
+            if turn == 1 and "fault" not in s.marks and s.asked(1) == set(s.accounts):
+                net.cut_side()  # blocks the fake LLM for the few ms `ip` takes: no answer goes out meanwhile
+                s.mark("fault")
+            return reply(request, turn)
+
+        s.llm.responder = cut_at_the_last_charge
+        w1.prefix = net.exec_prefix()
+        w1.start()
+        await w1.wait_ready()
+        await s.send_tasks()
+
+        def answered() -> bool:
+            return {r.task_id for r in s.llm.requests if r.task_id in s.accounts and _turn(r) == 1
+                    and r.status == 200} == set(s.accounts)
+
+        await eventually(answered, timeout=45, interval=0.1, what="every charge decided and answered to W1")
+        s.mark("answered")
+        try:
+            yield net
+        finally:
+            w1.kill()  # before its namespace goes: the worker is the namespace's last process
+
+
+async def test_a_worker_cut_off_from_the_broker_while_journaling_a_charge_never_charges(cluster_factory):
+    """(e) The model's charge decisions reach W1, but the journal entries naming the charge calls do not reach the
+    broker: W1's way to the broker is cut, the model and the services still answer. W2 takes the tasks over (the
+    charges are not in the changelog it recovers, so the model is asked them again, under new call ids) and finishes
+    them; then W1's link heals and its journal writes are confirmed."""
+    async with scenario(cluster_factory, {1: JOURNAL_DECISION_S}) as s:
+        w1 = s.cluster.worker("w1")
+        async with journal_cut(s, w1) as net:
+            await s.cluster.started("w2")
+            await results_for(set(s.accounts), timeout=60)
+            s.mark("w2 done")
+            net.heal()
+            s.mark("heal")
+            await settle(s)
+        await assert_once_each(s, w1)
+
+
+async def test_a_worker_paused_while_its_charge_journal_write_is_held_never_charges(cluster_factory):
+    """(f) As (e), but W1 is also stopped (SIGSTOP) once it got the answers; W2 takes over and finishes; the link
+    heals while W1 is still stopped, so the broker confirms W1's journal writes — after W2's — and the confirmations
+    wait in W1's sockets; then W1 continues (SIGCONT) to find its charge calls durable."""
+    async with scenario(cluster_factory, {1: JOURNAL_DECISION_S}) as s:
+        w1 = s.cluster.worker("w1")
+        async with journal_cut(s, w1) as net:
+            await asyncio.sleep(JOURNAL_WRITE_S)  # W1 journals the answers (into the cut) within milliseconds
+            assert w1.proc is not None
+            os.kill(w1.proc.pid, signal.SIGSTOP)
+            s.mark("pause")
+            try:
+                await s.cluster.started("w2")
+                await results_for(set(s.accounts), timeout=60)
+                s.mark("w2 done")
+                net.heal()
+                s.mark("heal")
+                await asyncio.sleep(HEALED_S)  # W1's held journal writes land; the broker's answers wait for W1
+            finally:
+                os.kill(w1.proc.pid, signal.SIGCONT)
+                s.mark("continue")
+            await settle(s)
         await assert_once_each(s, w1)
