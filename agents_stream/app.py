@@ -109,7 +109,7 @@ class Runtime(Service):
         )
         self.route = OutcomeRoute(
             self.ledger, lambda key, value: self.outcomes.send_soon(key=key, value=value), member=self.member,
-            send_control=self.send_control, stopping=lambda: self.stopping,
+            send_control=self.send_control, stopping=lambda: self.stopping, owns=self.owns,
         )
 
     def _build_parts(
@@ -323,6 +323,11 @@ class Runtime(Service):
             return self.app.producer._ensure_producer().client  # type: ignore[attr-defined]
         except Exception:  # not started yet (Faust's NotReady): nothing is sent before it is
             return None
+
+    def owns(self, task_id: str) -> bool:
+        """The task's partition is this worker's now and the group confirms this worker a member."""
+        home = topics.partition_for(task_id.encode(), self.settings.partitions)
+        return self.member() and home in self.partitions()
 
     def partitions(self) -> list[int]:
         """The partition numbers this worker owns now (of every input topic and table: they are copartitioned)."""

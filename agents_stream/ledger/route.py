@@ -34,16 +34,21 @@ class OutcomeRoute:
     """Sends each outcome of the executor where it is applied (docs/decisions.md, "Outcomes applied where they ran").
 
     ``produce(key, value)`` starts one send on the outcomes topic; ``member()`` says whether this worker is a
-    confirmed member of its group now (Runtime.member); ``stopping()`` whether the worker is shutting down.
+    confirmed member of its group now (Runtime.member); ``owns(task_id)`` whether the task's partition is this
+    worker's too (a task resumed after a decision or its sub-tasks holds no offset here, so its journal entries go
+    on the topic to this very worker's ledger); ``stopping()`` whether the worker is shutting down.
     """
 
     def __init__(
         self, ledger: Ledger, produce: Callable[[bytes, bytes], Any], *, member: Callable[[], bool],
         send_control: Callable[[str, str, str | None, dict[str, Any]], None], stopping: Callable[[], bool],
+        owns: Callable[[str], bool] = lambda task_id: True,
     ) -> None:
         self.ledger = ledger
         self.produce = produce
         self.member = member
+        #: this worker owns the task's partition now, and the group confirms it a member (Runtime.owns)
+        self.owns = owns
         self.send_control = send_control
         self.stopping = stopping
         self.finishing: set[str] = set()  # tasks whose final outcome this worker sent on the topic while stopping
@@ -55,8 +60,9 @@ class OutcomeRoute:
 
         A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
         follow it there. A journal entry (StepDone) returns once it is durable here, while the partition is this
-        worker's; it raises Fenced when that cannot be known (the entry went on the topic, or the partition moved
-        before it was durable): the run must not act on it. A final outcome returns at once."""
+        worker's, or once it is on the topic of a partition this worker owns; it raises Fenced when neither can be
+        known (the entry went to another worker's partition, or the partition moved before it was durable): the run
+        must not act on it. A final outcome returns at once."""
         if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
             run = (task_id, outcome.dispatch)
             durable = None
@@ -102,7 +108,7 @@ class OutcomeRoute:
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
         )
-        if isinstance(outcome, StepDone):
+        if isinstance(outcome, StepDone) and not self.owns(task_id):
             self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here: only its release follows
             # On the topic, the entry is applied by the partition's owner, if its run still holds the lease; this
             # run cannot know whether it was, so it must not act on it: it stops, and the owner carries the task

@@ -171,10 +171,28 @@ async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> N
 
     ledger = SimpleNamespace(apply_here=lambda task_id, event: None)  # this ledger does not hold the task
     route = OutcomeRoute(ledger, produce, member=lambda: True,  # type: ignore[arg-type]
-                         send_control=lambda *a: None, stopping=lambda: False)
+                         send_control=lambda *a: None, stopping=lambda: False, owns=lambda task_id: False)
     with pytest.raises(Fenced):
         await route.send("t1", StepDone(worker="w1", dispatch=1, index=3, output={"kind": "turn"}))
     assert len(sent) == 1, "the entry still goes to the owner, who keeps it if the run holds the lease"
+
+
+async def test_a_journal_entry_of_a_resumed_task_on_this_workers_own_partition_goes_on() -> None:
+    """A task resumed after a decision or its sub-tasks holds no offset here: its entries go on the topic to this
+    worker's own ledger, and the loop goes on once the broker has them."""
+    sent: list[bytes] = []
+
+    def produce(key: bytes, value: bytes) -> asyncio.Future[Any]:
+        sent.append(value)
+        fut = asyncio.get_running_loop().create_future()
+        fut.set_result("ok")
+        return fut
+
+    route = OutcomeRoute(SimpleNamespace(apply_here=lambda task_id, event: None), produce,  # type: ignore[arg-type]
+                         member=lambda: True, send_control=lambda *a: None, stopping=lambda: False,
+                         owns=lambda task_id: True)
+    await route.send("t1", StepDone(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
+    assert len(sent) == 1
 
 
 # -- who is in the group ----------------------------------------------------------------------------------------------
