@@ -88,7 +88,8 @@ async def test_a_cancelled_lead_cancels_its_running_subtasks_and_an_early_cancel
         assert shown["state"] == "cancelled" and shown["cancel"]["by"] == "ops" and shown["cancel"]["via"] == "http"
 
         early = task(plain, instruction="Never.")
-        env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "AGENTS_STREAM_APPROVAL_SECRET": SECRET}
+        env = {**os.environ, "KAFKA_BROKER": f"kafka://{BOOTSTRAP}", "AGENTS_STREAM_APPROVAL_SECRET": SECRET,
+               "AGENTS_STREAM_APP_ID": callees.app_id}  # a cancel names the app id whose task it ends
         out = subprocess.run(
             [sys.executable, "-m", "agents_stream.ops.cli", "tasks", "cancel", early["task_id"], "--agent", plain,
              "--by", "ops", "--reason", "not needed"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
