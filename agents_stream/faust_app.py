@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 #: how long one produce request may wait for its broker before it is sent again (to the partition's leader then)
 PRODUCER_REQUEST_TIMEOUT_S = 30.0
+#: how old the clients' view of the partitions' leaders may get
+METADATA_MAX_AGE_MS = 10_000
 
 
 class AgentsStreamApp(faust.App):
@@ -129,6 +131,9 @@ def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Agen
         # Kafka's default (Faust's is 20 minutes): a produce request to a broker cut off from the cluster is given up
         # after 30 s and sent again to the partition's new leader (the idempotent producer retries without duplicates)
         producer_request_timeout=PRODUCER_REQUEST_TIMEOUT_S,
+        # A leader cut off from the cluster (not dead) times requests out without closing the connection, and the
+        # producer sends its retries to it until its metadata is refreshed (5 minutes by default): 10 s instead.
+        producer_metadata_max_age_ms=METADATA_MAX_AGE_MS, consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
         stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,

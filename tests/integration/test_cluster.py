@@ -155,6 +155,9 @@ class Load:
     async def _publish(self) -> None:
         producer = AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, acks="all", enable_idempotence=True, request_timeout_ms=30000,
+            # a leader cut off (not dead) times requests out without closing the connection: without a metadata
+            # refresh the producer would send its retries to that leader for the default 5 minutes
+            metadata_max_age_ms=5000,
         )
         await asyncio.wait_for(producer.start(), 60)
         started = time.monotonic()
