@@ -59,7 +59,7 @@ test: install
 	  bash scripts/broker.sh start || { rc=$$?; stop_unit; exit $$rc; }; started=yes; \
 	fi; \
 	echo "---- tests/integration, the tests that run alone (-m exclusive) ----"; \
-	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m exclusive tests/integration; xrc=$$?; \
+	$(PY) -m pytest -q -p no:cacheprovider --durations=5 -m "exclusive and not long" tests/integration; xrc=$$?; \
 	echo "---- tests/integration, the rest: two at a time (pytest-xdist) ----"; \
 	$(PY) -m pytest -q -p no:cacheprovider --durations=15 -n 2 -m "not exclusive" tests/integration; \
 	rc=$$?; \
@@ -68,7 +68,8 @@ test: install
 	echo "---- tests/unit (run alongside; .data/test-unit.log) ----"; cat .data/test-unit.log; \
 	if [ $$xrc -ne 0 ]; then exit $$xrc; fi; if [ $$rc -ne 0 ]; then exit $$rc; fi; exit $$urc
 
-# The chaos run at full size (tests/chaos.py, docs/chaos.md): 3 workers, 5,000 tasks, kills, a broker restart.
+# The chaos run at full size (tests/chaos.py, docs/chaos.md): 3 workers, 5,000 tasks, kills, pauses, a broker
+# restart; then the long fault runs (pytest -m long: a three-broker cluster with its leader cut off, docs/cluster.md).
 # CHAOS_ARGS adds options (e.g. CHAOS_ARGS="--tasks 1000"). A broker this target started is stopped again.
 # Against KAFKA_BROKER (not a broker scripts/broker.sh manages) it runs without the broker restart.
 chaos: install
@@ -79,6 +80,7 @@ chaos: install
 	if [ -n "$(LOCAL_BROKER)" ]; then bootstrap="127.0.0.1:$${KAFKA_PORT:-9092}"; extra=""; \
 	else bootstrap="$$(echo '$(KAFKA_BROKER)' | sed 's#kafka://##g')"; extra="--no-broker-restart"; fi; \
 	KAFKA_BOOTSTRAP="$$bootstrap" $(PY) -m tests.chaos --tasks 5000 $$extra $(CHAOS_ARGS); rc=$$?; \
+	KAFKA_BOOTSTRAP="$$bootstrap" $(PY) -m pytest -q -s -p no:cacheprovider -m long tests/integration || rc=1; \
 	if [ -n "$$started" ]; then bash scripts/broker.sh stop; fi; \
 	exit $$rc
 

@@ -25,7 +25,7 @@ from .netpart import Netns
 from .test_cluster import AGENT, PARTITIONS, PHASE_TIMEOUT, KafkaCluster, Load, _describe, _fully_in_sync
 
 #: three brokers of its own: a core of CPU while they start
-pytestmark = pytest.mark.exclusive
+pytestmark = [pytest.mark.exclusive, pytest.mark.long]  # in make chaos: docs/cluster.md
 
 ISOLATED = 1
 OUTAGE_TASKS = 45
