@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 
 #: how often tasks whose lease's owner left the group are looked for (memory only)
 TAKEOVER_SCAN_S = 1.0
+#: how often the members are asked for after a rebalance while the group is not stable yet, and how far apart
+MEMBERS_TRIES = 10
+MEMBERS_RETRY_S = 1.0
 #: how long a rebalance waits for the broker to confirm the owner epochs of the partitions it assigned
 EPOCH_CLAIM_S = 30.0
 
@@ -77,10 +80,15 @@ class Takeover:
     async def learn_members(self) -> None:
         """Who is in the group now; the tasks of owners that left are taken over at once."""
         self.learned(None)  # until read: the last members may have left since
-        found = await group_members(self.settings, self.group)
-        self.learned(found)
-        if found is not None:
-            self.take_over()
+        for _ in range(MEMBERS_TRIES):  # mid-rebalance the coordinator does not say (members_of: only Stable)
+            found = await group_members(self.settings, self.group)
+            if found is not None:
+                self.learned(found)
+                self.take_over()
+                return
+            await asyncio.sleep(MEMBERS_RETRY_S)
+        log.info("The group's members could not be read after this rebalance; leases of workers that left are "
+                 "waited out until the next one")
 
     def take_over(self) -> None:
         """Tasks whose lease's owner left the group: asked of the ledger now, not once the lease lapses."""
