@@ -19,7 +19,7 @@ CONFIDENCE_ORDER: tuple[str, ...] = ("high", "medium", "low", "failed")
 
 
 class BreakerConfig(BaseModel):
-    """Circuit breaker of one provider (DESIGN.md "Resilience features"); shared by all workers."""
+    """Circuit breaker of one provider (docs/guide/failures.md); shared by all workers."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

@@ -25,7 +25,7 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     )
 
     async def ledger_agent(stream: Any) -> None:
-        # One event at a time: the ledger is the table's only writer (DESIGN.md).
+        # One event at a time: the ledger is the table's only writer (docs/faust.md, "Tables").
         async for event in stream.events():
             runtime.ledger.handle(event)
 
@@ -37,7 +37,7 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             runtime.scan_leases()
             runtime.update_flow()  # a Retry-After or open_timeout that ran out changes no event: look again
             runtime.flow.check()
-        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+        except Exception as exc:  # a timer exception would crash the worker (docs/faust.md)
             log.exception("Lease scan failed (%r); the next tick tries again", exc)
 
     @app.timer(interval=TAKEOVER_SCAN_S)
@@ -51,14 +51,14 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     async def console_sample() -> None:
         try:
             runtime.sample()
-        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+        except Exception as exc:  # a timer exception would crash the worker (docs/faust.md)
             log.warning("Console sample failed (%r); the charts miss this point, the next tick tries again", exc)
 
     @app.timer(interval=max(0.5, settings.expiry_interval_s))
     async def expiry_sweep() -> None:
         try:
             await runtime.sweep_expired()
-        except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+        except Exception as exc:  # a timer exception would crash the worker (docs/faust.md)
             log.exception("Expiry sweep failed (%r); the next tick tries again", exc)
 
     if settings.stall_after_s > 0:
@@ -66,7 +66,7 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         async def progress_check() -> None:
             try:
                 await runtime.flow.check_progress()
-            except Exception as exc:  # a timer exception would crash the worker (FAUST-NOTES.md)
+            except Exception as exc:  # a timer exception would crash the worker (docs/faust.md)
                 log.warning("Progress check failed (%r); the next tick tries again", exc)
 
     # mode's SignalHandlerT (mypy_extensions argument types) admits no def mypy accepts: hence the ignores.

@@ -9,8 +9,8 @@
 
 A parked task holds no worker and no partition: its record is the state, the
 offset that brought it is committed once that record is durable, and the
-decision or timeout comes back as an event to the ledger (DESIGN.md
-"Delivery semantics").
+decision or timeout comes back as an event to the ledger (docs/contract.md,
+"Delivery").
 """
 
 from __future__ import annotations

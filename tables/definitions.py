@@ -36,7 +36,7 @@ _MISSING = object()
 class LedgerTable(ChangelogState, faust.Table):
     """A Table whose writes are coalesced and flushed once per loop iteration, each with a future to await.
 
-    Faust sends a changelog record per write, fire-and-forget (FAUST-NOTES.md "Tables"), and encodes each value
+    Faust sends a changelog record per write, fire-and-forget (docs/faust.md, "Tables"), and encodes each value
     twice (store and changelog). Here a write is staged (``tables/writes.py``); reads see it at once; the flush,
     scheduled on the event loop by the first write, encodes each key's last value once, writes one RocksDB batch
     per partition and sends one changelog record per key. ``last_changelog`` is the future of the last write:
@@ -243,7 +243,7 @@ class PromptTableManager(faust.tables.TableManager):
 
 @dataclass(frozen=True)
 class Tables:
-    """Every table of the app. The ledger agent is the only writer of each (DESIGN.md "One writer per table")."""
+    """Every table of the app. The ledger agent is the only writer of each (docs/faust.md, "Tables")."""
 
     tasks: LedgerTable  # task_id → TaskRecord JSON, plus poison markers and spend (agents_stream.tables.leases)
     answers: LedgerTable  # task fingerprint → the last good answer (the cache tier)

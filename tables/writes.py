@@ -118,7 +118,7 @@ class WriteBuffer:
         if staged is None:
             staged = self._staged[key] = Staged(partition, value, asyncio.get_running_loop().create_future())
         else:
-            if staged.partition != partition:  # a key lives in one partition (FAUST-NOTES.md "Tables")
+            if staged.partition != partition:  # a key lives in one partition (docs/faust.md, "Tables")
                 raise ValueError(f"table key {key!r} written to partition {partition}, staged in {staged.partition}")
             staged.value = value
         return staged.sent

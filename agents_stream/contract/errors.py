@@ -20,7 +20,7 @@ class TaskError(Exception):
     """Base of every error a task can meet on its way through the pipeline."""
 
     retriable: bool = False
-    #: The error layer a dead-letter record names (DESIGN.md "DLQ headers").
+    #: The error layer a dead-letter record names (docs/contract.md, "Dead-letter headers").
     layer: str = "downstream"
 
     def __init__(self, message: str, *, provider: str | None = None) -> None:

@@ -184,7 +184,8 @@ def parse_json_model(raw: bytes | None, model: type[BaseModel], max_bytes: int) 
 def parse_task(raw: bytes | None, *, agent: str, max_bytes: int, max_steps: int | None = None) -> TaskPayload:
     """Decode and validate a task message, or raise PoisonMessage with the reason.
 
-    Layer 1 of DESIGN.md: every way a message can be unusable has its own reason. ``max_steps`` bounds ``steps``
+    Layer 1 (docs/contract.md, "Error layers"): every way a message can be unusable has its own reason.
+    ``max_steps`` bounds ``steps``
     (AGENTS_STREAM_MAX_STEPS): each step's answer is kept in the task's record, which must stay one Kafka record.
     """
     if raw is None:

@@ -1,4 +1,4 @@
-"""Topic names of the contract (DESIGN.md "Topics") and the partitioning they rely on."""
+"""Topic names of the contract (docs/contract.md, "Topics") and the partitioning they rely on."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A billing agent that moves money once: it looks an account up, then charges it (issue 27's scenario).
+"""A billing agent that moves money once: it looks an account up, then charges it.
 
 ``charge`` calls the payment service with the call's idempotency key (``<task_id>:<turn>:<call_id>``), so a call
 repeated after a crash has no second effect; a second *decision* to charge (a new call id) is stopped only by the

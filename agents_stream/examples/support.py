@@ -1,4 +1,5 @@
-"""The support agent of seed 003, as a tool-calling loop: look the order up, create a return label, refund, notify.
+"""The support agent of the refund conversation, as a tool-calling loop: look the order up, create a return label,
+refund, notify.
 
 The model decides which tool to call next; every call goes to the services at
 ``AGENTS_STREAM_REFUND_SERVICES`` (the fake ones of ``agents_stream.examples.services``

@@ -1,6 +1,6 @@
 """The fallback ladder of one task: which rungs, the climb, escalation, the budget, the cache, the partial, holds.
 
-A task climbs down its agent's ladder (DESIGN.md "Resilience features"):
+A task climbs down its agent's ladder (docs/guide/failures.md):
 
     primary (high) → alternates (medium) → light model, simplified task (low)
       → last good answer of the same fingerprint (low) → partial result (failed)

@@ -1,6 +1,6 @@
 """Faust's aiokafka consumer with the commit decision replaced by our watermark.
 
-FAUST-NOTES.md: ``Consumer._new_offset`` is the one place Faust turns acked
+docs/faust.md: ``Consumer._new_offset`` is the one place Faust turns acked
 offsets into the offset it commits, and at 0.15.3 it commits past un-acked
 and in-flight messages; a failed broker commit still advances its in-memory
 committed offset (#316). For the partitions the ledger manages we commit

@@ -235,6 +235,6 @@ class Flow:
         self.paused -= revoked
 
     def assigned(self) -> None:
-        # Faust resumes every partition after a rebalance (FAUST-NOTES.md): re-apply our pauses.
+        # Faust resumes every partition after a rebalance (docs/faust.md): re-apply our pauses.
         self.paused = set()
         self.update()

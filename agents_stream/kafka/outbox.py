@@ -198,7 +198,7 @@ class Outbox(mode.Service):
         layer: str, attempts: int, headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None,
         sent_since: float | None = None,
     ) -> Send:
-        """The send of one dead letter of the message at ``source``@``offset`` (DESIGN.md's headers).
+        """The send of one dead letter of the message at ``source``@``offset`` (docs/contract.md, its headers).
 
         Its retries (and its first attempt too when ``sent_since`` says an earlier owner may have sent it since
         then) look on the topic first and send only if it is not there.

@@ -5,7 +5,7 @@ Pure bookkeeping, no I/O. The ledger marks each message it has handled
 that message started is not durable — a dispatched task without a terminal
 outcome, a dead-letter or result send the broker has not confirmed. What the
 consumer commits for a partition is ``commit_offset``: never past an open
-offset, never past a message the ledger has not seen (FAUST-NOTES.md: Faust
+offset, never past a message the ledger has not seen (docs/faust.md: Faust
 acks events it dropped on a rebalance, and its own bookkeeping commits past
 un-acked messages).
 """

@@ -20,7 +20,7 @@ __all__ = [
     "requeue_headers_for", "requeue_target", "summary",
 ]
 
-#: the contract's dead-letter headers (DESIGN.md), kept in the history of a requeued task
+#: the contract's dead-letter headers (docs/contract.md), kept in the history of a requeued task
 STANDARD_HEADERS = (
     "error_reason", "error_layer", "original_topic", "original_partition", "original_offset", "failed_at", "attempts",
 )

@@ -56,7 +56,7 @@ def render_prompt(prompt: Prompt) -> str:
 class Provider(abc.ABC):
     """A client for one configured endpoint.
 
-    ``complete`` makes exactly one attempt (STYLE.md: one layer owns retries)
+    ``complete`` makes exactly one attempt (one layer owns retries: the caller's, execution/call.py)
     and raises only the errors of ``agents_stream.contract.errors``: TransientError /
     RateLimited (timeouts, connection errors, 429, 5xx), PermanentError (400,
     refusals), SystemicError (401/403, bad configuration).

@@ -72,7 +72,7 @@ def error_for(
     detail: str = "",
     refusal: str | None = None,
 ) -> TaskError:
-    """The one map from an HTTP outcome to the error tree (DESIGN.md "Error layers").
+    """The one map from an HTTP outcome to the error tree (docs/contract.md, "Error layers").
 
     ``exc``: no response (timeout, connection error). ``status``: the response's
     code; a 2xx here means its body was unusable (``detail`` says why) or, with

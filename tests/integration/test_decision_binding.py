@@ -1,4 +1,4 @@
-"""Decisions bound to what their human saw, on the real broker (issue 27, finding 3): a retried approve does not
+"""Decisions bound to what their human saw, on the real broker: a retried approve does not
 approve the support agent's next parked refund (over HTTP, the CLI and a raw event), and one app id's decision does
 not decide another app id's task of the same id."""
 

@@ -1,6 +1,6 @@
 """Provider outages, crashes, shutdowns, broker restarts and rebalances on the real broker.
 
-Each test here also stands for one of FAUST-NOTES.md's "where messages get
+Each test here also stands for one of docs/faust.md's "where messages get
 lost" cases (named in its docstring) and shows it cannot happen here.
 """
 

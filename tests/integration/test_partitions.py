@@ -16,7 +16,7 @@ charges: the answers still reach W1, which journals each charge call, and those 
 cut, unconfirmed, so W1's loop waits to be told to run the charge.
 
 The product fences a worker that lost its partitions and logs a line containing "fenced" (the product's word,
-issue 27); the tests assert it last, after the effects and the results.
+docs/security.md); the tests assert it last, after the effects and the results.
 """
 
 from __future__ import annotations
@@ -162,7 +162,7 @@ async def assert_once_each(s: Scenario, zombie: Worker) -> None:
     for tid, values in distinct.items():
         result = json.loads(next(iter(values)))
         assert result["status"] == "succeeded" and result["output"] == f"Charged {s.accounts[tid]} {CHARGE:.2f}."
-    # "fenced" is the product's word (issue 27): the worker that lost its partitions says so in its log.
+    # "fenced" is the product's word (docs/security.md): the worker that lost its partitions says so in its log.
     log = zombie.log_path.read_text(errors="replace")
     assert "fenced" in log, f"{zombie.name} never logged that it was fenced:\n{zombie.tail(40)}"
 

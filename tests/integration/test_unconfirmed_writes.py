@@ -1,4 +1,4 @@
-"""Only confirmed table writes survive a restart (issue 27, finding 7).
+"""Only confirmed table writes survive a restart.
 
 A worker writes a task's finished record to its local RocksDB store before the broker confirms the record's
 changelog send. Killed in between and restarted on the same data dir, it must not answer from that record: the

@@ -1,4 +1,4 @@
-"""Decisions bound to what their human saw (issue 27, finding 3): an approve or reject names the app id, the agent
+"""Decisions bound to what their human saw: an approve or reject names the app id, the agent
 and the parking it decides, and the ledger applies it only to that parking of that app id's task of that agent; a
 cancel names its app id (or, a caller's, the agent). Through the ledger with fake tables, no broker."""
 

@@ -44,7 +44,7 @@ def _outbox(producer: Producer, **kwargs: Any) -> Outbox:
 
 
 async def test_a_dead_letter_carries_the_contract_headers_and_the_original_bytes():
-    """DESIGN.md's dead-letter headers, then the extra ones; value and key byte for byte; the agent's DLQ topic."""
+    """The dead-letter headers (docs/contract.md), then the extra ones; key and value byte for byte; its DLQ."""
     producer = Producer()
     outbox = _outbox(producer)
     send = outbox.dead_letter(
