@@ -30,11 +30,11 @@ class ChangelogState:
     last_changelog: Any
 
     def init_changelog_state(self) -> None:
-        self.epochs: dict[int, int] = {}  # partition → the epoch this worker writes it with (``take``)
+        self.epochs: dict[int, int] = {}  # partition → the epoch this worker writes it with (``claim_epoch``)
         self.epoch_filter = EpochFilter()
         self.skipped = 0  # changelog records skipped as a former owner's (for tests and logs)
         #: partitions whose local store may hold writes the changelog does not (as current): rebuilt from the
-        #: changelog the next time this worker owns them (``revoked``, ``_on_changelog_sent``)
+        #: changelog the next time this worker owns them (``revoked``, ``changelog_confirmed``)
         self.stale: set[int] = set()
         #: whether the group cannot have expelled this worker yet (Runtime sets it: no commit refused for a
         #: session timeout); a write confirmed otherwise makes its partition ``stale``
@@ -47,7 +47,7 @@ class ChangelogState:
 
         def __setitem__(self, key: str, value: Any) -> None: ...
 
-    def take(self, partition: int) -> tuple[int, Any]:
+    def claim_epoch(self, partition: int) -> tuple[int, Any]:
         """This worker now owns ``partition``: write it a higher epoch than any it holds or read, and write every
         record of it with that epoch from now on. Returns the epoch and the send of its record (the caller waits
         for it before anything else is written there)."""
@@ -106,7 +106,10 @@ class ChangelogState:
         except ValueError:
             return 0
 
-    def _on_changelog_sent(self, fut: Any) -> None:
+    def _on_changelog_sent(self, fut: Any) -> None:  # Faust's callback of a changelog send
+        self.changelog_confirmed(fut)
+
+    def changelog_confirmed(self, fut: Any) -> None:
         """The broker confirmed a changelog record: the partition's persisted offset is written once every local
         write of it is confirmed (Faust's own callback writes it at each confirmation)."""
         if self.app.in_transaction:
@@ -137,7 +140,7 @@ class ChangelogState:
         """The partition's persisted changelog offset, where Faust's recovery reads on from. The first time this
         worker opens a partition's store, one with data and no persisted offset holds writes the changelog never
         confirmed: it is emptied, so the partition is recovered from the changelog alone."""
-        if tp.partition in self.stale:  # see ``revoked`` and ``_on_changelog_sent``
+        if tp.partition in self.stale:  # see ``revoked`` and ``changelog_confirmed``
             self.stale.discard(tp.partition)
             self._opened.add(tp.partition)
             self.epoch_filter.highest.pop(tp.partition, None)

@@ -44,7 +44,7 @@ class LedgerTable(ChangelogState, faust.Table):
 
     A write takes its partition from the Faust event being handled, as Faust's own does, or from ``writing``.
 
-    Owner epochs (``tables/epochs.py``): a partition this worker takes over gets a higher epoch (``take``), which
+    Owner epochs (``tables/epochs.py``): a partition this worker takes over gets a higher epoch (``claim_epoch``), which
     every changelog record it writes there carries; records of a lower epoch than one already read are skipped
     when the changelog is applied (recovery, standbys).
 
@@ -95,7 +95,7 @@ class LedgerTable(ChangelogState, faust.Table):
                 batch = batches.get(write.partition)
                 if batch is None:
                     batch = batches[write.partition] = WriteBatch(raw_mode=True)
-                    batch.delete(store.offset_key)  # back once the broker confirmed it all (_on_changelog_sent)
+                    batch.delete(store.offset_key)  # back once the broker confirmed it all (changelog_confirmed)
                 if value is None:
                     batch.delete(raw_key)
                 else:

@@ -11,31 +11,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents_stream.contract.errors import TransientError
-from agents_stream.examples.services import call_service
+from agents_stream.examples.services import tool_call
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.tools import ToolContext, ToolError, tool
-
-
-async def _call(operation: str, ctx: ToolContext, body: dict[str, Any]) -> Any:
-    status, data = await call_service(operation, ctx.key, body)
-    if status >= 500 or status == 429:
-        raise TransientError(f"{operation} answered {status}")  # retried with the same key
-    if status >= 400:
-        raise ToolError(f"{operation} refused: {data}")  # the model hears why
-    return data
+from agents_stream.execution.tools import ToolContext, tool
 
 
 @tool
 async def lookup_account(ctx: ToolContext, account: str) -> Any:
     """Look an account up: what it owes."""
-    return (await _call("accounts.lookup", ctx, {"account": account}))["account"]
+    return (await tool_call("accounts.lookup", ctx, {"account": account}))["account"]
 
 
 @tool(timeout_s=15)
 async def charge(ctx: ToolContext, account: str, amount: float) -> Any:
     """Charge ``amount`` to an account's card. Moves money: call it once per account."""
-    return await _call("payment.charge", ctx, {"account": account, "amount": amount})
+    return await tool_call("payment.charge", ctx, {"account": account, "amount": amount})
 
 
 BILLING = Agent(

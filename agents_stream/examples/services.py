@@ -21,6 +21,9 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from agents_stream.contract.errors import TransientError
+from agents_stream.execution.tools import ToolContext, ToolError
+
 OPERATIONS = (
     "carrier.label", "carrier.cancel_label", "payment.refund", "mail.send", "orders.update", "orders.lookup",
     "payment.charge", "accounts.lookup",
@@ -165,6 +168,17 @@ async def call_service(
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session:
         async with session.post(f"{base}/{service}/{op}", json=body, headers=headers) as resp:
             return resp.status, await resp.json(content_type=None)
+
+
+async def tool_call(operation: str, ctx: ToolContext, body: dict[str, Any]) -> Any:
+    """``operation`` from a tool, with the call's idempotency key and fencing token: its JSON answer. A 5xx or 429 is
+    retried with the same key (TransientError); another refusal is told to the model (ToolError)."""
+    status, data = await call_service(operation, ctx.key, body, (ctx.task.task_id, ctx.fencing_token))
+    if status >= 500 or status == 429:
+        raise TransientError(f"{operation} answered {status}")
+    if status >= 400:
+        raise ToolError(f"{operation} refused: {data}")
+    return data
 
 
 async def serve(port: int) -> None:

@@ -13,31 +13,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents_stream.contract.errors import TransientError
-from agents_stream.examples.services import call_service
+from agents_stream.examples.services import tool_call
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.tools import ToolContext, ToolError, tool
-
-
-async def _call(operation: str, ctx: ToolContext, body: dict[str, Any]) -> Any:
-    status, data = await call_service(operation, ctx.key, body, (ctx.task.task_id, ctx.fencing_token))
-    if status >= 500 or status == 429:
-        raise TransientError(f"{operation} answered {status}")  # retried with the same key
-    if status >= 400:
-        raise ToolError(f"{operation} refused: {data}")  # the model hears why
-    return data
+from agents_stream.execution.tools import ToolContext, tool
 
 
 @tool
 async def lookup_order(ctx: ToolContext, order_id: str) -> Any:
     """Look an order up: its amount, the customer's email and its delivery status."""
-    return (await _call("orders.lookup", ctx, {"order_id": order_id}))["order"]
+    return (await tool_call("orders.lookup", ctx, {"order_id": order_id}))["order"]
 
 
 @tool
 async def create_label(ctx: ToolContext, order_id: str) -> Any:
     """Create a return shipping label for an order."""
-    return await _call("carrier.label", ctx, {"order_id": order_id})
+    return await tool_call("carrier.label", ctx, {"order_id": order_id})
 
 
 #: refunds above this many (currency units) wait for a human (the agent's approval levels in the config)
@@ -53,13 +43,13 @@ def _large(arguments: Any) -> str | None:
 @tool(timeout_s=15, approval=_large)
 async def refund(ctx: ToolContext, order_id: str, amount: float) -> Any:
     """Refund ``amount`` of an order to the customer's card. Moves money: call it once per order."""
-    return await _call("payment.refund", ctx, {"order_id": order_id, "amount": amount})
+    return await tool_call("payment.refund", ctx, {"order_id": order_id, "amount": amount})
 
 
 @tool
 async def notify_customer(ctx: ToolContext, email: str, text: str) -> Any:
     """Write to the customer."""
-    return await _call("mail.send", ctx, {"email": email, "text": text})
+    return await tool_call("mail.send", ctx, {"email": email, "text": text})
 
 
 SUPPORT = Agent(

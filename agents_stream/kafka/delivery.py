@@ -171,10 +171,18 @@ class TopicCheck:
     def __init__(self, client: Callable[[], Any]) -> None:
         self.client = client
         self.missing: dict[str, float] = {}  # topic → when it was found missing (monotonic)
+        self.seen: set[str] = set()  # topics the producer had metadata for (asked once each: every send asks)
 
     def known(self, topic: str) -> bool:
+        if topic in self.seen:
+            return True
         client = self.client()
-        return client is None or topic in client.cluster.topics()
+        if client is None:
+            return True
+        if topic in client.cluster.topics():  # a new set each call: not on every send
+            self.seen.add(topic)
+            return True
+        return False
 
     async def exists(self, topic: str) -> bool:
         client = self.client()

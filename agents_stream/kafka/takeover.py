@@ -54,6 +54,15 @@ class Takeover:
         self.alert = alert
 
     async def claim_epochs(self) -> None:
+        """``_claim_epochs``, never raising: it runs in Faust's rebalance signal, where an exception crashes the
+        worker."""
+        try:
+            await self._claim_epochs()
+        except Exception as exc:
+            log.exception("Claiming the owner epochs after a rebalance failed (%r): a record a former owner writes "
+                          "late may be read as current by a later recovery. Report it with this log", exc)
+
+    async def _claim_epochs(self) -> None:
         """Every table partition this worker now owns gets a higher owner epoch, confirmed by the broker before the
         ledger reads any record of it (the streams resume after this): from then on, a record a former owner writes
         there is skipped by every later recovery (tables/epochs.py)."""
@@ -61,7 +70,7 @@ class Takeover:
         claims = []
         for table in self.tables.all():
             for partition in mine:
-                epoch, sent = table.take(partition)
+                epoch, sent = table.claim_epoch(partition)
                 claims.append(until_confirmed(
                     partial(table.send_changelog, partition, epoch_key(partition), {"epoch": epoch}), first=sent,
                     what=f"the owner epoch {epoch} of {table.name}[{partition}]", alert=self.alert,

@@ -18,7 +18,7 @@ from agents_stream.ledger import endings, spans
 from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.gate import ApprovalGate
-from agents_stream.ledger.records import parked, record_of, timer_key
+from agents_stream.ledger.records import parked, timer_key
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.ops import metrics, tracing
 from agents_stream.ops.recent import RecentTasks
@@ -127,13 +127,12 @@ class Effects:
     def _dispatch(self, task_id: str, task: TaskPayload, dispatch: int, done: list[Any], trace: str | None) -> None:
         """Start dispatch ``dispatch`` now that its lease record is durable, unless the record moved on meanwhile
         (a cancel, or another transition, applied while this record waited for the broker): the record is what
-        decides whether the task runs, not the order in which the broker confirmed two writes."""
-        current = record_of(self.table, task_id)
-        if current is None or current.state != leases.RUNNING or current.dispatch != dispatch:
-            log.info(
-                "Task %s: dispatch %d is not started: its record moved on before the lease was durable (now %s)",
-                task_id, dispatch, "gone" if current is None else f"{current.state}, dispatch {current.dispatch}",
-            )
+        decides whether the task runs, not the order in which the broker confirmed two writes. The scanner holds
+        every open task's dispatch as the ledger last wrote it (memory: no table read per dispatch)."""
+        current = self.scanner.open_tasks.get(task_id)
+        if current is None or current.dispatch != dispatch:
+            log.info("Task %s: dispatch %d is not started: its record moved on before the lease was durable (%s)",
+                     task_id, dispatch, "no longer open here" if current is None else f"dispatch {current.dispatch}")
             return
         self.executor.dispatch(task, dispatch, done, trace)
 

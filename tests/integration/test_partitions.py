@@ -133,6 +133,17 @@ async def scenario(cluster_factory: Callable[..., Cluster], latency: dict[int, f
         yield s
 
 
+async def w2_finishes_then_heal(s: Scenario, net: Netns) -> None:
+    """W2 starts and finishes every task while W1 is cut off; only then does W1's link come back, and the run
+    settles."""
+    await s.cluster.started("w2")
+    await results_for(set(s.accounts), timeout=60)
+    s.mark("w2 done")
+    net.heal()
+    s.mark("heal")
+    await settle(s)
+
+
 async def settle(s: Scenario, *, at_least: float = 12.0, quiet: float = 6.0, timeout: float = 45.0) -> None:
     """Give the worker that came back its chance to act: at least ``at_least`` seconds, ending with ``quiet`` seconds
     in which neither the model nor the services were asked anything."""
@@ -182,13 +193,7 @@ async def cut_while(s: Scenario, ready: Callable[[], bool], what: str, before_he
         s.mark("fault")
         if before_heal is not None:
             before_heal()
-        await s.cluster.started("w2")
-        # W2 finishes every task while W1 is cut off; only then does W1 come back
-        await results_for(set(s.accounts), timeout=60)
-        s.mark("w2 done")
-        net.heal()
-        s.mark("heal")
-        await settle(s)
+        await w2_finishes_then_heal(s, net)
         w1.kill()  # before its namespace goes: the worker is the namespace's last process
     return w1
 
@@ -296,12 +301,7 @@ async def test_a_worker_cut_off_from_the_broker_while_journaling_a_charge_never_
     async with scenario(cluster_factory, {1: JOURNAL_DECISION_S}) as s:
         w1 = s.cluster.worker("w1")
         async with journal_cut(s, w1) as net:
-            await s.cluster.started("w2")
-            await results_for(set(s.accounts), timeout=60)
-            s.mark("w2 done")
-            net.heal()
-            s.mark("heal")
-            await settle(s)
+            await w2_finishes_then_heal(s, net)
         await assert_once_each(s, w1)
 
 

@@ -160,15 +160,20 @@ async def test_without_fence_the_follow_ups_run_once_confirmed() -> None:
 # -- a journal entry that goes on the outcomes topic is not acted on ---------------------------------------------------
 
 
-async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> None:
-    sent: list[bytes] = []
-
+def _confirming(sent: list[bytes]) -> Any:
+    """A produce whose sends the broker confirms at once, their values kept in ``sent``."""
     def produce(key: bytes, value: bytes) -> asyncio.Future[Any]:
         sent.append(value)
         fut = asyncio.get_running_loop().create_future()
         fut.set_result("ok")
         return fut
 
+    return produce
+
+
+async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> None:
+    sent: list[bytes] = []
+    produce = _confirming(sent)
     ledger = SimpleNamespace(apply_here=lambda task_id, event: None)  # this ledger does not hold the task
     route = OutcomeRoute(ledger, produce, member=lambda: True,  # type: ignore[arg-type]
                          send_control=lambda *a: None, stopping=lambda: False, owns=lambda task_id: False)
@@ -181,13 +186,7 @@ async def test_a_journal_entry_of_a_resumed_task_on_this_workers_own_partition_g
     """A task resumed after a decision or its sub-tasks holds no offset here: its entries go on the topic to this
     worker's own ledger, and the loop goes on once the broker has them."""
     sent: list[bytes] = []
-
-    def produce(key: bytes, value: bytes) -> asyncio.Future[Any]:
-        sent.append(value)
-        fut = asyncio.get_running_loop().create_future()
-        fut.set_result("ok")
-        return fut
-
+    produce = _confirming(sent)
     route = OutcomeRoute(SimpleNamespace(apply_here=lambda task_id, event: None), produce,  # type: ignore[arg-type]
                          member=lambda: True, send_control=lambda *a: None, stopping=lambda: False,
                          owns=lambda task_id: True)

@@ -167,7 +167,7 @@ def _confirm(table: faust.Table, app: faust.App, offset: int) -> None:
         fut = pending.get_nowait()
         tp = TP(table.changelog_topic.get_topic_name(), fut.message.partition)
         fut.set_result(RecordMetadata(tp.topic, tp.partition, tp, offset))
-        table._on_changelog_sent(fut)  # what Faust calls once the broker answered
+        table.changelog_confirmed(fut)  # what Faust's callback does once the broker answered
         offset += 1
 
 
