@@ -42,9 +42,10 @@ def members_of(description: dict[str, Any]) -> frozenset[str] | None:
     return frozenset(c[len(CLIENT_PREFIX):] for c in ids if c.startswith(CLIENT_PREFIX))
 
 
-async def group_members(settings: Settings, group: str, timeout_s: float = 5.0) -> frozenset[str] | None:
-    """The worker ids of ``group``'s members now, or None when the coordinator could not say within ``timeout_s``
-    (then leases are waited out, as without this)."""
+async def group_members(settings: Settings, group: str, timeout_s: float = 5.0) -> tuple[frozenset[str] | None, str]:
+    """The worker ids of ``group``'s members now and the group's state, or (None, why) when the coordinator could
+    not say within ``timeout_s`` or the group is between generations (then leases are waited out, as without
+    this)."""
     admin = AIOKafkaAdminClient(
         bootstrap_servers=bootstrap_servers(settings.broker), **kafka_security.client_kwargs(settings),
     )
@@ -53,13 +54,13 @@ async def group_members(settings: Settings, group: str, timeout_s: float = 5.0) 
         responses = await asyncio.wait_for(admin.describe_consumer_groups([group]), timeout_s)
         groups = [g for r in responses for g in r.to_object().get("groups", ())]
     except (KafkaError, OSError, asyncio.TimeoutError) as exc:
-        log.info("The members of group %s could not be read (%r); leases of workers that left are waited out", group,
-                 exc)
-        return None
+        return None, f"not described: {exc!r}"
     finally:
         try:
             await asyncio.wait_for(admin.close(), timeout_s)
         except Exception as exc:  # closing is best effort
             log.debug("Closing the admin client failed: %r", exc)
     found = next((g for g in groups if g.get("group") == group), None)
-    return members_of(found) if found is not None else None
+    if found is None:
+        return None, "not described: the coordinator does not know it"
+    return members_of(found), f"state {found.get('state')!r}, error code {found.get('error_code')}"

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 #: how often tasks whose lease's owner left the group are looked for (memory only)
 TAKEOVER_SCAN_S = 1.0
 #: how often the members are asked for after a rebalance while the group is not stable yet, and how far apart
-MEMBERS_TRIES = 10
+MEMBERS_TRIES = 30
 MEMBERS_RETRY_S = 1.0
 #: how long a rebalance waits for the broker to confirm the owner epochs of the partitions it assigned
 EPOCH_CLAIM_S = 30.0
@@ -52,6 +52,8 @@ class Takeover:
         self.learned = learned
         self.send_outcome = send_outcome
         self.alert = alert
+        #: rebalances seen: an answer about the group's members counts only for the latest
+        self.rebalances = 0
 
     async def claim_epochs(self) -> None:
         """``_claim_epochs``, never raising: it runs in Faust's rebalance signal, where an exception crashes the
@@ -87,17 +89,26 @@ class Takeover:
             )
 
     async def learn_members(self) -> None:
-        """Who is in the group now; the tasks of owners that left are taken over at once."""
+        """Who is in the group now; the tasks of owners that left are taken over at once. Asked again while the
+        group is between generations, until a later rebalance asks for itself (its answer is the current one)."""
+        self.rebalances += 1
+        mine = self.rebalances
         self.learned(None)  # until read: the last members may have left since
+        why = "not asked"
         for _ in range(MEMBERS_TRIES):  # mid-rebalance the coordinator does not say (members_of: only Stable)
-            found = await group_members(self.settings, self.group)
+            found, why = await group_members(self.settings, self.group)
+            if mine != self.rebalances:
+                return  # a later rebalance reads them
             if found is not None:
                 self.learned(found)
                 self.take_over()
                 return
             await asyncio.sleep(MEMBERS_RETRY_S)
-        log.info("The group's members could not be read after this rebalance; leases of workers that left are "
-                 "waited out until the next one")
+        log.warning(
+            "The members of group %s could not be read for %d tries after this rebalance (last: %s): leases of "
+            "workers that left are waited out (lease_ttl_s) until the next rebalance. Check the brokers' group "
+            "coordinator", self.group, MEMBERS_TRIES, why,
+        )
 
     def take_over(self) -> None:
         """Tasks whose lease's owner left the group: asked of the ledger now, not once the lease lapses."""

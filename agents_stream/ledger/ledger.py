@@ -319,7 +319,9 @@ class Ledger:
         extra: list[Send] = []
         match event:
             case Heartbeat(dispatch=dispatch, owner=owner):
-                new, effects = leases.heartbeat(record, dispatch=dispatch, owner=owner, now=now, ttl=ttl)
+                # From when it was sent: a beat a new owner reads late (its sender dead) adds no lease time.
+                sent = min(now, at) if at is not None else now
+                new, effects = leases.heartbeat(record, dispatch=dispatch, owner=owner, now=sent, ttl=ttl)
                 # Renewals are frequent: write only when the lease gained a third of its length.
                 if new is record or new is None or record is None or new.lease_until - record.lease_until < ttl / 3:
                     return None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from types import SimpleNamespace
 from typing import Any
 
@@ -22,6 +23,7 @@ from agents_stream.contract.events import (
     CacheLookup,
     CacheReply,
     CacheStore,
+    Heartbeat,
     JobTaskResult,
     OutcomeEvent,
     decode,
@@ -164,6 +166,21 @@ async def test_an_outcome_record_without_a_timestamp_completes_at_the_time_it_is
     ledger.handle(_event(TP(OUTCOMES, 0), 9, b"t1", encode(_succeeded()), timestamp=None))
     await _spin()
     assert json.loads(tasks["t1"]["result"])["completed_at"] == "2026-12-01T11:11:11.111Z"
+
+
+async def test_a_heartbeat_read_late_extends_the_lease_from_when_it_was_sent() -> None:
+    """A partition's new owner reads a dead worker's last heartbeats after the rebalance: they must not give the
+    dead worker's lease a fresh full length (its tasks would wait that much longer to be taken over)."""
+    ledger, tasks, _, _ = _running_ledger()
+    tasks["t1"] = {**tasks["t1"], "lease_until": time.time() - 5}  # lapsing: a beat of 20 s ago is older still
+    sent_at = time.time() - 20
+    beat = encode(Heartbeat(worker="w2", dispatch=1, owner="w2"))
+    ledger.handle(_event(TP(OUTCOMES, 0), 9, b"t1", beat, timestamp=sent_at))
+    await _spin()
+    lease_until = tasks["t1"]["lease_until"]
+    ttl = Settings().lease_ttl_s
+    assert lease_until <= sent_at + ttl + 0.01, f"the lease was renewed from the time it was read: {lease_until}"
+    assert lease_until >= sent_at + ttl - 0.01, "a heartbeat sent in the lease's last third renews it"
 
 
 async def test_the_cache_stores_a_good_answer_and_replies_to_a_lookup_with_it() -> None:
