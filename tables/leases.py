@@ -331,16 +331,18 @@ def expire(
             Control("task.dead_lettered", {"layer": "recovery", "attempts": record.dispatch}),
             Settle(),
         ]
-    return _take_over(record, now=now, me=me, ttl=ttl)
+    why = "lease_lapsed" if now >= record.lease_until else "owner_left"
+    return _take_over(record, now=now, me=me, ttl=ttl, why=why)
 
 
 def _take_over(
-    record: TaskRecord, *, now: float, me: str, ttl: float
+    record: TaskRecord, *, now: float, me: str, ttl: float, why: str
 ) -> tuple[TaskRecord, list[Effect]]:
+    """``why``: ``lease_lapsed``, or ``owner_left`` (the owner left the group or released the task first)."""
     nxt = record.dispatch + 1
     return replace(record, dispatch=nxt, owner=me, lease_until=now + ttl), [
         Dispatch(nxt),
-        Control("task.redispatched", {"dispatch": nxt, "previous_owner": record.owner}),
+        Control("task.redispatched", {"dispatch": nxt, "previous_owner": record.owner, "why": why}),
     ]
 
 

@@ -174,9 +174,11 @@ class Effects:
             after.append(counted)
         elif isinstance(effect, leases.Control):
             if effect.event == "task.redispatched":
+                left = effect.details.get("why") == "owner_left"
+                what = "left the group or released it" if left else "let its lease lapse"
                 log.info(
-                    "Task %s: the lease of %s lapsed; dispatching it here as attempt %d",
-                    task_id, effect.details.get("previous_owner"), effect.details.get("dispatch"),
+                    "Task %s: %s %s; dispatching it here as attempt %d", task_id,
+                    effect.details.get("previous_owner"), what, effect.details.get("dispatch"),
                 )
             self.outbox.control(effect.event, task_id, record.agent if record else None, effect.details)
         elif isinstance(effect, leases.Notify):

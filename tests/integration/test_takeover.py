@@ -14,7 +14,7 @@ from .test_failures import assert_one_distinct_success, calls_per_task
 
 LEASE_S = 30.0
 #: the lines of a worker's log that say how a takeover went (printed when it was slow)
-WHAT_TAKEOVER_LOGS = ("Joined group", "members", "lapsed", "Heartbeat failed", "Revoking", "Worker ready")
+WHAT_TAKEOVER_LOGS = ("Joined group", "members", "dispatching it here", "Heartbeat failed", "Revoking", "Worker ready")
 
 
 async def test_a_killed_workers_tasks_finish_long_before_their_leases_lapse(cluster_factory, fake_llm):

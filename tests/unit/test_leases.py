@@ -42,9 +42,9 @@ def receive(record: TaskRecord | None, *, now: float = T0, running_here: bool = 
 
 
 def expire(record: TaskRecord | None, *, dispatch: int, now: float, running_here: bool = False,
-           max_attempts: int = 3, me: str = ME):
+           max_attempts: int = 3, me: str = ME, owner_gone: bool = False):
     return leases.expire(record, dispatch=dispatch, now=now, me=me, ttl=TTL,
-                         max_attempts=max_attempts, running_here=running_here)
+                         max_attempts=max_attempts, running_here=running_here, owner_gone=owner_gone)
 
 
 def running(*, dispatch: int = 1, owner: str = OTHER, lease_until: float = T0 + TTL) -> TaskRecord:
@@ -251,8 +251,19 @@ def test_lapsed_lease_redispatches_with_next_number() -> None:
     """A lapsed lease is taken over: dispatch n+1, leased to us, announced on control."""
     rec = running(dispatch=1, owner=OTHER, lease_until=T0)
     new, effects = expire(rec, dispatch=1, now=T0 + 1)
-    assert effects == [Dispatch(2), Control("task.redispatched", {"dispatch": 2, "previous_owner": OTHER})]
+    assert effects == [Dispatch(2), Control("task.redispatched", {"dispatch": 2, "previous_owner": OTHER,
+                                                                  "why": "lease_lapsed"})]
     assert new == replace(rec, dispatch=2, owner=ME, lease_until=T0 + 1 + TTL)
+
+
+def test_a_lease_whose_owner_left_the_group_is_taken_over_before_it_lapses() -> None:
+    """The owner left the group (or released the task): taken over at once, and the control event says why."""
+    rec = running(dispatch=1, owner=OTHER, lease_until=T0 + TTL)
+    assert expire(rec, dispatch=1, now=T0 + 1) == (rec, []), "a member's lease is waited out"
+    new, effects = expire(rec, dispatch=1, now=T0 + 1, owner_gone=True)
+    assert effects == [Dispatch(2), Control("task.redispatched", {"dispatch": 2, "previous_owner": OTHER,
+                                                                  "why": "owner_left"})]
+    assert new.dispatch == 2 and new.owner == ME
 
 
 @pytest.mark.parametrize("max_attempts", [1, 2, 3, 5])
