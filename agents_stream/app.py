@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import socket
 import time
-import uuid
 from typing import Any
 
 from faust.types import TP
@@ -80,7 +77,7 @@ class Runtime(Service):
         self.agents = agents
         self.tables = tables
         self.output_topics = output_topics  # declared at start: nobody in this app consumes them
-        self.worker_id = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.worker_id = members.worker_id(settings.instance_id)
         # The group's members are read back by this id after each rebalance (kafka/members.py)
         app.conf.broker_client_id = members.client_id(self.worker_id)
         self.outcomes = app.topic(topics.outcomes_topic(settings.app_id), key_serializer="raw", value_serializer="raw")

@@ -13,6 +13,7 @@ from faust.types import TP
 from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, longest_retention_s
+from agents_stream.kafka.assignor import Assignor
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.delivery import GuardedTopic
 from agents_stream.kafka.recovery import RecoveryWatch
@@ -138,5 +139,6 @@ def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Agen
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
         stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
         producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic, TableManager=PromptTableManager,
+        PartitionAssignor=Assignor,
         table_cleanup_interval=3600.0, table_standby_replicas=settings.standby_replicas, loghandlers=[],
     )

@@ -192,9 +192,10 @@ class Settings:
     )
     instance_id: str = _setting(
         "AGENTS_STREAM_INSTANCE_ID", "",
-        "Static group membership (Kafka's group.instance.id): a worker restarted with the same id within the session "
-        "timeout gets its partitions back without a rebalance. At most one running process per id (a StatefulSet's "
-        "pod name); empty: dynamic membership.",
+        "Static group membership (Kafka's group.instance.id): a worker restarted with the same id takes its "
+        "predecessor's place in the group at once (its tasks are taken over without waiting for the session to "
+        "expire), and one back within the session timeout gets its partitions without a rebalance. At most one "
+        "running process per id (a StatefulSet's pod name); empty: dynamic membership.",
     )
     heartbeat_interval_s: float = _setting("AGENTS_STREAM_HEARTBEAT_INTERVAL_S", 1.0, "Kafka group heartbeat interval.")
     stall_after_s: float = _setting(

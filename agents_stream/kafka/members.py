@@ -4,12 +4,20 @@ A task's lease names the worker that runs it. When that worker is not a member o
 was cut off or paused past its session and expelled), the partition's new owner need not wait out the lease: a
 worker outside the group can no longer act for the partition (docs/security.md, "Fencing"), so its tasks are taken
 over at once. Each worker's consumer announces its worker id as its Kafka client id (``client_id``).
+
+With static membership (``AGENTS_STREAM_INSTANCE_ID``) a restarted process takes its predecessor's place in the
+group without a rebalance, and the coordinator keeps describing the member with the client id it first joined
+with. So a worker id then starts with the instance id (``<instance>@<host>:<pid>:<random>``), and a member is
+matched by its instance id: a lease of an earlier process of a member's instance id is that member's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
+import uuid
 from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient
@@ -18,7 +26,9 @@ from aiokafka.errors import KafkaError
 from agents_stream.kafka import security as kafka_security
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = ["CLIENT_PREFIX", "client_id", "group_members", "members_of"]
+__all__ = [
+    "CLIENT_PREFIX", "client_id", "group_members", "in_group", "instance_of", "members_of", "replaced_by", "worker_id",
+]
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +36,34 @@ log = logging.getLogger(__name__)
 CLIENT_PREFIX = "agents-stream:"
 #: a group between two generations lists members that may not be in the next one
 STABLE = "Stable"
+
+
+def worker_id(instance_id: str = "") -> str:
+    """A new process's worker id: ``<host>:<pid>:<random>``, after ``<instance id>@`` under static membership."""
+    own = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+    return f"{instance_id}@{own}" if instance_id else own
+
+
+def instance_of(worker: str) -> str | None:
+    """The static membership id a worker id starts with, or None (dynamic membership). Host names hold no '@'."""
+    instance, at, _ = worker.rpartition("@")
+    return instance if at else None
+
+
+def in_group(worker: str, members: frozenset[str]) -> bool:
+    """``worker`` is one of ``members`` (worker ids read from the group): by its instance id under static
+    membership (the group describes a restarted member with its first process's client id), else by its id."""
+    instance = instance_of(worker)
+    if instance is None:
+        return worker in members
+    return any(instance_of(m) == instance for m in members)
+
+
+def replaced_by(worker: str, me: str) -> bool:
+    """``worker`` is an earlier process of ``me``'s static membership id: the coordinator gave its place in the group
+    to ``me`` when ``me`` joined, and at most one process runs per id, so it can no longer act."""
+    instance = instance_of(worker)
+    return instance is not None and worker != me and instance == instance_of(me)
 
 
 def client_id(worker_id: str) -> str:

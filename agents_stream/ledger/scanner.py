@@ -11,6 +11,7 @@ from typing import Iterator
 from faust.types import TP
 
 from agents_stream.execution.executor import Executor
+from agents_stream.kafka.members import in_group, replaced_by
 from agents_stream.ledger.records import record_of
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals
@@ -130,8 +131,14 @@ class Scanner:
 
     def gone(self, owner: str) -> bool:
         """The lease's owner is not a member of the group (as of the last rebalance): it died or was cut off and
-        expelled, so it can no longer act for the partition and its lease need not be waited out."""
-        return self.members is not None and owner != self.executor.worker_id and owner not in self.members
+        expelled, or this worker took its place under its static membership id, so it can no longer act for the
+        partition and its lease need not be waited out."""
+        if self.members is None:
+            return False
+        me = self.executor.worker_id
+        if owner == me:
+            return False
+        return replaced_by(owner, me) or not in_group(owner, self.members)
 
     def learned_members(self, members: frozenset[str] | None) -> None:
         """The group's members after a rebalance (``kafka.admin.group_members``); None when they could not be read

@@ -11,7 +11,8 @@ Watch), Temporal, Restate and DBOS by one HTTP request per task that answers onc
 - (b) end-to-end overhead p50/p99, model instant: tasks sent at a fixed rate, send to result stamped in this process;
   the first two seconds are warm-up and not counted.
 - (c) model calls per task after a SIGKILL: tasks at a fixed rate for 10 s with a 500 ms model (calls in flight),
-  the worker SIGKILLed after 5 s and started again at once; every task must end with a result; duplicates are the
+  the worker SIGKILLed after 5 s and started again at once as its supervisor would (ours: as a StatefulSet pod, the
+  same name, data dir, address and static membership id); every task must end with a result; duplicates are the
   calls beyond one per task.
 - (d) worker RSS (and peak) after (a), and the peer's own servers (Temporal, Restate, PostgreSQL; Pss summed over
   their processes). The Kafka broker, which ours and Quix Streams share, is not counted.

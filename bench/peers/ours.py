@@ -1,6 +1,8 @@
 """agents-stream as the peers see it: one worker (product defaults, the fake LLM as an OpenAI provider), as B2 and B3
 start it; tasks published to its task topic, results read off ``agent.results``. The SIGKILL restarts the worker
-under the same name (the same data dir), as a supervisor would.
+as a StatefulSet restarts a pod: the same name, data dir and address, and the same static membership id
+(AGENTS_STREAM_INSTANCE_ID), so the new process takes the killed one's place in the group at once instead of
+waiting for its session to expire (docs/security.md, "Takeover in seconds").
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ class Ours:
         self.agent = unique("peers")
         self.topic = f"agent.tasks.{self.agent}"
         self.cluster = Cluster(common.subdir(tmp, "cluster"), [self.agent], llm_url,
-                               settings={**PRODUCT_DEFAULTS, **self.settings})
+                               settings={**PRODUCT_DEFAULTS, "AGENTS_STREAM_INSTANCE_ID": "w0", **self.settings})
         self.worker = common.track(self.cluster.worker("w0").start())
         await self.worker.wait_ready(timeout=120)
         self.out = await Watch("agent.results").start()
@@ -53,8 +55,9 @@ class Ours:
 
     async def kill_and_restart(self) -> None:
         assert self.cluster is not None
+        port = self.worker.env["WEB_PORT"]
         self.worker.kill()
-        self.worker = common.track(self.cluster.worker("w0").start())
+        self.worker = common.track(self.cluster.worker("w0", WEB_PORT=port).start())
 
     async def stop(self) -> None:
         if self.out is not None:

@@ -96,8 +96,8 @@ class Worker:
                 if self.proc and self.proc.poll() is not None:
                     raise AssertionError(f"worker {self.name} exited with {self.proc.returncode}:\n{self.tail()}")
                 try:
-                    url, timeout = f"http://127.0.0.1:{self.web_port}/readyz", aiohttp.ClientTimeout(total=2)
-                    async with session.get(url, timeout=timeout) as r:
+                    url, ask = f"http://127.0.0.1:{self.web_port}/readyz", aiohttp.ClientTimeout(total=2)
+                    async with session.get(url, timeout=ask) as r:
                         if r.status == 200:
                             return
                 except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -175,7 +175,7 @@ class Cluster:
 
     def worker(self, name: str | None = None, **overrides: str) -> Worker:
         name = name or f"w{len(self.workers)}"
-        port = free_port()
+        port = int(overrides.get("WEB_PORT") or free_port())  # a restart may keep its predecessor's address
         env = {
             **os.environ,
             "KAFKA_BROKER": f"kafka://{BOOTSTRAP}",

@@ -5,6 +5,7 @@ that joins while calls run elsewhere takes none of them over (their owner is sti
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 
 from agents_stream.contract import topics
@@ -49,3 +50,73 @@ async def test_a_killed_workers_tasks_finish_long_before_their_leases_lapse(clus
         + "\n".join(line for line in w1.tail(4000).splitlines() if any(w in line for w in WHAT_TAKEOVER_LOGS))
     )
     assert max(calls.values()) <= 2, calls
+
+
+async def test_a_worker_restarted_under_its_static_membership_id_takes_its_tasks_over_at_once(cluster_factory,
+                                                                                                fake_llm):
+    """Static membership (AGENTS_STREAM_INSTANCE_ID), as a supervisor restarts a killed worker: same id, same data
+    dir, here a new web port. The new process takes its predecessor's place in the group without a rebalance, keeps
+    reading (the assignment made for the old address does not stop it), and takes the killed process's tasks over
+    at once: the group goes on describing the member with the old process's client id, so members are matched by
+    instance id."""
+    agent = unique("analyzer")
+    toml = (f'[providers.fake]\nkind = "openai"\nbase_url = "{fake_llm.url}/v1"\nmodel = "fake-model"\n'
+            f'timeout_s = 40\n\n[agents.{agent}]\nproviders = ["fake"]\n')
+    c = cluster_factory([agent], fake_llm.url, toml=toml, AGENTS_STREAM_LEASE_TTL_S=str(LEASE_S),
+                        AGENTS_STREAM_SESSION_TIMEOUT_S="6", AGENTS_STREAM_INSTANCE_ID="pod-0")
+    await fake_llm.set_mode(latency=25.0)
+    w0 = await c.started("w0")
+    ts = [task(agent, n=i) for i in range(8)]
+    ids = {t["task_id"] for t in ts}
+    await produce(topics.task_topic(agent), [encode(t) for t in ts])
+    await eventually(lambda: fake_llm.in_flight >= 8, timeout=30, interval=0.1, what="8 calls in flight on w0")
+
+    await fake_llm.set_mode(latency=0.2)
+    killed = time.monotonic()
+    w0.kill()
+    again = await c.started("w0")  # the same name and data dir; a new web port
+    results = await results_for(ids, timeout=60)
+    last = time.monotonic() - killed
+    assert_one_distinct_success(results, ids)
+    calls = calls_per_task(fake_llm, ids)
+    print(f"\nstatic membership: 8 interrupted tasks answered {last:.1f}s after the SIGKILL and restart (lease "
+          f"{LEASE_S:.0f}s); calls per task max {max(calls.values())}")
+    assert "asks the group for a new generation" in again.tail(4000), "the restart on a new port was noticed"
+    assert last < LEASE_S / 2, (
+        f"the last interrupted task answered {last:.1f}s after the kill: its lease waited out. The new process's "
+        "log:\n" + "\n".join(ln for ln in again.tail(4000).splitlines() if any(w in ln for w in WHAT_TAKEOVER_LOGS))
+    )
+    assert max(calls.values()) <= 2, calls
+
+
+def _generations(log: str) -> list[int]:
+    """The group generations a worker's log says it joined, in order."""
+    return [int(g) for g in re.findall(r"Joined group '[^']*' \(generation (\d+)\)", log)]
+
+
+async def test_a_graceful_restart_under_static_membership_moves_no_partition(cluster_factory, fake_llm):
+    """A SIGTERM and a start again under the same static membership id and address, within the session timeout
+    (20 s here, longer than a stop and a start): the group does not rebalance — the other worker keeps its
+    partitions all along, the restarted one gets its own back in the same generation — and every task is answered."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_SESSION_TIMEOUT_S="20")
+    w0 = await c.started("w0", AGENTS_STREAM_INSTANCE_ID="pod-0")
+    w1 = await c.started("w1", AGENTS_STREAM_INSTANCE_ID="pod-1")
+    before = [task(agent, n=i) for i in range(8)]
+    await produce(topics.task_topic(agent), [encode(t) for t in before])
+    assert_one_distinct_success(await results_for({t["task_id"] for t in before}, timeout=60),
+                                {t["task_id"] for t in before})
+    generation = _generations(w1.tail(4000))[-1]
+    assert _generations(w0.tail(4000))[-1] == generation, "both workers are in the group's current generation"
+
+    code, took = w0.terminate()
+    again = await c.started("w0", AGENTS_STREAM_INSTANCE_ID="pod-0", WEB_PORT=w0.env["WEB_PORT"])
+    after = [task(agent, n=i) for i in range(8, 16)]
+    await produce(topics.task_topic(agent), [encode(t) for t in after])
+    assert_one_distinct_success(await results_for({t["task_id"] for t in after}, timeout=60),
+                                {t["task_id"] for t in after})
+    rejoined = _generations(again.tail(4000))[-1]  # the log file is shared by both processes of w0; its last join
+    print(f"\ngraceful restart under static membership: stopped in {took:.1f}s (exit {code}); generation "
+          f"{generation} before, {rejoined} after; w1 joined {_generations(w1.tail(4000))}")
+    assert _generations(w1.tail(4000))[-1] == generation, "the other worker rejoined: the restart moved partitions"
+    assert rejoined == generation, "the restarted worker came back in a new generation: the group rebalanced"

@@ -16,7 +16,7 @@ from faust.types import TP
 
 from agents_stream.contract.errors import Fenced
 from agents_stream.contract.events import StepDone
-from agents_stream.kafka.members import client_id, members_of
+from agents_stream.kafka.members import client_id, in_group, instance_of, members_of, replaced_by, worker_id
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.route import OutcomeRoute
@@ -217,6 +217,28 @@ def test_the_scanner_takes_over_only_leases_of_workers_outside_the_group() -> No
     assert scanner.scan_gone(1_001.0) == [("t-dead", 1)]
     assert scanner.scan_gone(1_001.5) == [], "asked once a second"
     assert scanner.scan(1_001.0) == [] or all(t == "t-dead" for t, _ in scanner.scan(1_001.0))
+
+
+def test_under_static_membership_a_member_is_its_instance_id_and_its_predecessor_is_gone() -> None:
+    """A process restarted under its static membership id takes its predecessor's place without a rebalance, and the
+    group goes on describing the member with the predecessor's client id: members are matched by instance id."""
+    me = worker_id("pod-1")
+    assert me.startswith("pod-1@") and instance_of(me) == "pod-1" and instance_of(worker_id()) is None
+    before, other = "pod-1@host:7:aa", "pod-2@host:8:bb"
+    described = frozenset({before, "pod-2@host:3:cc"})  # pod-2 restarted too; the group kept its first client id
+    assert in_group(other, described) and in_group(me, described)
+    assert not in_group("pod-3@host:9:dd", described) and not in_group("host:1:aa", described)
+    assert replaced_by(before, me) and not replaced_by(me, me) and not replaced_by(other, me)
+    assert not replaced_by("host:1:aa", "host:2:bb"), "without static membership nobody takes another's place"
+
+    executor = SimpleNamespace(worker_id=me, has=lambda task_id: False)
+    scanner = Scanner(Settings(), executor, {}, {})  # type: ignore[arg-type]
+    scanner.note("t-before", _record(dispatch=1, owner=before))
+    scanner.note("t-other", _record(dispatch=1, owner=other))
+    scanner.note("t-left", _record(dispatch=1, owner="pod-3@host:9:dd"))
+    assert scanner.scan_gone(1_001.0) == [], "members not known yet: every lease is waited out"
+    scanner.learned_members(described)
+    assert sorted(scanner.scan_gone(1_001.0)) == [("t-before", 1), ("t-left", 1)]
 
 
 def test_a_renewed_record_of_a_taken_over_task_names_the_new_owner() -> None:
