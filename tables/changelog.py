@@ -146,7 +146,10 @@ class ChangelogState:
             self.epoch_filter.highest.pop(tp.partition, None)
             self.unconfirmed.forget(tp.partition)
             self._discard(tp.partition, "its writes may have landed after another owner's")
-            return None
+            # -1, not None: Faust's recovery keeps the offset it reached on a partition that stays assigned (active
+            # to standby, standby to active) unless it is given another one, and would read the emptied store on
+            # from there: every record before it lost (seen in the chaos run: finished tasks run again).
+            return -1
         offset = self.data.persisted_offset(tp)
         if tp.partition not in self._opened:
             self._opened.add(tp.partition)

@@ -225,3 +225,32 @@ async def test_a_store_whose_writes_were_all_confirmed_is_kept_and_read_on_from_
     assert table.data.persisted_offset(changelog) is None and table.get("t-9") == 1
     _confirm(table, app, 45)
     assert table.data.persisted_offset(changelog) == 45
+
+
+async def test_a_stale_store_is_read_again_from_the_changelog_start_where_recovery_had_read_on(
+    tmp_path: Path,
+) -> None:
+    """A write confirmed while this worker may have been out of the group makes its partition stale: the next time
+    Faust's recovery adds the partition (Recovery._add, Faust's own code), the store is emptied and must be read from
+    the changelog's start. Faust keeps the offset it had reached for a partition that stays assigned (active to
+    standby) unless it is given another: with None it read the emptied store on from there, every record before
+    it lost, and the chaos run ran finished tasks again."""
+    from collections import Counter
+
+    from faust.tables.recovery import Recovery
+
+    app, table = _tables(tmp_path)
+    changelog = TP(table.changelog_topic.get_topic_name(), 2)
+    with writing(2):
+        table["t-1"] = {"state": "succeeded"}
+    await _spin()
+    _confirm(table, app, 40)
+    reached: Counter[TP] = Counter({changelog: 41})  # where recovery had read it, as a standby, say
+    table.trusted = lambda: False  # the group may have expelled this worker meanwhile
+    with writing(2):
+        table["t-2"] = {"state": "running"}
+    await _spin()
+    _confirm(table, app, 42)
+    Recovery._add(SimpleNamespace(tp_to_table={}), table, changelog, reached)  # type: ignore[arg-type]
+    assert reached[changelog] == -1, "read again from the changelog's start"
+    assert table.get("t-1") is None and table.get("t-2") is None, "the stale store was emptied"
