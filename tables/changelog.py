@@ -136,7 +136,7 @@ class ChangelogState:
         owner's; its local store is recovered from the changelog the next time it is this worker's."""
         self.stale |= partitions & set(self.unconfirmed.partitions())
 
-    def persisted_offset(self, tp: TP) -> int | None:
+    def persisted_offset(self, tp: TP) -> int:
         """The partition's persisted changelog offset, where Faust's recovery reads on from. The first time this
         worker opens a partition's store, one with data and no persisted offset holds writes the changelog never
         confirmed: it is emptied, so the partition is recovered from the changelog alone."""
@@ -146,16 +146,19 @@ class ChangelogState:
             self.epoch_filter.highest.pop(tp.partition, None)
             self.unconfirmed.forget(tp.partition)
             self._discard(tp.partition, "its writes may have landed after another owner's")
-            # -1, not None: Faust's recovery keeps the offset it reached on a partition that stays assigned (active
-            # to standby, standby to active) unless it is given another one, and would read the emptied store on
-            # from there: every record before it lost (seen in the chaos run: finished tasks run again).
+            # -1: Faust's recovery keeps the offset it reached on a partition that stays assigned (active to
+            # standby, standby to active) unless it is given another one, and with None it would read the emptied
+            # store on from there: every record before it lost (seen in the chaos run: finished tasks ran again).
             return -1
         offset = self.data.persisted_offset(tp)
         if tp.partition not in self._opened:
             self._opened.add(tp.partition)
             if offset is None:
                 self._discard(tp.partition)
-        return offset
+        # -1 (read from the start), never None: Faust's recovery can seek a partition added while an earlier round
+        # of it runs before it builds that partition's offsets, and a None there crashes the worker (aiokafka's
+        # seek refuses it; seen once in the chaos run). Faust maps -1 and None to the same start otherwise.
+        return -1 if offset is None else offset
 
     def _discard(self, partition: int, why: str = "never confirmed: the worker stopped before the broker answered",
                  ) -> None:

@@ -197,7 +197,7 @@ async def test_a_store_with_a_write_the_broker_never_confirmed_is_discarded_when
     await _spin()
     assert table.data.persisted_offset(changelog) is None
     app, table = _reopened(app, table, tmp_path)  # killed before the broker answered
-    assert table.persisted_offset(changelog) is None, "recovered from the changelog's start"
+    assert table.persisted_offset(changelog) == -1, "recovered from the changelog's start"
     assert table.get("t-1") is None and table.data._db_for_partition(2).get(b'"t-1"') is None, (
         "the never-confirmed record is gone: the changelog's running record comes back by recovery"
     )
@@ -218,7 +218,7 @@ async def test_a_store_whose_writes_were_all_confirmed_is_kept_and_read_on_from_
     with writing(1):
         table["t-3"] = {"state": "running"}  # written while this worker runs: nothing is discarded any more
     await _spin()
-    assert table.persisted_offset(changelog) is None and table.get("t-1") == {"state": "succeeded"}
+    assert table.persisted_offset(changelog) == -1 and table.get("t-1") == {"state": "succeeded"}
     replayed = SimpleNamespace(message=SimpleNamespace(tp=changelog, partition=1, offset=44, key=b'"t-9"', value=b"1",
                                                           headers=[]))
     table.apply_changelog_batch([replayed])  # recovered again (assigned back) while t-3 waits for the broker
