@@ -43,24 +43,6 @@ class Commits:
 
 
 class WatermarkConsumerThread(AIOKafkaConsumerThread):
-    #: when (monotonic) the running rebalance began here: every JoinGroup of it is sent after this
-    _rebalance_began: float | None = None
-
-    async def on_partitions_revoked(self, revoked: set[TP]) -> None:
-        self._rebalance_began = monotonic()  # before the client sends this rebalance's JoinGroup
-        await super().on_partitions_revoked(revoked)
-
-    async def on_partitions_assigned(self, assigned: set[TP], generation_id: int = 0) -> None:
-        # The coordinator took this worker into the new generation with a JoinGroup sent after the rebalance began:
-        # it cannot expel it for a session timeout from then, as after an accepted commit (``member_at``). Without
-        # this, a worker whose commits had failed (a broker restart) counted as possibly expelled after it rejoined,
-        # and every write it made until its next accepted commit marked its partitions for a rebuild.
-        began, self._rebalance_began = self._rebalance_began, None
-        if began is not None:
-            consumer = cast("WatermarkConsumer", self.consumer)
-            consumer.member_at = max(consumer.member_at or began, began)
-        await super().on_partitions_assigned(assigned, generation_id)
-
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         # Faust crashes the worker on any commit error. A lost broker connection or
         # a commit refused during a rebalance is layer 3: nothing counts as done,
