@@ -47,9 +47,10 @@ class Assignor(PartitionAssignor):
 
 
 def request_rejoin(app: Any) -> None:
-    """Ask the group's coordinator for a new generation (called from the Kafka client's own coordination)."""
+    """Ask the group for a new generation (``WatermarkConsumer.request_rejoin``), never raising: this runs inside the
+    Kafka client's group coordination, which an exception stops for good."""
     try:
-        app.consumer._thread._ensure_consumer()._coordinator.request_rejoin()
+        app.consumer.request_rejoin()
     except Exception as exc:  # the assignment stands; only the web views' routing to this worker is stale
         log.warning("Asking the group for a new generation failed (%r): requests for this worker's partitions are "
                     "routed to its old address until the next rebalance", exc)

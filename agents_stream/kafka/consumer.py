@@ -119,6 +119,12 @@ class WatermarkConsumer(AIOKafkaConsumer):
         thread = cast(WatermarkConsumerThread, self._thread)
         return await thread.call_thread(thread.committed_offsets, tps)
 
+    def request_rejoin(self) -> None:
+        """Ask the group's coordinator for a new generation. Called from the Kafka client's own group coordination
+        (``kafka/assignor.py``), on its thread: aiokafka has no public way to ask, so its coordinator is asked."""
+        thread = cast(WatermarkConsumerThread, self._thread)
+        thread._ensure_consumer()._coordinator.request_rejoin()
+
     def _new_consumer_thread(self) -> WatermarkConsumerThread:
         return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)
 
