@@ -18,18 +18,24 @@ LEASE_S = 30.0
 WHAT_TAKEOVER_LOGS = ("Joined group", "members", "dispatching it here", "Heartbeat failed", "Revoking", "Worker ready")
 
 
-async def test_a_killed_workers_tasks_finish_long_before_their_leases_lapse(cluster_factory, fake_llm):
+async def _calls_in_flight(cluster_factory, fake_llm, n: int, **settings: str):
+    """A cluster with one worker, w0, running ``n`` calls of 25 s (the provider's timeout outlasts them): the
+    cluster, w0 and the tasks' ids."""
     agent = unique("analyzer")
     toml = (f'[providers.fake]\nkind = "openai"\nbase_url = "{fake_llm.url}/v1"\nmodel = "fake-model"\n'
-            f'timeout_s = 40\n\n[agents.{agent}]\nproviders = ["fake"]\n')  # the 25 s calls do not time out
-    c = cluster_factory([agent], fake_llm.url, toml=toml, AGENTS_STREAM_LEASE_TTL_S=str(LEASE_S),
-                        AGENTS_STREAM_SESSION_TIMEOUT_S="6")
+            f'timeout_s = 40\n\n[agents.{agent}]\nproviders = ["fake"]\n')
+    settings.setdefault("AGENTS_STREAM_SESSION_TIMEOUT_S", "6")
+    c = cluster_factory([agent], fake_llm.url, toml=toml, AGENTS_STREAM_LEASE_TTL_S=str(LEASE_S), **settings)
     await fake_llm.set_mode(latency=25.0)
     w0 = await c.started("w0")
-    ts = [task(agent, n=i) for i in range(16)]
-    ids = {t["task_id"] for t in ts}
+    ts = [task(agent, n=i) for i in range(n)]
     await produce(topics.task_topic(agent), [encode(t) for t in ts])
-    await eventually(lambda: fake_llm.in_flight >= 16, timeout=30, interval=0.1, what="16 calls in flight on w0")
+    await eventually(lambda: fake_llm.in_flight >= n, timeout=30, interval=0.1, what=f"{n} calls in flight on w0")
+    return c, w0, {t["task_id"] for t in ts}
+
+
+async def test_a_killed_workers_tasks_finish_long_before_their_leases_lapse(cluster_factory, fake_llm):
+    c, w0, ids = await _calls_in_flight(cluster_factory, fake_llm, 16)
 
     w1 = await c.started("w1")  # a scale-out while every call runs on w0: w0 is a member, so nothing is taken over
     await asyncio.sleep(4.0)
@@ -59,17 +65,10 @@ async def test_a_worker_restarted_under_its_static_membership_id_takes_its_tasks
     reading (the assignment made for the old address does not stop it), and takes the killed process's tasks over
     at once: the group goes on describing the member with the old process's client id, so members are matched by
     instance id."""
-    agent = unique("analyzer")
-    toml = (f'[providers.fake]\nkind = "openai"\nbase_url = "{fake_llm.url}/v1"\nmodel = "fake-model"\n'
-            f'timeout_s = 40\n\n[agents.{agent}]\nproviders = ["fake"]\n')
-    c = cluster_factory([agent], fake_llm.url, toml=toml, AGENTS_STREAM_LEASE_TTL_S=str(LEASE_S),
-                        AGENTS_STREAM_SESSION_TIMEOUT_S="6", AGENTS_STREAM_INSTANCE_ID="pod-0")
-    await fake_llm.set_mode(latency=25.0)
-    w0 = await c.started("w0")
-    ts = [task(agent, n=i) for i in range(8)]
-    ids = {t["task_id"] for t in ts}
-    await produce(topics.task_topic(agent), [encode(t) for t in ts])
-    await eventually(lambda: fake_llm.in_flight >= 8, timeout=30, interval=0.1, what="8 calls in flight on w0")
+    # A session longer than a restart (one can take over 6 s on a loaded machine): the new process always comes back
+    # while its predecessor is still a member, so it always gets the assignment made for the old address.
+    c, w0, ids = await _calls_in_flight(cluster_factory, fake_llm, 8, AGENTS_STREAM_INSTANCE_ID="pod-0",
+                                        AGENTS_STREAM_SESSION_TIMEOUT_S="20")
 
     await fake_llm.set_mode(latency=0.2)
     killed = time.monotonic()
