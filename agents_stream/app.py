@@ -167,6 +167,7 @@ class Runtime(Service):
             cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
             orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if jobs else None,
             agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None},
+            configs={a: plan.config for a, plan in plans.items()},
         )
         # ---- end of the parts ---------------------------------------------------------------------------------
 

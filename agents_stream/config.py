@@ -238,6 +238,11 @@ class AgentConfig(BaseModel):
     #: MCP servers (``[mcp.<name>]``) whose tools the agent's model may call; without ``agent`` the agent runs
     #: as a tool-calling loop of those tools, ``system`` its instructions
     mcp: list[str] = Field(default_factory=list)
+    #: conversations (docs/conversations.md): a message that arrives while a run answers an earlier one waits for
+    #: the next run ("enqueue") or is answered at once with a refusal ("reject")
+    double_texting: Literal["enqueue", "reject"] = "enqueue"
+    #: how many earlier messages and replies of its conversation a run shows the model (0: none)
+    history_messages: int = Field(default=20, ge=0, le=1000)
 
 
 class AppConfig(BaseModel):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import faust
@@ -249,9 +249,13 @@ class Tables:
     answers: LedgerTable  # task fingerprint → the last good answer (the cache tier)
     jobs: LedgerTable  # job_id → JobRecord JSON (agents_stream.tables.jobs)
     timers: LedgerTable  # parked tasks and running jobs: what the scanner watches
+    #: conversation_id → ConversationRecord JSON (agents_stream.tables.conversations); a plain dict in unit tests
+    #: that have no conversations
+    conversations: LedgerTable = field(default_factory=dict)  # type: ignore[assignment]
 
     def all(self) -> list[LedgerTable]:
-        return [self.tasks, self.answers, self.jobs, self.timers]
+        tables = [self.tasks, self.answers, self.jobs, self.timers]
+        return tables + ([self.conversations] if isinstance(self.conversations, LedgerTable) else [])
 
 
 def _table(app: faust.App, settings: Settings, name: str, help: str) -> LedgerTable:
@@ -287,5 +291,8 @@ def define_tables(app: faust.App, settings: Settings) -> Tables:
         timers=_table(
             app, settings, "timers",
             "Tasks awaiting approval or running after one, and running jobs: what the scanner watches.",
+        ),
+        conversations=_table(
+            app, settings, "conversations", "Conversations: their messages, runs and replies, keyed by conversation_id.",
         ),
     )

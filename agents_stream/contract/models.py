@@ -54,6 +54,29 @@ def sub_task_id(task_id: str, call_id: str) -> str:
     return f"{task_id}/{call_id}"
 
 
+#: the task ids of conversation runs begin with this (agents_stream.contract.conversations); a producer's task may not
+RUN_PREFIX = "conv:"
+
+
+class HistoryItem(BaseModel):
+    """One earlier message (``customer``) or reply (``agent``) of a conversation, as a run shows it to the model."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    role: str = Field(pattern=r"^(customer|agent)$")
+    text: str
+
+
+class RunContext(BaseModel):
+    """What a run's task carries of its conversation: whose it is, which messages it answers, the history before."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    conversation_id: str
+    message_ids: list[str] = Field(min_length=1)
+    history: list[HistoryItem] = Field(default_factory=list)
+
+
 class TaskPayload(BaseModel):
     """A task for one sub-agent. Strict: no coercion; unknown fields are ignored (evolution)."""
 
@@ -72,6 +95,8 @@ class TaskPayload(BaseModel):
     deadline: str | None = None
     #: set on a sub-task an agent loop delegated (an agent used as a tool); absent on every other task
     parent: ParentRef | None = None
+    #: set on a conversation's run (which the ledger makes, never a producer): its messages and the history before
+    conversation: RunContext | None = None
 
 
 def task_digest(task: TaskPayload) -> str:
@@ -181,13 +206,9 @@ def parse_json_model(raw: bytes | None, model: type[BaseModel], max_bytes: int) 
         raise PoisonMessage(kind, problems) from None
 
 
-def parse_task(raw: bytes | None, *, agent: str, max_bytes: int, max_steps: int | None = None) -> TaskPayload:
-    """Decode and validate a task message, or raise PoisonMessage with the reason.
-
-    Layer 1 (docs/contract.md, "Error layers"): every way a message can be unusable has its own reason.
-    ``max_steps`` bounds ``steps``
-    (AGENTS_STREAM_MAX_STEPS): each step's answer is kept in the task's record, which must stay one Kafka record.
-    """
+def decode_record(raw: bytes | None, max_bytes: int) -> tuple[str, dict[str, Any]]:
+    """A record's text and its JSON object, or PoisonMessage with the reason (null, too large, not UTF-8, not
+    JSON, not an object): layer 1 (docs/contract.md, "Error layers"), the same for tasks and conversation messages."""
     if raw is None:
         raise PoisonMessage("null_value", "the message has no value (tombstone)")
     if len(raw) > max_bytes:
@@ -204,18 +225,45 @@ def parse_task(raw: bytes | None, *, agent: str, max_bytes: int, max_steps: int 
         raise PoisonMessage("not_json", "nested too deeply to decode") from None
     if not isinstance(data, dict):
         raise PoisonMessage("schema_violation", f"expected a JSON object, got {type(data).__name__}")
+    return text, data
+
+
+def validated(model: type[BaseModel], text: str) -> Any:
+    """``text`` validated as ``model``, or PoisonMessage("schema_violation") naming every problem."""
     try:
-        task = TaskPayload.model_validate_json(text)
+        return model.model_validate_json(text)
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in exc.errors()
         )
         raise PoisonMessage("schema_violation", problems) from None
+
+
+def parse_task(raw: bytes | None, *, agent: str, max_bytes: int, max_steps: int | None = None) -> TaskPayload:
+    """Decode and validate a task message, or raise PoisonMessage with the reason.
+
+    Layer 1 (docs/contract.md, "Error layers"): every way a message can be unusable has its own reason.
+    ``max_steps`` bounds ``steps``
+    (AGENTS_STREAM_MAX_STEPS): each step's answer is kept in the task's record, which must stay one Kafka record.
+    """
+    text, _ = decode_record(raw, max_bytes)
+    return task_from(text, agent=agent, max_steps=max_steps)
+
+
+def task_from(text: str, *, agent: str, max_steps: int | None = None) -> TaskPayload:
+    """A decoded task message validated (``parse_task`` after ``decode_record``)."""
+    task: TaskPayload = validated(TaskPayload, text)
     if max_steps is not None and task.steps is not None and len(task.steps) > max_steps:
         raise PoisonMessage("too_many_steps", f"{len(task.steps)} steps > AGENTS_STREAM_MAX_STEPS {max_steps}")
     if task.agent_name != agent:
         raise PoisonMessage(
             "agent_mismatch", f"agent_name {task.agent_name!r} sent to the topic of {agent!r}"
+        )
+    if task.conversation is not None or (task.parent is None and task.task_id.startswith(RUN_PREFIX)):
+        # A run is made by the ledger from its conversation's messages: a producer's copy would answer for it.
+        raise PoisonMessage(
+            "reserved_task_id", f"task ids beginning with {RUN_PREFIX!r} and the field 'conversation' belong to "
+            "conversation runs, which the worker makes itself: send a conversation message instead",
         )
     if task.parent is not None:
         derived = sub_task_id(task.parent.task_id, task.parent.call_id)

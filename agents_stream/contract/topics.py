@@ -5,6 +5,8 @@ from __future__ import annotations
 from aiokafka.partitioner import murmur2
 
 RESULTS = "agent.results"
+#: Public: one ConversationReply per run of a conversation (contract/conversations.py), keyed by conversation_id
+REPLIES = "agent.replies"
 CONTROL = "agent.control"
 JOBS = "agent.jobs"
 #: Public: approval decisions (ApprovalDecision JSON), keyed by task_id

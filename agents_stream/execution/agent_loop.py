@@ -27,6 +27,7 @@ from typing import Any, Awaitable, Callable
 from agents_stream.contract.errors import Fenced
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.history import earlier_turns
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
 from agents_stream.execution.tool_calls import Admission, ToolCaller
@@ -335,7 +336,7 @@ def conversation(
         instruction += "\n\nContext (JSON):\n" + result_text(task.context_data)
     if spec is not None:
         instruction += f"\n\nThe final answer: only JSON matching this JSON Schema: {spec.describe()}"
-    messages: list[Message] = [UserText(instruction)]
+    messages: list[Message] = [*earlier_turns(task), UserText(instruction)]
     for t in state.turns:
         n = t["turn"]
         calls = tuple(

@@ -15,6 +15,7 @@ from agents_stream.config import CONFIDENCE_ORDER, AppConfig
 from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLarge, TransientError, classify
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
+from agents_stream.execution.history import with_history
 from agents_stream.execution.outputs import (
     CheckAborted,
     FormatError,
@@ -64,7 +65,7 @@ class Caller:
         """Ask one rung for ``task`` (the run's task or one step of it): transient errors retry with backoff,
         an off-format answer retries with the corrective instruction."""
         provider = tier.provider
-        instruction, context = task.instruction, task.context_data
+        instruction, context = with_history(task, task.instruction), task.context_data
         max_tokens = None
         if tier.simplified:
             instruction, context = simplify(instruction, context)

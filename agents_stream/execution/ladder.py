@@ -204,9 +204,9 @@ class Ladder:
 
     async def from_cache(self, run: Run, plan: AgentPlan) -> TaskSucceeded | None:
         """The last good answer of the same fingerprint, if the cache has one young enough."""
-        if self._cache_lookup is None:
-            return None
         task = run.task
+        if self._cache_lookup is None or task.conversation is not None:  # a reply depends on its history
+            return None
         fp = fingerprint(task.agent_name, task.instruction, task.context_data, task.output_schema)
         waiter: asyncio.Future[CachedAnswer | None] = asyncio.get_running_loop().create_future()
         self._cache_waiters[task.task_id] = waiter

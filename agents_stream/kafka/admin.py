@@ -95,6 +95,7 @@ def output_topics(app: faust.App, settings: Settings, config: AppConfig, agents:
     ]
     return [
         app.topic(topics.RESULTS, partitions=n, internal=True),
+        app.topic(topics.REPLIES, partitions=n, internal=True),  # conversations' replies (contract/conversations.py)
         app.topic(topics.CONTROL, partitions=n, internal=True),
         *(
             app.topic(name, partitions=n, internal=True, retention=timedelta(days=settings.dlq_retention_days))

@@ -54,6 +54,8 @@ class AnswerCache:
         ):
             return None
         payload = json.loads(record.payload)
+        if payload.get("conversation"):
+            return None  # a conversation's reply depends on its history: never another conversation's answer
         fp = fingerprint(
             record.agent, payload.get("instruction", ""), payload.get("context_data") or {},
             payload.get("output_schema"),

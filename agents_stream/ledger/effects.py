@@ -10,6 +10,7 @@ from typing import Any, Callable, Sequence
 
 from faust.types import TP
 
+from agents_stream.contract.conversations import conversation_of
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
@@ -54,6 +55,9 @@ class Effects:
         self.recent = recent
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
+        #: called with (tp, offset, task_id, record) after a transition that leaves a conversation's run finished
+        #: (ledger/conversations.py: its reply, the next run)
+        self.ended: Callable[[TP, int, str, TaskRecord], object] | None = None
 
     def apply(
         self,
@@ -123,6 +127,8 @@ class Effects:
             sends += ending
         if sends or after:
             self.outbox.deliver(tp, offset, sends, after, fence=True, fenced=fenced)
+        if self.ended is not None and record is not None and record.terminal and conversation_of(task_id):
+            self.ended(tp, offset, task_id, record)
 
     def _dispatch(self, task_id: str, task: TaskPayload, dispatch: int, done: list[Any], trace: str | None) -> None:
         """Start dispatch ``dispatch`` now that its lease record is durable, unless the record moved on meanwhile

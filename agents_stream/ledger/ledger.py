@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from agents_stream.config import ApprovalPolicy
+from agents_stream.config import AgentConfig, ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.errors import Fenced, PoisonMessage
 from agents_stream.contract.events import (
@@ -31,13 +31,15 @@ from agents_stream.contract.events import (
     TaskSucceeded,
     read_event,
 )
-from agents_stream.contract.models import TaskPayload, parse_task
+from agents_stream.contract.conversations import conversation_of, is_message, message_from
+from agents_stream.contract.models import TaskPayload, decode_record, task_from
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import identity, sizes, spans
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.cancel import Cancellation
+from agents_stream.ledger.conversations import Conversations
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.effects import Effects
 from agents_stream.ledger.expiry import Expiry
@@ -71,6 +73,7 @@ class Ledger:
         outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
         saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
         orchestrator: Orchestrator | None = None, agents: set[str] | None = None, sagas: set[str] | None = None,
+        configs: dict[str, AgentConfig] | None = None,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -104,6 +107,12 @@ class Ledger:
             tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
             cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
         )
+        #: conversations (their messages arrive on the task topics; each run is a task of this ledger)
+        self.conversations = Conversations(
+            tables.conversations, outbox, self.poison, agents=configs or {}, partitions=settings.partitions,
+            record_max_bytes=settings.record_max_bytes, start=self.start_run,
+        )
+        self.effects.ended = self.conversations.run_ended
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
         self.on_gap: Callable[[TP, int], bool] = lambda tp, offset: True
@@ -195,9 +204,13 @@ class Ledger:
     def _on_task(self, tp: TP, offset: int, key: bytes | None, value: bytes | None, headers: Any) -> None:
         agent = topics.agent_of(tp.topic) or ""
         try:
-            task = parse_task(
-                value, agent=agent, max_bytes=self.settings.payload_max_bytes, max_steps=self.settings.max_steps,
-            )
+            text, data = decode_record(value, self.settings.payload_max_bytes)
+            if is_message(data):  # a conversation's message, keyed by its conversation
+                message = message_from(text, agent=agent)
+                if not moved(self.outbox, self.settings.partitions, tp, offset, message.conversation_id, value, headers):
+                    self.conversations.on_message(tp, offset, message, value, headers)  # type: ignore[arg-type]
+                return
+            task = task_from(text, agent=agent, max_steps=self.settings.max_steps)
         except PoisonMessage as poison:
             if tracing.on():
                 spans.poisoned(agent, tp, offset, headers, poison)
@@ -205,13 +218,27 @@ class Ledger:
             return
         if moved(self.outbox, self.settings.partitions, tp, offset, task.task_id, value, headers):
             return
-        self._apply_task(tp, offset, task, value, headers)  # type: ignore[arg-type]  # parse_task refuses null
+        self._apply_task(tp, offset, task, value, headers)  # type: ignore[arg-type]  # decode_record refuses null
 
-    def _apply_task(self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None) -> None:
+    def start_run(self, tp: TP, offset: int, task: TaskPayload) -> None:
+        """A conversation's run: its task made (and dispatched) as if it had arrived at ``offset``. Made again after
+        a crash, it is the same task id: an open run goes on, a finished one ends its run again (idempotent)."""
+        record = record_of(self.table, task.task_id)
+        if record is not None and record.terminal:
+            self.conversations.run_ended(tp, offset, task.task_id, record)
+            return
+        self._apply_task(tp, offset, task, task.model_dump_json(exclude_none=True).encode("utf-8"), run=True)
+
+    def _apply_task(
+        self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None, run: bool = False,
+    ) -> None:
         now = time.time()
         record = record_of(self.table, task.task_id)
         digest = identity.task_digest(task)
-        if identity.refuse_conflict(self.poison, self.outbox, tp, offset, task, digest, record, value, headers):
+        # A run's history is rebuilt from its conversation each time it is made: never a conflict with itself.
+        if not run and identity.refuse_conflict(
+            self.poison, self.outbox, tp, offset, task, digest, record, value, headers,
+        ):
             return
         answered = self.cancellation.on_arrival(tp, offset, task.task_id, record, value, digest)
         if answered is not None:  # cancelled before it arrived: answered, never run
@@ -283,6 +310,8 @@ class Ledger:
         if changed is not None:
             new, effects, extra = changed
             self.effects.apply(tp, offset, task_id, record, new, effects, extra=extra)
+        elif record is not None and record.terminal and conversation_of(task_id) is not None:
+            self.conversations.run_ended(tp, offset, task_id, record)  # its end again: the reply may not be durable
 
     def apply_here(self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone) -> asyncio.Future[None] | None:
         """An outcome of this worker's own executor, applied at once (no trip through the outcomes topic), when

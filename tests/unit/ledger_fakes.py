@@ -79,20 +79,27 @@ class LedgerWorld:
     """A ledger on partition 0 of every topic: its sends kept as (topic, key, value, headers), its dispatches as
     (task_id, dispatch number, traceparent)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, configs: dict[str, Any] | None = None) -> None:
         self.sent: list[tuple[str, bytes | None, bytes | None, Any]] = []
         self.dispatched: list[tuple[str, int, str | None]] = []
         self.tasks = Table()
-        tables = Tables(tasks=self.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+        self.conversations = Table()
+        tables = Tables(
+            tasks=self.tasks, answers=Table(), jobs=Table(), timers=Table(),  # type: ignore[arg-type]
+            conversations=self.conversations,  # type: ignore[arg-type]
+        )
         outbox = Outbox(self.channel, Watermark(), "w1", find_dead_letter=_never_looked_up)
+
+        self.payloads: dict[str, TaskPayload] = {}  # each dispatched task's payload, by task id
 
         def dispatch(task: TaskPayload, n: int, done: list[Any], trace: str | None = None) -> None:
             self.dispatched.append((task.task_id, n, trace))
+            self.payloads[task.task_id] = task
 
         executor = SimpleNamespace(has=lambda task_id: False, dispatch=dispatch, worker_id="w1")
         self.ledger = Ledger(
             settings, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
-            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
+            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), configs=configs,
         )
         self.offsets: dict[str, int] = {}  # the next offset of each topic's partition 0
 

@@ -1,0 +1,116 @@
+"""Conversation messages on the wire, a conversation's runs, and the replies (docs/conversations.md).
+
+A message shares its agent's task topic (``agent.tasks.<agent>``), keyed by ``conversation_id``, so one partition
+holds a whole conversation and its one ledger sees its messages in order. A JSON object with a
+``conversation_id`` is a message; any other is a task. Each message is answered by a *run*: a task the ledger
+makes itself (never one a producer sends) whose task id ``run_task_id`` places it on its conversation's
+partition, so every path that finds a task by its id (outcomes, heartbeats, reads forwarded to its owner) finds
+the run beside its conversation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from agents_stream.contract import topics
+from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.models import (
+    NO_CONTROL, RUN_PREFIX, SCHEMA_VERSION, HistoryItem, RunContext, utcnow_iso, validated,
+)
+
+__all__ = [
+    "REPLIES", "RUN_PREFIX", "ConversationMessage", "ConversationReply", "HistoryItem", "RunContext",
+    "conversation_of", "is_message", "message_digest", "message_from", "run_task_id",
+]
+
+REPLIES = topics.REPLIES
+#: ids people and programs choose: printable, short enough that a run's task id stays under 256 characters
+ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
+ID_MAX = 200
+_RUN_SUFFIX = re.compile(r"^[0-9]+(\.[0-9]+)?$")
+
+
+class ConversationMessage(BaseModel):
+    """What a customer (or a program) writes in a conversation. Strict; unknown fields are ignored (evolution)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    conversation_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
+    #: the same id sent again (a double click, a client's retry) is the same message: one reply
+    message_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
+    agent_name: str = Field(min_length=1)
+    text: str = Field(min_length=1)
+    context_data: dict[str, Any] = Field(default_factory=dict)
+    #: who wrote it, as the sender names them (shown to the model and in the conversation's view)
+    user: str | None = Field(default=None, max_length=200, pattern=NO_CONTROL)
+
+
+class ConversationReply(BaseModel):
+    """A run's answer to one or more messages of a conversation, keyed by conversation_id on ``agent.replies``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_version: int = SCHEMA_VERSION
+    conversation_id: str
+    agent_name: str
+    #: the messages this reply answers, in the order they arrived
+    message_ids: list[str]
+    run: int
+    #: ``succeeded``, ``failed`` (the run failed: ``error`` says why) or ``rejected`` (a message that arrived
+    #: while a run was answering, under the agent's ``double_texting = "reject"``)
+    status: str
+    text: str
+    #: the run's task: its TaskResult (transcript, usage) is on agent.results under this id
+    task_id: str | None = None
+    error: str | None = None
+    completed_at: str = Field(default_factory=utcnow_iso)
+
+
+def is_message(data: Any) -> bool:
+    """A decoded record is a conversation message (not a task) when it names a conversation."""
+    return isinstance(data, dict) and "conversation_id" in data
+
+
+def message_from(text: str, *, agent: str) -> ConversationMessage:
+    """A decoded message (``models.decode_record``) validated, or PoisonMessage with the reason."""
+    message: ConversationMessage = validated(ConversationMessage, text)
+    if message.agent_name != agent:
+        raise PoisonMessage("agent_mismatch", f"agent_name {message.agent_name!r} sent to the topic of {agent!r}")
+    return message
+
+
+def message_digest(message: ConversationMessage) -> str:
+    """Two messages under one message_id are the same message exactly when their digests agree (as task_digest:
+    canonical JSON of every field but schema_version)."""
+    fields = message.model_dump(mode="json", exclude={"schema_version"})
+    canonical = json.dumps(fields, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
+def run_task_id(conversation_id: str, run: int, partitions: int) -> str:
+    """The task id of run ``run`` of a conversation: ``conv:<conversation_id>#<run>``, with the shortest ``.<n>``
+    suffix that puts it on the conversation's partition (Kafka's partitioner hashes the whole id; about
+    ``partitions`` ids are tried, deterministically, so every worker derives the same one)."""
+    home = topics.partition_for(conversation_id.encode("utf-8"), partitions)
+    base = f"{RUN_PREFIX}{conversation_id}#{run}"
+    for n in range(200 * partitions):
+        candidate = base if n == 0 else f"{base}.{n}"
+        if topics.partition_for(candidate.encode("utf-8"), partitions) == home:
+            return candidate
+    raise RuntimeError(f"no task id of run {run} of {conversation_id!r} falls on partition {home}")  # p ≈ e^-200
+
+
+def conversation_of(task_id: str) -> tuple[str, int] | None:
+    """(conversation_id, run) of a run's task id; None for any other task id (a sub-task of a run included)."""
+    if not task_id.startswith(RUN_PREFIX) or "#" not in task_id:
+        return None
+    conversation_id, _, suffix = task_id[len(RUN_PREFIX):].rpartition("#")
+    if not conversation_id or not _RUN_SUFFIX.match(suffix):
+        return None
+    return conversation_id, int(suffix.split(".")[0])

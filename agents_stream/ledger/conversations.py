@@ -1,0 +1,166 @@
+"""Conversations in the ledger: a message recorded, its run started as a task, the run's end made a reply.
+
+The conversations table has one record per conversation_id (tables/conversations.py decides every transition);
+a run is an ordinary task of the conversation's agent (contract/conversations.run_task_id), so it has every
+promise a task has: its lease, its journal, approvals, breakers and ladder, delegation and cancel. Its end
+comes back here (``run_ended``) wherever it was applied, and the reply goes out on agent.replies.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any, Callable
+
+from faust.types import TP
+
+from agents_stream.config import AgentConfig
+from agents_stream.contract.conversations import (
+    REPLIES, ConversationMessage, ConversationReply, conversation_of, message_digest, run_task_id,
+)
+from agents_stream.contract.errors import PoisonMessage
+from agents_stream.contract.models import HistoryItem, RunContext, TaskPayload, iso_utc
+from agents_stream.kafka.outbox import Outbox, Send
+from agents_stream.ledger.poison import Poison
+from agents_stream.tables import conversations as machine
+from agents_stream.tables.conversations import ConversationRecord
+from agents_stream.tables.leases import TaskRecord
+
+__all__ = ["Conversations", "conversation_record", "reply_text"]
+
+log = logging.getLogger(__name__)
+
+#: the reply text of a run that failed (its ``error`` says why): the customer is told, never left waiting
+FAILED_TEXT = "I am sorry: I could not answer this message. A person will look at it."
+
+#: ``start(tp, offset, task)``: make the run's task and dispatch it (Ledger.start_run)
+StartTask = Callable[[TP, int, TaskPayload], None]
+
+
+def conversation_record(table: Any, conversation_id: str) -> ConversationRecord | None:
+    data = table.get(conversation_id)
+    return ConversationRecord.from_json(data) if data else None
+
+
+def reply_text(result: dict[str, Any]) -> str:
+    """What a run's TaskResult says to the customer: its text output, or its JSON output as text."""
+    if result.get("status") == "failed":
+        return FAILED_TEXT
+    output = result.get("output")
+    return output if isinstance(output, str) else json.dumps(output, ensure_ascii=False)
+
+
+class Conversations:
+    """The ledger's part of conversations; like the rest of the ledger it never awaits I/O inline."""
+
+    def __init__(
+        self, table: Any, outbox: Outbox, poison: Poison, *, agents: dict[str, AgentConfig], partitions: int,
+        record_max_bytes: int, start: StartTask,
+    ) -> None:
+        self.table = table
+        self.outbox = outbox
+        self.poison = poison
+        self.agents = agents
+        self.partitions = partitions
+        self.record_max_bytes = record_max_bytes
+        self.start = start
+
+    def on_message(self, tp: TP, offset: int, message: ConversationMessage, value: bytes, headers: Any) -> None:
+        """A message on its agent's task topic, on its conversation's partition."""
+        cid = message.conversation_id
+        record = conversation_record(self.table, cid)
+        config = self.agents.get(message.agent_name)
+        entry = {"id": message.message_id, "digest": message_digest(message), "text": message.text,
+                 "user": message.user, "context": message.context_data}
+        new, effects = machine.receive(
+            record, agent=message.agent_name, message=entry,
+            policy=config.double_texting if config is not None else machine.ENQUEUE, now=time.time(),
+        )
+        if new is not None and new is not record and self._too_large(new):
+            new, effects = record, [machine.Refuse(
+                "conversation_too_large", f"the conversation's record would pass {self.record_max_bytes} bytes",
+            )]
+        self._apply(tp, offset, cid, record, new, effects, message=(message, value, headers))
+
+    def run_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
+        """Run ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next run started.
+        Applied again, it changes nothing."""
+        parsed = conversation_of(task_id)
+        if parsed is None or not task.terminal:
+            return
+        cid, run = parsed
+        record = conversation_record(self.table, cid)
+        result = json.loads(task.result) if task.result else {"status": "failed", "error": f"run {task.state}"}
+        new, effects = machine.run_ended(
+            record, run=run, status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
+            error=result.get("error"), completed_at=task.finished_at or time.time(), now=time.time(),
+        )
+        self._apply(tp, offset, cid, record, new, effects)
+
+    def _apply(
+        self, tp: TP, offset: int, cid: str, old: ConversationRecord | None, new: ConversationRecord | None,
+        effects: list[machine.Effect], message: tuple[ConversationMessage, bytes, Any] | None = None,
+    ) -> None:
+        sends: list[Send] = []
+        if new is not None and new != old:
+            self.table[cid] = new.to_json()
+            sends.append(self.outbox.changelog(self.table, tp.partition, cid))
+        starts: list[machine.StartRun] = []
+        for effect in effects:
+            match effect:
+                case machine.SendReply(reply=reply):
+                    sends.append(self._reply(cid, new or old, reply))
+                case machine.Refuse(reason=reason, detail=detail) if message is not None:
+                    self._refuse(tp, offset, cid, message, reason, detail)
+                case machine.StartRun():
+                    starts.append(effect)
+        if sends:
+            self.outbox.deliver(tp, offset, sends)
+        for start in starts:  # after the record's write: the run's task record is held with the same offset
+            assert new is not None
+            self.start(tp, offset, self.run_task(cid, new, start))
+
+    def run_task(self, cid: str, record: ConversationRecord, start: machine.StartRun) -> TaskPayload:
+        """The task of run ``start.run``: its messages as the instruction, the history before them as context."""
+        config = self.agents.get(record.agent)
+        limit = config.history_messages if config is not None else 20
+        messages = machine.run_messages(record, start.run)
+        history = [HistoryItem(**item) for item in machine.history(record, limit)]
+        return TaskPayload(
+            task_id=run_task_id(cid, start.run, self.partitions),
+            agent_name=record.agent,
+            instruction="\n\n".join(m["text"] for m in messages),
+            context_data=messages[-1]["context"] if messages else {},
+            conversation=RunContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
+        )
+
+    def _reply(self, cid: str, record: ConversationRecord | None, reply: dict[str, Any]) -> Send:
+        body = ConversationReply(
+            conversation_id=cid, agent_name=record.agent if record is not None else "",
+            message_ids=reply["message_ids"], run=reply["run"], status=reply["status"], text=reply["text"],
+            task_id=reply["task_id"], error=reply["error"], completed_at=iso_utc(reply["completed_at"]),
+        )
+        return self.outbox.record(REPLIES, cid.encode("utf-8"), body.model_dump_json().encode("utf-8"))
+
+    def _refuse(
+        self, tp: TP, offset: int, cid: str, message: tuple[ConversationMessage, bytes, Any], reason: str,
+        detail: str,
+    ) -> None:
+        msg, value, headers = message
+        log.warning(
+            "Conversation %s: message %s at %s[%d]@%d is refused (%s: %s); dead-lettered, the conversation goes on",
+            cid, msg.message_id, tp.topic, tp.partition, offset, reason, detail,
+        )
+        if reason in ("message_conflict", "conversation_agent_mismatch"):
+            self.outbox.control(
+                f"alert.{reason}", cid, msg.agent_name,
+                {"message_id": msg.message_id, "topic": tp.topic, "partition": tp.partition, "offset": offset},
+            )
+        self.poison.on_message(
+            tp, offset, msg.agent_name, cid.encode("utf-8"), value, headers, PoisonMessage(reason, detail),
+        )
+
+    def _too_large(self, record: ConversationRecord) -> bool:
+        size = len(json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
+        return size > self.record_max_bytes
