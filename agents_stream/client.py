@@ -1,0 +1,123 @@
+"""A Python client of a worker's conversation API: send a message, read a conversation, await a reply.
+
+    async with Client("http://127.0.0.1:6066", token="...") as client:
+        sent = await client.send("c-42", "support", "my package never came, refund me")
+        reply = await client.reply("c-42", sent.message_id, timeout=120)
+        print(reply["text"])
+
+Every call has a timeout. ``send`` returns once the broker has the message; sending it again with the same
+``message_id`` (a retry after a timeout or a 503) is the same message and gets the same one reply.
+Schemas: docs/conversations.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+import aiohttp
+
+__all__ = ["Client", "ClientError", "Sent"]
+
+
+class ClientError(Exception):
+    """The worker refused a request (``status`` and its ``error``) or did not answer in time (status 0)."""
+
+    def __init__(self, status: int, error: str) -> None:
+        super().__init__(f"{status}: {error}" if status else error)
+        self.status = status
+        self.error = error
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A message the broker confirmed: where it is in its conversation's partition."""
+
+    conversation_id: str
+    message_id: str
+    partition: int
+    offset: int
+
+
+class Client:
+    """One worker's conversation API (any worker of the app answers for every conversation)."""
+
+    def __init__(self, url: str, token: str | None = None, *, timeout_s: float = 20.0) -> None:
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Client:
+        self._session = aiohttp.ClientSession(headers=self.headers, timeout=self.timeout)
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            raise RuntimeError("use the client as `async with Client(...) as client:`")
+        return self._session
+
+    async def send(
+        self, conversation_id: str, agent: str, text: str, *, message_id: str | None = None,
+        context_data: dict[str, Any] | None = None, user: str | None = None,
+    ) -> Sent:
+        """Post a message; returns once the broker confirmed it (ClientError otherwise: retry with the same id)."""
+        body: dict[str, Any] = {"message_id": message_id or uuid.uuid4().hex, "agent_name": agent, "text": text}
+        if context_data:
+            body["context_data"] = context_data
+        if user is not None:
+            body["user"] = user
+        answer = await self._request("POST", f"/conversations/{_quote(conversation_id)}/messages", body)
+        return Sent(conversation_id, answer["message_id"], answer["partition"], answer["offset"])
+
+    async def conversation(self, conversation_id: str) -> dict[str, Any] | None:
+        """The conversation's status, messages and replies; None when no message of it was recorded yet."""
+        try:
+            return await self._request("GET", f"/conversations/{_quote(conversation_id)}")
+        except ClientError as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def reply(
+        self, conversation_id: str, message_id: str, *, timeout: float = 120.0, every: float = 0.25,
+    ) -> dict[str, Any]:
+        """The reply that answers ``message_id``, once there is one (ClientError after ``timeout`` seconds)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                found = await self.conversation(conversation_id)
+            except ClientError as exc:
+                if exc.status not in (0, 502, 503):  # a rebalance or a worker restarting: asked again
+                    raise
+                found = None
+            for reply in (found or {}).get("replies", []):
+                if message_id in reply["message_ids"]:
+                    return dict(reply)
+            if time.monotonic() >= deadline:
+                raise ClientError(0, f"no reply to message {message_id} of {conversation_id} within {timeout:g}s")
+            await asyncio.sleep(every)
+
+    async def _request(self, method: str, path: str, body: Any = None) -> Any:
+        try:
+            async with self.session.request(method, self.url + path, json=body) as resp:
+                data = await resp.json(content_type=None)
+                if resp.status >= 400:
+                    raise ClientError(resp.status, (data or {}).get("error", resp.reason or ""))
+                return data
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ClientError(0, f"{method} {path}: no answer from {self.url} ({type(exc).__name__})") from None
+
+
+def _quote(value: str) -> str:
+    return quote(value, safe="")

@@ -1,0 +1,119 @@
+"""The conversation views: ``POST /conversations/<id>/messages`` (a message in, 202 once the broker has it) and
+``GET /conversations/<id>`` (its status, messages and replies, answered by the worker owning it). Schemas:
+docs/conversations.md, "HTTP"."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING, Any
+
+from aiokafka.errors import KafkaError
+from faust.web import Request, Response, View
+from pydantic import ValidationError
+
+from agents_stream.contract import topics
+from agents_stream.contract.conversations import ConversationMessage, run_task_id
+from agents_stream.ops.access import Refused
+from agents_stream.ops.bodies import mutation_body
+from agents_stream.ops.routing import routed
+from agents_stream.tables.conversations import ConversationRecord
+from agents_stream.tables.leases import TaskRecord
+
+if TYPE_CHECKING:
+    from agents_stream.ops.web import Worker
+
+__all__ = ["describe", "register_conversation_views"]
+
+EXPECTED = (
+    '{"agent_name": "<agent>", "text": "<the message>", "message_id": "<optional: your id, so a retry is the same '
+    'message>", "context_data": {<optional>}, "user": "<optional: who wrote it>"}'
+)
+#: how long a message's send may wait for the broker's acknowledgement
+SEND_TIMEOUT_S = 15.0
+
+
+def describe(cid: str, data: dict[str, Any], tasks: Any, partitions: int) -> dict[str, Any]:
+    """A conversation as ``GET /conversations/<id>`` shows it: status, messages, replies and its open run."""
+    record = ConversationRecord.from_json(data)
+    body: dict[str, Any] = {
+        "conversation_id": cid,
+        "agent": record.agent,
+        "status": record.status,
+        "runs": record.runs,
+        "messages": [{k: m[k] for k in ("id", "text", "user", "at", "run")} for m in record.message_list()],
+        "replies": record.reply_list(),
+        "run": None,
+    }
+    if record.running is not None:
+        task_id = run_task_id(cid, record.running, partitions)
+        stored = tasks.get(task_id)
+        state = TaskRecord.from_json(stored).state if stored else "starting"
+        body["run"] = {"run": record.running, "task_id": task_id, "state": state}
+        if state == "awaiting_approval":
+            body["status"] = "waiting_for_approval"
+        elif state == "awaiting_subtasks":
+            body["status"] = "waiting_for_subagents"
+    return body
+
+
+def register_conversation_views(app: Any, runtime: Worker) -> None:
+    settings = runtime.settings
+    table = runtime.tables.conversations
+
+    @app.page("/conversations/{conversation_id}/messages")
+    class Post(View):
+        async def post(self, request: Request, conversation_id: str) -> Response:
+            try:
+                body = await mutation_body(settings, request)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            try:
+                message = ConversationMessage.model_validate({
+                    "conversation_id": conversation_id, "message_id": body.get("message_id") or uuid.uuid4().hex,
+                    "agent_name": body.get("agent_name"), "text": body.get("text"),
+                    "context_data": body.get("context_data") or {}, "user": body.get("user"),
+                })
+            except ValidationError as exc:
+                return self.json({"error": f"expected JSON {EXPECTED}: {exc}"}, status=400)
+            if message.agent_name not in runtime.agents:
+                return self.json({"error": f"agent {message.agent_name!r} is not run by this app; it runs "
+                                           f"{sorted(runtime.agents)}"}, status=404)
+            try:
+                partition, offset = await _send(app, message)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            return self.json({
+                "accepted": True, "conversation_id": conversation_id, "message_id": message.message_id,
+                "partition": partition, "offset": offset,
+            }, status=202)
+
+    @app.page("/conversations/{conversation_id}")
+    @routed(app, table, "conversation_id", settings.partitions)
+    async def conversation(self: View, request: Request, conversation_id: str) -> Response:
+        data = table.get(conversation_id)
+        if not data:
+            return self.json({"error": f"unknown conversation_id {conversation_id!r}"}, status=404)
+        return self.json(describe(conversation_id, data, runtime.tables.tasks, settings.partitions))
+
+    del Post, conversation  # registered on the app
+
+
+async def _send(app: Any, message: ConversationMessage) -> tuple[int, int]:
+    """Publish the message on its agent's task topic, keyed by its conversation; (partition, offset) once the
+    broker confirmed it. A send that was not confirmed may still land: the same message_id again is harmless."""
+    channel = app.topic(topics.task_topic(message.agent_name), key_serializer="raw", value_serializer="raw")
+    value = message.model_dump_json(exclude_none=True).encode("utf-8")
+
+    async def send() -> Any:
+        fut = await channel.send(key=message.conversation_id.encode("utf-8"), value=value)
+        return await fut
+
+    try:
+        metadata = await asyncio.wait_for(send(), timeout=SEND_TIMEOUT_S)
+    except (asyncio.TimeoutError, KafkaError) as exc:
+        raise Refused(
+            503, f"the broker did not confirm the message ({type(exc).__name__}); it may have been sent: retry with "
+            f"the same message_id ({message.message_id}), which is answered once",
+        ) from None
+    return metadata.partition, metadata.offset

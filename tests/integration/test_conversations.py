@@ -1,0 +1,122 @@
+"""Conversations on the real broker: the support agent answers a customer over HTTP (agents_stream.client), in
+worker processes, with the fake LLM and the example services over HTTP — one reply per message, a follow-up that
+only makes sense with the history, a double click, and a SIGKILL between the refund and the reply."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+from urllib.parse import quote
+
+from agents_stream.client import Client
+from agents_stream.contract import topics
+from agents_stream.contract.conversations import run_task_id
+from agents_stream.examples.services import FakeServices
+from agents_stream.testing.fakellm import hang, ok
+
+from .harness import PARTITIONS, eventually, read_topic, unique
+from .test_agents import agent_toml, providers_toml, support_script, turns_asked
+
+TOKEN = "conversations-write-token"
+
+
+def _worker_url(worker: Any) -> str:
+    return f"http://127.0.0.1:{worker.web_port}"
+
+
+async def _replies(cid: str, messages: int, timeout: float = 30) -> list[dict[str, Any]]:
+    """The conversation's records on agent.replies, once ``messages`` distinct messages have a reply."""
+    def answered(seen: list[Any]) -> bool:
+        return len({i for m in seen for i in json.loads(m.value)["message_ids"]}) >= messages
+
+    found = await read_topic(topics.REPLIES, until=answered, timeout=timeout,
+                             keep=lambda m: m.key is not None and m.key.decode() == cid)
+    return [json.loads(m.value) for m in found]
+
+
+def _one_distinct_reply_per_message(replies: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    by_message: dict[str, set[str]] = {}
+    for r in replies:
+        for i in r["message_ids"]:
+            by_message.setdefault(i, set()).add(json.dumps(r, sort_keys=True))
+    assert all(len(v) == 1 for v in by_message.values()), f"a message with two different replies: {by_message}"
+    return {i: json.loads(next(iter(v))) for i, v in by_message.items()}
+
+
+def _said(request: Any) -> str:
+    """Every text of a model request (OpenAI wire format), in order."""
+    return "\n".join(str(m.get("content") or "") for m in (request.body or {}).get("messages", []))
+
+
+async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_that_needs_the_history(
+    cluster_factory, fake_llm,
+):
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_API_TOKEN=TOKEN)
+        worker = await c.started("a")
+        cid, order = unique("conv"), unique("o")
+        fake_llm.enqueue(*support_script(order))
+        text = f"My package {order} never came, give me my money back"
+        async with Client(_worker_url(worker), TOKEN) as client:
+            first = await client.send(cid, agent, text, context_data={"order_id": order}, user="ana")
+            # a double click: the same message again while its run acts
+            await client.send(cid, agent, text, message_id=first.message_id, context_data={"order_id": order},
+                              user="ana")
+            reply1 = await client.reply(cid, first.message_id, timeout=90)
+            fake_llm.enqueue(ok("Only that order was lost; the other one arrives tomorrow."))
+            follow = await client.send(cid, agent, "and the other order too?")
+            reply2 = await client.reply(cid, follow.message_id, timeout=90)
+            view = await client.conversation(cid)
+        assert reply1["text"] == "Refunded 42.50 and sent a return label." and reply1["status"] == "succeeded"
+        assert reply2["text"].startswith("Only that order") and reply2["run"] == 2
+        second_run = [r for r in fake_llm.requests if r.task_id == run_task_id(cid, 2, PARTITIONS)]
+        assert second_run, "the follow-up was answered by run 2"
+        said = _said(second_run[0])
+        assert said.index(text) < said.index("Refunded 42.50") < said.index("and the other order too?"), said
+        assert len(services.executed("payment.refund")) == 1, "the double click refunded nothing twice"
+        replies = _one_distinct_reply_per_message(await _replies(cid, 2))
+        assert set(replies) == {first.message_id, follow.message_id}
+        assert view is not None and view["status"] == "idle" and view["runs"] == 2
+        assert [m["id"] for m in view["messages"]] == [first.message_id, follow.message_id]
+        assert view["messages"][0]["user"] == "ana"
+
+
+async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one_reply(cluster_factory, fake_llm):
+    """SIGKILL after the refund was journaled, while the model turn that writes the reply is in flight; the client
+    sends the same message again after the restart (it never saw an answer): one refund, one reply."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_API_TOKEN=TOKEN)
+        worker = await c.started("a")
+        cid, order = unique("conv"), unique("o")
+        script = support_script(order)
+        fake_llm.enqueue(script[0], script[1], hang(60))
+        run1 = run_task_id(cid, 1, PARTITIONS)
+        text = f"My package {order} never came, refund me"
+        async with Client(_worker_url(worker), TOKEN) as client:
+            sent = await client.send(cid, agent, text, context_data={"order_id": order})
+        await eventually(lambda: 2 in turns_asked(fake_llm, run1), timeout=60, what="the turn after the refund")
+        assert services.executed("payment.refund"), "the refund took effect before the kill"
+        await eventually(lambda: _journaled(worker, run1, calls=3), timeout=10, what="the refund in the journal")
+        worker.kill()
+        fake_llm.enqueue(*script[2:])
+        worker = await c.started("a")
+        async with Client(_worker_url(worker), TOKEN) as client:
+            await client.send(cid, agent, text, message_id=sent.message_id, context_data={"order_id": order})
+            reply = await client.reply(cid, sent.message_id, timeout=90)
+        assert reply["text"] == "Refunded 42.50 and sent a return label."
+        refunds = [x for x in services.calls if x.operation == "payment.refund" and x.key.startswith(run1)]
+        assert len(refunds) == 1 and len(services.executed("payment.refund")) == 1
+        assert turns_asked(fake_llm, run1) == [0, 1, 2, 2, 3], "only the turn in flight at the kill is asked again"
+        replies = await _replies(cid, 1)
+        assert set(_one_distinct_reply_per_message(replies)) == {sent.message_id}
+
+
+async def _journaled(worker: Any, task_id: str, *, calls: int) -> bool:
+    transcript = ((await worker.get(f"/tasks/{quote(task_id, safe='')}")).get("progress") or {}).get("transcript")
+    return len((transcript or {}).get("tool_calls", [])) >= calls
