@@ -13,15 +13,16 @@ Schemas: docs/conversations.md.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, AsyncIterator
 from urllib.parse import quote
 
 import aiohttp
 
-__all__ = ["Client", "ClientError", "Sent"]
+__all__ = ["Client", "ClientError", "Event", "Sent"]
 
 
 class ClientError(Exception):
@@ -41,6 +42,16 @@ class Sent:
     message_id: str
     partition: int
     offset: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """One event of a conversation's stream: ``offset`` resumes the stream after it (Last-Event-ID); ``data`` has
+    its ``id`` (what happened), ``kind``, ``run`` and ``data`` (docs/conversations.md, "Events")."""
+
+    offset: int
+    kind: str
+    data: dict[str, Any]
 
 
 class Client:
@@ -107,6 +118,34 @@ class Client:
             if time.monotonic() >= deadline:
                 raise ClientError(0, f"no reply to message {message_id} of {conversation_id} within {timeout:g}s")
             await asyncio.sleep(every)
+
+    async def events(
+        self, conversation_id: str, *, after: int | None = None, timeout: float = 120.0,
+    ) -> AsyncIterator[Event]:
+        """The conversation's events after offset ``after`` (all of them when None), as they happen, until the
+        worker ends the stream or ``timeout`` seconds pass. Resume with the last event's offset; a worker that
+        died ends the stream (ClientError): ask any other worker, or the same once it is back."""
+        headers = {"Last-Event-ID": str(after)} if after is not None else {}
+        url = f"{self.url}/conversations/{_quote(conversation_id)}/events"
+        stream_timeout = aiohttp.ClientTimeout(total=timeout, sock_read=60)
+        try:
+            async with self.session.get(url, headers=headers, timeout=stream_timeout) as resp:
+                if resp.status >= 400:
+                    data = await resp.json(content_type=None)
+                    raise ClientError(resp.status, (data or {}).get("error", resp.reason or ""))
+                fields: dict[str, str] = {}
+                async for raw in resp.content:
+                    line = raw.decode("utf-8").rstrip("\r\n")
+                    if line:
+                        if not line.startswith(":"):
+                            name, _, value = line.partition(":")
+                            fields[name] = value[1:] if value.startswith(" ") else value
+                        continue
+                    if "data" in fields and "id" in fields:
+                        yield Event(int(fields["id"]), fields.get("event", "event"), json.loads(fields["data"]))
+                    fields = {}
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise ClientError(0, f"the event stream of {conversation_id} ended ({type(exc).__name__})") from None
 
     async def _request(self, method: str, path: str, body: Any = None) -> Any:
         try:

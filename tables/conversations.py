@@ -109,9 +109,10 @@ def receive(
         reply = _reply_of(record, message["id"])
         if reply is not None:
             return record, [SendReply(reply)]  # a duplicate: its reply again
-        if known["run"] is not None and known["run"] == record.running:
+        running = record.running
+        if running is not None and known["run"] == running:
             # Its run again (idempotent): after a crash the run's task may never have been written.
-            return record, [StartRun(record.running, tuple(m["id"] for m in run_messages(record, record.running)))]
+            return record, [StartRun(running, tuple(m["id"] for m in run_messages(record, running)))]
         return record, []  # enqueued: the next run answers it
     entry = {**message, "at": now, "run": None}
     if record.running is not None and policy == REJECT:

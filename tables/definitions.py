@@ -293,6 +293,7 @@ def define_tables(app: faust.App, settings: Settings) -> Tables:
             "Tasks awaiting approval or running after one, and running jobs: what the scanner watches.",
         ),
         conversations=_table(
-            app, settings, "conversations", "Conversations: their messages, runs and replies, keyed by conversation_id.",
+            app, settings, "conversations",
+            "Conversations: their messages, runs and replies, keyed by conversation_id.",
         ),
     )

@@ -20,7 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.models import (
-    NO_CONTROL, RUN_PREFIX, SCHEMA_VERSION, HistoryItem, RunContext, utcnow_iso, validated,
+    NO_CONTROL,
+    RUN_PREFIX,
+    SCHEMA_VERSION,
+    HistoryItem,
+    RunContext,
+    utcnow_iso,
+    validated,
 )
 
 __all__ = [

@@ -7,6 +7,9 @@ from aiokafka.partitioner import murmur2
 RESULTS = "agent.results"
 #: Public: one ConversationReply per run of a conversation (contract/conversations.py), keyed by conversation_id
 REPLIES = "agent.replies"
+#: Public: a conversation's progress (messages, runs, tool calls, replies) for its event stream, keyed by
+#: conversation_id (tables/conversation_events.py)
+CONVERSATION_EVENTS = "agent.conversation.events"
 CONTROL = "agent.control"
 JOBS = "agent.jobs"
 #: Public: approval decisions (ApprovalDecision JSON), keyed by task_id

@@ -16,14 +16,22 @@ from typing import Any, Callable
 from faust.types import TP
 
 from agents_stream.config import AgentConfig
+from agents_stream.contract import topics
 from agents_stream.contract.conversations import (
-    REPLIES, ConversationMessage, ConversationReply, conversation_of, message_digest, run_task_id,
+    REPLIES,
+    ConversationMessage,
+    ConversationReply,
+    conversation_of,
+    message_digest,
+    run_task_id,
 )
 from agents_stream.contract.errors import PoisonMessage
-from agents_stream.contract.models import HistoryItem, RunContext, TaskPayload, iso_utc
+from agents_stream.contract.models import SCHEMA_VERSION, HistoryItem, RunContext, TaskPayload, iso_utc, utcnow_iso
 from agents_stream.kafka.outbox import Outbox, Send
+from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
+from agents_stream.tables.conversation_events import conversation_events, run_events
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord
 
@@ -55,16 +63,22 @@ class Conversations:
     """The ledger's part of conversations; like the rest of the ledger it never awaits I/O inline."""
 
     def __init__(
-        self, table: Any, outbox: Outbox, poison: Poison, *, agents: dict[str, AgentConfig], partitions: int,
-        record_max_bytes: int, start: StartTask,
+        self, table: Any, tasks: Any, outbox: Outbox, poison: Poison, *, agents: dict[str, AgentConfig],
+        partitions: int, record_max_bytes: int, start: StartTask,
     ) -> None:
         self.table = table
+        self.tasks = tasks
         self.outbox = outbox
         self.poison = poison
         self.agents = agents
         self.partitions = partitions
         self.record_max_bytes = record_max_bytes
         self.start = start
+
+    def on_record(self, tp: TP, offset: int, message: ConversationMessage, value: bytes | None, headers: Any) -> None:
+        """A message on its agent's task topic: re-sent to its conversation's partition first when not there."""
+        if not moved(self.outbox, self.partitions, tp, offset, message.conversation_id, value, headers):
+            self.on_message(tp, offset, message, value or b"", headers)
 
     def on_message(self, tp: TP, offset: int, message: ConversationMessage, value: bytes, headers: Any) -> None:
         """A message on its agent's task topic, on its conversation's partition."""
@@ -82,6 +96,19 @@ class Conversations:
                 "conversation_too_large", f"the conversation's record would pass {self.record_max_bytes} bytes",
             )]
         self._apply(tp, offset, cid, record, new, effects, message=(message, value, headers))
+
+    def run_changed(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
+        """A transition of a run's task (Effects.apply): its events sent; once it finished, its reply."""
+        parsed = conversation_of(task_id)
+        if parsed is None:
+            return
+        cid, run = parsed
+        events = run_events(run, old, new)
+        if events:
+            self.outbox.deliver(tp, offset, [self._event(cid, e) for e in events])
+        record = new or old
+        if record is not None and record.terminal:
+            self.run_ended(tp, offset, task_id, record)
 
     def run_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
         """Run ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next run started.
@@ -106,6 +133,7 @@ class Conversations:
         if new is not None and new != old:
             self.table[cid] = new.to_json()
             sends.append(self.outbox.changelog(self.table, tp.partition, cid))
+            sends += [self._event(cid, e) for e in conversation_events(old, new)]
         starts: list[machine.StartRun] = []
         for effect in effects:
             match effect:
@@ -119,7 +147,12 @@ class Conversations:
             self.outbox.deliver(tp, offset, sends)
         for start in starts:  # after the record's write: the run's task record is held with the same offset
             assert new is not None
-            self.start(tp, offset, self.run_task(cid, new, start))
+            task = self.run_task(cid, new, start)
+            run = self.tasks.get(task.task_id)
+            if run and TaskRecord.from_json(run).terminal:  # made again after a crash, and finished: its end again
+                self.run_ended(tp, offset, task.task_id, TaskRecord.from_json(run))
+            else:  # new, or made again after a crash: the same task id, so an open run goes on
+                self.start(tp, offset, task)
 
     def run_task(self, cid: str, record: ConversationRecord, start: machine.StartRun) -> TaskPayload:
         """The task of run ``start.run``: its messages as the instruction, the history before them as context."""
@@ -142,6 +175,11 @@ class Conversations:
             task_id=reply["task_id"], error=reply["error"], completed_at=iso_utc(reply["completed_at"]),
         )
         return self.outbox.record(REPLIES, cid.encode("utf-8"), body.model_dump_json().encode("utf-8"))
+
+    def _event(self, cid: str, event: dict[str, Any]) -> Send:
+        body = {"schema_version": SCHEMA_VERSION, "conversation_id": cid, **event, "at": utcnow_iso()}
+        value = json.dumps(body, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+        return self.outbox.record(topics.CONVERSATION_EVENTS, cid.encode("utf-8"), value)
 
     def _refuse(
         self, tp: TP, offset: int, cid: str, message: tuple[ConversationMessage, bytes, Any], reason: str,

@@ -12,6 +12,7 @@ from faust.types import TP
 
 from agents_stream.config import AgentConfig, ApprovalPolicy
 from agents_stream.contract import topics
+from agents_stream.contract.conversations import conversation_of, is_message, message_from
 from agents_stream.contract.errors import Fenced, PoisonMessage
 from agents_stream.contract.events import (
     OUTCOMES,
@@ -31,7 +32,6 @@ from agents_stream.contract.events import (
     TaskSucceeded,
     read_event,
 )
-from agents_stream.contract.conversations import conversation_of, is_message, message_from
 from agents_stream.contract.models import TaskPayload, decode_record, task_from
 from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
@@ -109,10 +109,10 @@ class Ledger:
         )
         #: conversations (their messages arrive on the task topics; each run is a task of this ledger)
         self.conversations = Conversations(
-            tables.conversations, outbox, self.poison, agents=configs or {}, partitions=settings.partitions,
-            record_max_bytes=settings.record_max_bytes, start=self.start_run,
+            tables.conversations, tables.tasks, outbox, self.poison, agents=configs or {},
+            partitions=settings.partitions, record_max_bytes=settings.record_max_bytes, start=self.start_run,
         )
-        self.effects.ended = self.conversations.run_ended
+        self.effects.run_changed = self.conversations.run_changed
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
         self.on_gap: Callable[[TP, int], bool] = lambda tp, offset: True
@@ -206,9 +206,7 @@ class Ledger:
         try:
             text, data = decode_record(value, self.settings.payload_max_bytes)
             if is_message(data):  # a conversation's message, keyed by its conversation
-                message = message_from(text, agent=agent)
-                if not moved(self.outbox, self.settings.partitions, tp, offset, message.conversation_id, value, headers):
-                    self.conversations.on_message(tp, offset, message, value, headers)  # type: ignore[arg-type]
+                self.conversations.on_record(tp, offset, message_from(text, agent=agent), value, headers)
                 return
             task = task_from(text, agent=agent, max_steps=self.settings.max_steps)
         except PoisonMessage as poison:
@@ -221,12 +219,7 @@ class Ledger:
         self._apply_task(tp, offset, task, value, headers)  # type: ignore[arg-type]  # decode_record refuses null
 
     def start_run(self, tp: TP, offset: int, task: TaskPayload) -> None:
-        """A conversation's run: its task made (and dispatched) as if it had arrived at ``offset``. Made again after
-        a crash, it is the same task id: an open run goes on, a finished one ends its run again (idempotent)."""
-        record = record_of(self.table, task.task_id)
-        if record is not None and record.terminal:
-            self.conversations.run_ended(tp, offset, task.task_id, record)
-            return
+        """A conversation's run (ledger/conversations.py): its task made as if it had arrived at ``offset``."""
         self._apply_task(tp, offset, task, task.model_dump_json(exclude_none=True).encode("utf-8"), run=True)
 
     def _apply_task(

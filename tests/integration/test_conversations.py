@@ -4,11 +4,14 @@ only makes sense with the history, a double click, and a SIGKILL between the ref
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 from urllib.parse import quote
 
-from agents_stream.client import Client
+import pytest
+
+from agents_stream.client import Client, ClientError, Event
 from agents_stream.contract import topics
 from agents_stream.contract.conversations import run_task_id
 from agents_stream.examples.services import FakeServices
@@ -86,7 +89,8 @@ async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_tha
 
 async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one_reply(cluster_factory, fake_llm):
     """SIGKILL after the refund was journaled, while the model turn that writes the reply is in flight; the client
-    sends the same message again after the restart (it never saw an answer): one refund, one reply."""
+    sends the same message again after the restart (it never saw an answer): one refund, one reply. An event
+    stream cut by the kill resumes from its last event on the restarted worker and sees every event once."""
     async with FakeServices() as services:
         agent = unique("support")
         toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
@@ -98,14 +102,21 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
         fake_llm.enqueue(script[0], script[1], hang(60))
         run1 = run_task_id(cid, 1, PARTITIONS)
         text = f"My package {order} never came, refund me"
+        seen: list[Event] = []
+        watching = asyncio.create_task(_watch(_worker_url(worker), cid, seen, after=None))
         async with Client(_worker_url(worker), TOKEN) as client:
             sent = await client.send(cid, agent, text, context_data={"order_id": order})
         await eventually(lambda: 2 in turns_asked(fake_llm, run1), timeout=60, what="the turn after the refund")
         assert services.executed("payment.refund"), "the refund took effect before the kill"
         await eventually(lambda: _journaled(worker, run1, calls=3), timeout=10, what="the refund in the journal")
+        await eventually(lambda: any(e.data["data"].get("name") == "refund" for e in seen), timeout=10,
+                         what="the refund's result in the event stream")
         worker.kill()
+        with pytest.raises(ClientError):  # the stream ends with the worker that served it
+            await asyncio.wait_for(watching, 30)
         fake_llm.enqueue(*script[2:])
         worker = await c.started("a")
+        resumed = asyncio.create_task(_watch(_worker_url(worker), cid, seen, after=seen[-1].offset))
         async with Client(_worker_url(worker), TOKEN) as client:
             await client.send(cid, agent, text, message_id=sent.message_id, context_data={"order_id": order})
             reply = await client.reply(cid, sent.message_id, timeout=90)
@@ -115,6 +126,23 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
         assert turns_asked(fake_llm, run1) == [0, 1, 2, 2, 3], "only the turn in flight at the kill is asked again"
         replies = await _replies(cid, 1)
         assert set(_one_distinct_reply_per_message(replies)) == {sent.message_id}
+        await asyncio.wait_for(resumed, 30)
+        ids = [e.data["id"] for e in seen]
+        assert len(ids) == len(set(ids)), f"an event seen twice: {ids}"
+        assert [e.offset for e in seen] == sorted(e.offset for e in seen)
+        tools = [e.data["data"]["name"] for e in seen if e.kind == "tool_result"]
+        assert sorted(tools) == ["create_label", "lookup_order", "notify_customer", "refund"], ids
+        assert [e.kind for e in seen][:2] == ["message", "run_queued"] and seen[-1].kind == "reply", ids
+        assert [e.data["data"]["attempt"] for e in seen if e.kind == "run_started"] == [1, 2], ids
+
+
+async def _watch(url: str, cid: str, seen: list[Event], *, after: int | None) -> None:
+    """Follow the conversation's events into ``seen`` until its reply."""
+    async with Client(url, TOKEN) as client:
+        async for event in client.events(cid, after=after, timeout=120):
+            seen.append(event)
+            if event.kind == "reply":
+                return
 
 
 async def _journaled(worker: Any, task_id: str, *, calls: int) -> bool:

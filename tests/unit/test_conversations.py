@@ -7,11 +7,19 @@ import json
 from typing import Any
 
 import pytest
+from agents_stream.tables import conversations as machine
+from agents_stream.tables.conversation_events import CONTENT_CHARS, run_events
+from agents_stream.tables.conversations import ConversationRecord
+from agents_stream.tables.leases import TaskRecord
 
 from agents_stream.config import AgentConfig
 from agents_stream.contract import topics
 from agents_stream.contract.conversations import (
-    ConversationMessage, conversation_of, message_digest, message_from, run_task_id,
+    ConversationMessage,
+    conversation_of,
+    message_digest,
+    message_from,
+    run_task_id,
 )
 from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.events import TaskFailed, TaskSucceeded, Usage, encode
@@ -19,8 +27,6 @@ from agents_stream.contract.models import decode_record, parse_task
 from agents_stream.execution.history import earlier_turns, with_history
 from agents_stream.providers.conversation import AssistantTurn, UserText
 from agents_stream.settings import Settings
-from agents_stream.tables import conversations as machine
-from agents_stream.tables.conversations import ConversationRecord
 from tests.unit.ledger_fakes import LedgerWorld
 
 AGENT = "support"
@@ -250,3 +256,41 @@ async def test_a_crash_before_the_runs_record_was_written_makes_the_run_again() 
     world.dispatched.clear()
     await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
     assert [d[0] for d in world.dispatched] == [run1]
+
+
+# -- the event stream -------------------------------------------------------------------------------------------------
+
+def _task(state: str = "running", dispatch: int = 1, steps: list[Any] | None = None) -> TaskRecord:
+    return TaskRecord(state=state, agent=AGENT, dispatch=dispatch, owner="w1", lease_until=0.0, payload="{}",
+                      topic=TASKS, partition=0, offset=0, received_at=0.0,
+                      steps_done=json.dumps(steps) if steps is not None else None)
+
+
+def test_a_runs_events_are_its_dispatches_turns_tool_results_and_waits_each_named_once() -> None:
+    turn = {"kind": "turn", "turn": 0, "text": "", "calls": [{"id": "c1", "name": "refund", "arguments": {"a": 1}}]}
+    tool = {"kind": "tool", "turn": 0, "id": "c1", "name": "refund", "content": "x" * (CONTENT_CHARS + 5),
+            "error": False}
+    started = run_events(2, None, _task())
+    assert [(e["id"], e["kind"]) for e in started] == [("run:2:started:1", "run_started")]
+    acted = run_events(2, _task(), _task(steps=[turn, tool]))
+    assert [e["id"] for e in acted] == ["run:2:turn:0", "run:2:tool:0:c1"]
+    assert acted[0]["data"]["tool_calls"] == [{"id": "c1", "name": "refund", "arguments": {"a": 1}}]
+    assert acted[1]["data"]["cut"] and len(acted[1]["data"]["content"]) == CONTENT_CHARS
+    parked = run_events(2, _task(steps=[turn]), _task(state="awaiting_approval", steps=[turn]))
+    assert [e["kind"] for e in parked] == ["waiting_for_approval"]
+    again = run_events(2, _task(steps=[turn]), _task(dispatch=2, steps=[turn]))
+    assert [e["id"] for e in again] == ["run:2:started:2"]  # a re-dispatch: its journal is not shown again
+    assert run_events(2, _task(), _task()) == []
+
+
+async def test_the_ledger_sends_a_conversations_events_with_its_transitions() -> None:
+    world = _world("reject")
+    await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
+    await world.deliver(TASKS, b"c-1", _message("hello?", "m2"))  # rejected: a run answers m1
+    run1 = run_task_id("c-1", 1, 1)
+    await world.deliver(OUTCOMES, run1.encode(), _succeeded("Refunded."))
+    events = [json.loads(v) for v in world.on(topics.CONVERSATION_EVENTS) if v is not None]
+    assert [e["id"] for e in events] == [
+        "message:m1", "run:1:queued", "run:1:started:1", "message:m2", "reply:1:m2", "reply:1",
+    ]
+    assert all(e["conversation_id"] == "c-1" for e in events)
