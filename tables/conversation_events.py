@@ -1,7 +1,7 @@
 """A conversation's progress as events (pure): what changed between two records, as the event stream shows it.
 
 Events go on ``agent.conversation.events`` keyed by conversation_id (docs/conversations.md, "Events"). Each has a
-``id`` that names what happened (``message:<id>``, ``run:2:started:1``, ``run:2:tool:1:call_7``, ``reply:2``):
+``id`` that names what happened (``message:<id>``, ``round:2:dispatch:1``, ``round:2:tool:1:call_7``, ``reply:2``):
 the ledger may apply a transition again after a crash and send an event twice, and a reader shows each id once.
 """
 
@@ -12,14 +12,14 @@ from typing import Any
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import AWAITING_APPROVAL, AWAITING_SUBTASKS, TaskRecord, completed_steps
 
-__all__ = ["conversation_events", "run_events"]
+__all__ = ["conversation_events", "round_events"]
 
 #: a tool result's content in an event is cut to this many characters (the journal keeps it whole)
 CONTENT_CHARS = 2000
 
 
 def conversation_events(old: ConversationRecord | None, new: ConversationRecord | None) -> list[dict[str, Any]]:
-    """Messages taken, runs started and replies made between ``old`` and ``new``."""
+    """Messages taken, rounds started and replies made between ``old`` and ``new``."""
     if new is None or new == old:
         return []
     events: list[dict[str, Any]] = []
@@ -31,57 +31,58 @@ def conversation_events(old: ConversationRecord | None, new: ConversationRecord 
             }))
     had = len(old.reply_list()) if old is not None else 0
     for r in new.reply_list()[had:]:
-        key = r["run"] if r["status"] != "rejected" else f"{r['run']}:{r['message_ids'][0]}"
-        events.append(_event(f"reply:{key}", "reply", r["run"], r))
-    if new.running is not None and (old is None or old.running != new.running):
-        events.append(_event(f"run:{new.running}:queued", "run_queued", new.running, {
-            "message_ids": [m["id"] for m in new.message_list() if m["run"] == new.running],
+        key = r["round"] if r["status"] != "rejected" else f"{r['round']}:{r['message_ids'][0]}"
+        events.append(_event(f"reply:{key}", "reply", r["round"], r))
+    if new.answering is not None and (old is None or old.answering != new.answering):
+        events.append(_event(f"round:{new.answering}:started", "round_started", new.answering, {
+            "message_ids": [m["id"] for m in new.message_list() if m["round"] == new.answering],
         }))
     return events
 
 
-def run_events(run: int, old: TaskRecord | None, new: TaskRecord | None) -> list[dict[str, Any]]:
-    """A run's dispatches, model turns, tool calls and results, and waits, between two records of its task."""
+def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) -> list[dict[str, Any]]:
+    """A round's dispatches, model turns, tool calls and results, and waits, between two records of its task."""
     if new is None or new == old:
         return []
     events: list[dict[str, Any]] = []
     if new.dispatch and (old is None or new.dispatch != old.dispatch):
-        events.append(_event(f"run:{run}:started:{new.dispatch}", "run_started", run, {"attempt": new.dispatch}))
+        dispatched = {"attempt": new.dispatch}
+        events.append(_event(f"round:{number}:dispatch:{new.dispatch}", "dispatched", number, dispatched))
     before = len(completed_steps(old)) if old is not None else 0
     for entry in completed_steps(new)[before:]:
         if isinstance(entry, dict):
-            events += _journal_event(run, entry)
+            events += _journal_event(number, entry)
     if new.state != (old.state if old is not None else None):
         if new.state == AWAITING_APPROVAL:
-            events.append(_event(f"run:{run}:approval:{new.dispatch}:{len(completed_steps(new))}",
-                                 "waiting_for_approval", run, {}))
+            events.append(_event(f"round:{number}:approval:{new.dispatch}:{len(completed_steps(new))}",
+                                 "waiting_for_approval", number, {}))
         elif new.state == AWAITING_SUBTASKS:
-            events.append(_event(f"run:{run}:subtasks:{len(completed_steps(new))}", "waiting_for_subagents", run,
-                                 {}))
+            waiting = f"round:{number}:subtasks:{len(completed_steps(new))}"
+            events.append(_event(waiting, "waiting_for_subagents", number, {}))
     return events
 
 
-def _journal_event(run: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
+def _journal_event(number: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
     kind, turn = entry.get("kind"), entry.get("turn")
     if kind == "turn":
         calls = [{"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
                  for c in entry.get("calls") or []]
         data = {"turn": turn, "text": entry.get("text") or "", "tool_calls": calls}
-        return [_event(f"run:{run}:turn:{turn}", "turn", run, data)]
+        return [_event(f"round:{number}:turn:{turn}", "turn", number, data)]
     if kind == "tool":
         content = str(entry.get("content") or "")
         data = {"turn": turn, "call_id": entry.get("id"), "name": entry.get("name"), "error": entry.get("error"),
                 "content": content[:CONTENT_CHARS], "cut": len(content) > CONTENT_CHARS}
-        return [_event(f"run:{run}:tool:{turn}:{entry.get('id')}", "tool_result", run, data)]
+        return [_event(f"round:{number}:tool:{turn}:{entry.get('id')}", "tool_result", number, data)]
     if kind == "decision":
         data = {"turn": turn, "call_id": entry.get("id"), "decision": entry.get("decision"), "by": entry.get("by")}
-        return [_event(f"run:{run}:decision:{turn}:{entry.get('id')}", "decision", run, data)]
+        return [_event(f"round:{number}:decision:{turn}:{entry.get('id')}", "decision", number, data)]
     if kind == "subresult":
         status = (entry.get("result") or {}).get("status")
         data = {"turn": turn, "call_id": entry.get("id"), "agent": entry.get("agent"), "status": status}
-        return [_event(f"run:{run}:subresult:{turn}:{entry.get('id')}", "subagent_result", run, data)]
+        return [_event(f"round:{number}:subresult:{turn}:{entry.get('id')}", "subagent_result", number, data)]
     return []
 
 
-def _event(event_id: str, kind: str, run: int | None, data: dict[str, Any]) -> dict[str, Any]:
-    return {"id": event_id, "kind": kind, "run": run, "data": data}
+def _event(event_id: str, kind: str, number: int | None, data: dict[str, Any]) -> dict[str, Any]:
+    return {"id": event_id, "kind": kind, "round": number, "data": data}

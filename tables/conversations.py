@@ -1,10 +1,10 @@
-"""A conversation's state machine: its messages, its runs and their replies (pure, clock passed in).
+"""A conversation's state machine: its messages, its rounds and their replies (pure, clock passed in).
 
-One record per conversation_id in the ``conversations`` table. A message that arrives while no run is open starts
-run n+1, which answers every message not yet answered; one that arrives while a run is open waits for the next
-run (``enqueue``) or is answered at once with a refusal (``reject``), per the agent's ``double_texting``. A run's
-end records its reply and starts the next run when messages wait. Every transition is idempotent: the ledger may
-apply the same message or the same run's end again after a crash (docs/conversations.md, "Crashes").
+One record per conversation_id in the ``conversations`` table. A message that arrives while no round is open starts
+round n+1, which answers every message not yet answered; one that arrives while a round is open waits for the next
+round (``enqueue``) or is answered at once with a refusal (``reject``), per the agent's ``double_texting``. A round's
+end records its reply and starts the next round when messages wait. Every transition is idempotent: the ledger may
+apply the same message or the same round's end again after a crash (docs/conversations.md, "Crashes").
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ RECORD_VERSION = 1
 ENQUEUE = "enqueue"
 REJECT = "reject"
 
-#: the reply a message gets when it arrives while a run is answering and its agent rejects double texting
+#: the reply a message gets when it arrives while a round is answering and its agent rejects double texting
 REJECTED_TEXT = (
     "I am still answering your earlier message, so this one was not taken; send it again once you have my answer."
 )
@@ -31,21 +31,21 @@ class ConversationRecord(JsonRecord):
     """What the conversations table stores per conversation_id (versioned JSON)."""
 
     agent: str
-    #: JSON list, in arrival order, of {id, digest, text, user, context, at, run}: ``run`` is the run that
-    #: answers the message (None while it waits for one; the open run's number while a rejection answers it)
+    #: JSON list, in arrival order, of {id, digest, text, user, context, at, round}: ``round`` is the round that
+    #: answers the message (None while it waits for one; the open round's number while a rejection answers it)
     messages: str = "[]"
-    #: JSON list, in the order they were made, of {run, message_ids, status, text, task_id, error, completed_at}
+    #: JSON list, in the order they were made, of {round, message_ids, status, text, task_id, error, completed_at}
     replies: str = "[]"
-    #: how many runs were started
-    runs: int = 0
-    #: the run answering now, or None (idle)
-    running: int | None = None
+    #: how many rounds were started
+    rounds: int = 0
+    #: the round answering now, or None (idle)
+    answering: int | None = None
     updated_at: float = 0.0
     v: int = RECORD_VERSION
 
     @property
     def status(self) -> str:
-        return "idle" if self.running is None else "running"
+        return "idle" if self.answering is None else "answering"
 
     def message_list(self) -> list[dict[str, Any]]:
         return list(json.loads(self.messages))
@@ -59,10 +59,10 @@ class ConversationRecord(JsonRecord):
 
 # Effects: what the ledger must do after a transition.
 @dataclass(frozen=True)
-class StartRun:
-    """Make run ``run``'s task (answering ``message_ids``) and dispatch it."""
+class StartRound:
+    """Make this round's task (answering ``message_ids``) and dispatch it."""
 
-    run: int
+    round: int
     message_ids: tuple[str, ...]
 
 
@@ -81,7 +81,7 @@ class Refuse:
     detail: str
 
 
-Effect = StartRun | SendReply | Refuse
+Effect = StartRound | SendReply | Refuse
 
 
 def _dump(items: list[dict[str, Any]]) -> str:
@@ -109,66 +109,66 @@ def receive(
         reply = _reply_of(record, message["id"])
         if reply is not None:
             return record, [SendReply(reply)]  # a duplicate: its reply again
-        running = record.running
-        if running is not None and known["run"] == running:
-            # Its run again (idempotent): after a crash the run's task may never have been written.
-            return record, [StartRun(running, tuple(m["id"] for m in run_messages(record, running)))]
-        return record, []  # enqueued: the next run answers it
-    entry = {**message, "at": now, "run": None}
-    if record.running is not None and policy == REJECT:
-        entry["run"] = record.running
-        reply = {"run": record.running, "message_ids": [message["id"]], "status": "rejected",
+        answering = record.answering
+        if answering is not None and known["round"] == answering:
+            # Its round again (idempotent): after a crash the round's task may never have been written.
+            return record, [StartRound(answering, tuple(m["id"] for m in round_messages(record, answering)))]
+        return record, []  # enqueued: the next round answers it
+    entry = {**message, "at": now, "round": None}
+    if record.answering is not None and policy == REJECT:
+        entry["round"] = record.answering
+        reply = {"round": record.answering, "message_ids": [message["id"]], "status": "rejected",
                  "text": REJECTED_TEXT, "task_id": None, "error": None, "completed_at": now}
         new = replace(record, messages=_dump(messages + [entry]), replies=_dump(record.reply_list() + [reply]),
                       updated_at=now)
         return new, [SendReply(reply)]
     new = replace(record, messages=_dump(messages + [entry]), updated_at=now)
-    if new.running is not None:
-        return new, []  # enqueued: the next run answers it
+    if new.answering is not None:
+        return new, []  # enqueued: the next round answers it
     return _start_next(new, now)
 
 
-def run_ended(
-    record: ConversationRecord | None, *, run: int, status: str, text: str, task_id: str, error: str | None,
+def round_ended(
+    record: ConversationRecord | None, *, number: int, status: str, text: str, task_id: str, error: str | None,
     completed_at: float, now: float,
 ) -> tuple[ConversationRecord | None, list[Effect]]:
-    """Run ``run`` ended with ``text`` (or ``error``). Applied again (a redelivery), it changes nothing."""
-    if record is None or record.running != run:
+    """Round ``number`` ended with ``text`` (or ``error``). Applied again (a redelivery), it changes nothing."""
+    if record is None or record.answering != number:
         return record, []
     messages = record.message_list()
-    answered = [m["id"] for m in messages if m["run"] == run and _reply_of(record, m["id"]) is None]
-    reply = {"run": run, "message_ids": answered, "status": status, "text": text, "task_id": task_id,
+    answered = [m["id"] for m in messages if m["round"] == number and _reply_of(record, m["id"]) is None]
+    reply = {"round": number, "message_ids": answered, "status": status, "text": text, "task_id": task_id,
              "error": error, "completed_at": completed_at}
-    new = replace(record, replies=_dump(record.reply_list() + [reply]), running=None, updated_at=now)
+    new = replace(record, replies=_dump(record.reply_list() + [reply]), answering=None, updated_at=now)
     started, effects = _start_next(new, now)
     return started, [SendReply(reply), *effects]
 
 
 def _start_next(record: ConversationRecord, now: float) -> tuple[ConversationRecord, list[Effect]]:
-    """Start the next run for the messages no run answers yet (none waiting: the record as it is)."""
+    """Start the next round for the messages no round answers yet (none waiting: the record as it is)."""
     messages = record.message_list()
-    waiting = [m for m in messages if m["run"] is None]
+    waiting = [m for m in messages if m["round"] is None]
     if not waiting:
         return record, []
-    run = record.runs + 1
+    number = record.rounds + 1
     for m in waiting:
-        m["run"] = run
-    new = replace(record, messages=_dump(messages), runs=run, running=run, updated_at=now)
-    return new, [StartRun(run, tuple(m["id"] for m in waiting))]
+        m["round"] = number
+    new = replace(record, messages=_dump(messages), rounds=number, answering=number, updated_at=now)
+    return new, [StartRound(number, tuple(m["id"] for m in waiting))]
 
 
 def _reply_of(record: ConversationRecord, message_id: str) -> dict[str, Any] | None:
     return next((r for r in record.reply_list() if message_id in r["message_ids"]), None)
 
 
-def run_messages(record: ConversationRecord, run: int) -> list[dict[str, Any]]:
-    """The messages run ``run`` answers, in arrival order (a rejected message is not one of them)."""
+def round_messages(record: ConversationRecord, number: int) -> list[dict[str, Any]]:
+    """The messages round ``number`` answers, in arrival order (a rejected message is not one of them)."""
     rejected = {i for r in record.reply_list() if r["status"] == "rejected" for i in r["message_ids"]}
-    return [m for m in record.message_list() if m["run"] == run and m["id"] not in rejected]
+    return [m for m in record.message_list() if m["round"] == number and m["id"] not in rejected]
 
 
 def history(record: ConversationRecord, limit: int) -> list[dict[str, str]]:
-    """What came before the open run, oldest first, at most the last ``limit`` items: each reply after the
+    """What came before the open round, oldest first, at most the last ``limit`` items: each reply after the
     messages it answers, the replies in the order their first message arrived."""
     order = {m["id"]: i for i, m in enumerate(record.message_list())}
     texts = {m["id"]: m["text"] for m in record.message_list()}

@@ -1,11 +1,11 @@
-"""Conversation messages on the wire, a conversation's runs, and the replies (docs/conversations.md).
+"""Conversation messages on the wire, a conversation's rounds, and the replies (docs/conversations.md).
 
 A message shares its agent's task topic (``agent.tasks.<agent>``), keyed by ``conversation_id``, so one partition
 holds a whole conversation and its one ledger sees its messages in order. A JSON object with a
-``conversation_id`` is a message; any other is a task. Each message is answered by a *run*: a task the ledger
-makes itself (never one a producer sends) whose task id ``run_task_id`` places it on its conversation's
+``conversation_id`` is a message; any other is a task. Each message is answered by a *round*: a task the ledger
+makes itself (never one a producer sends) whose task id ``round_task_id`` places it on its conversation's
 partition, so every path that finds a task by its id (outcomes, heartbeats, reads forwarded to its owner) finds
-the run beside its conversation.
+the round beside its conversation.
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ from agents_stream.contract import topics
 from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.models import (
     NO_CONTROL,
-    RUN_PREFIX,
+    ROUND_PREFIX,
     SCHEMA_VERSION,
+    ConversationContext,
     HistoryItem,
-    RunContext,
     utcnow_iso,
     validated,
 )
 
 __all__ = [
-    "REPLIES", "RUN_PREFIX", "ConversationMessage", "ConversationReply", "HistoryItem", "RunContext",
-    "conversation_of", "is_message", "message_digest", "message_from", "run_task_id",
+    "REPLIES", "ROUND_PREFIX", "ConversationMessage", "ConversationReply", "HistoryItem", "ConversationContext",
+    "conversation_of", "is_message", "message_digest", "message_from", "round_task_id",
 ]
 
 REPLIES = topics.REPLIES
-#: ids people and programs choose: printable, short enough that a run's task id stays under 256 characters
+#: ids people and programs choose: printable, short enough that a round's task id stays under 256 characters
 ID_PATTERN = r"^[^\x00-\x1f\x7f]+$"
 ID_MAX = 200
 _RUN_SUFFIX = re.compile(r"^[0-9]+(\.[0-9]+)?$")
@@ -58,7 +58,7 @@ class ConversationMessage(BaseModel):
 
 
 class ConversationReply(BaseModel):
-    """A run's answer to one or more messages of a conversation, keyed by conversation_id on ``agent.replies``."""
+    """A round's answer to one or more messages of a conversation, keyed by conversation_id on ``agent.replies``."""
 
     model_config = ConfigDict(extra="ignore")
 
@@ -67,12 +67,12 @@ class ConversationReply(BaseModel):
     agent_name: str
     #: the messages this reply answers, in the order they arrived
     message_ids: list[str]
-    run: int
-    #: ``succeeded``, ``failed`` (the run failed: ``error`` says why) or ``rejected`` (a message that arrived
-    #: while a run was answering, under the agent's ``double_texting = "reject"``)
+    round: int
+    #: ``succeeded``, ``failed`` (the round failed: ``error`` says why) or ``rejected`` (a message that arrived
+    #: while a round was answering, under the agent's ``double_texting = "reject"``)
     status: str
     text: str
-    #: the run's task: its TaskResult (transcript, usage) is on agent.results under this id
+    #: the round's task: its TaskResult (transcript, usage) is on agent.results under this id
     task_id: str | None = None
     error: str | None = None
     completed_at: str = Field(default_factory=utcnow_iso)
@@ -99,24 +99,24 @@ def message_digest(message: ConversationMessage) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def run_task_id(conversation_id: str, run: int, partitions: int) -> str:
-    """The task id of run ``run`` of a conversation: ``conv:<conversation_id>#<run>``, with the shortest ``.<n>``
-    suffix that puts it on the conversation's partition (Kafka's partitioner hashes the whole id; about
+def round_task_id(conversation_id: str, number: int, partitions: int) -> str:
+    """The task id of round ``number`` of a conversation: ``conv:<conversation_id>#<number>``, with the shortest
+    ``.<n>`` suffix that puts it on the conversation's partition (Kafka's partitioner hashes the whole id; about
     ``partitions`` ids are tried, deterministically, so every worker derives the same one)."""
     home = topics.partition_for(conversation_id.encode("utf-8"), partitions)
-    base = f"{RUN_PREFIX}{conversation_id}#{run}"
+    base = f"{ROUND_PREFIX}{conversation_id}#{number}"
     for n in range(200 * partitions):
         candidate = base if n == 0 else f"{base}.{n}"
         if topics.partition_for(candidate.encode("utf-8"), partitions) == home:
             return candidate
-    raise RuntimeError(f"no task id of run {run} of {conversation_id!r} falls on partition {home}")  # p ≈ e^-200
+    raise RuntimeError(f"no task id of round {number} of {conversation_id!r} falls on partition {home}")  # p ≈ e^-200
 
 
 def conversation_of(task_id: str) -> tuple[str, int] | None:
-    """(conversation_id, run) of a run's task id; None for any other task id (a sub-task of a run included)."""
-    if not task_id.startswith(RUN_PREFIX) or "#" not in task_id:
+    """(conversation_id, round) of a round's task id; None for any other task id (a sub-task of a round included)."""
+    if not task_id.startswith(ROUND_PREFIX) or "#" not in task_id:
         return None
-    conversation_id, _, suffix = task_id[len(RUN_PREFIX):].rpartition("#")
+    conversation_id, _, suffix = task_id[len(ROUND_PREFIX):].rpartition("#")
     if not conversation_id or not _RUN_SUFFIX.match(suffix):
         return None
     return conversation_id, int(suffix.split(".")[0])

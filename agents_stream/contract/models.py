@@ -54,12 +54,12 @@ def sub_task_id(task_id: str, call_id: str) -> str:
     return f"{task_id}/{call_id}"
 
 
-#: the task ids of conversation runs begin with this (agents_stream.contract.conversations); a producer's task may not
-RUN_PREFIX = "conv:"
+#: the task ids of conversation rounds begin with this (agents_stream.contract.conversations); a producer's task may not
+ROUND_PREFIX = "conv:"
 
 
 class HistoryItem(BaseModel):
-    """One earlier message (``customer``) or reply (``agent``) of a conversation, as a run shows it to the model."""
+    """One earlier message (``customer``) or reply (``agent``) of a conversation, as a round shows it to the model."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -67,8 +67,8 @@ class HistoryItem(BaseModel):
     text: str
 
 
-class RunContext(BaseModel):
-    """What a run's task carries of its conversation: whose it is, which messages it answers, the history before."""
+class ConversationContext(BaseModel):
+    """What a round's task carries of its conversation: whose it is, which messages it answers, the history before."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
@@ -95,8 +95,8 @@ class TaskPayload(BaseModel):
     deadline: str | None = None
     #: set on a sub-task an agent loop delegated (an agent used as a tool); absent on every other task
     parent: ParentRef | None = None
-    #: set on a conversation's run (which the ledger makes, never a producer): its messages and the history before
-    conversation: RunContext | None = None
+    #: set on a conversation's round (which the ledger makes, never a producer): its messages and the history before
+    conversation: ConversationContext | None = None
 
 
 def task_digest(task: TaskPayload) -> str:
@@ -259,11 +259,11 @@ def task_from(text: str, *, agent: str, max_steps: int | None = None) -> TaskPay
         raise PoisonMessage(
             "agent_mismatch", f"agent_name {task.agent_name!r} sent to the topic of {agent!r}"
         )
-    if task.conversation is not None or (task.parent is None and task.task_id.startswith(RUN_PREFIX)):
-        # A run is made by the ledger from its conversation's messages: a producer's copy would answer for it.
+    if task.conversation is not None or (task.parent is None and task.task_id.startswith(ROUND_PREFIX)):
+        # A round is made by the ledger from its conversation's messages: a producer's copy would answer for it.
         raise PoisonMessage(
-            "reserved_task_id", f"task ids beginning with {RUN_PREFIX!r} and the field 'conversation' belong to "
-            "conversation runs, which the worker makes itself: send a conversation message instead",
+            "reserved_task_id", f"task ids beginning with {ROUND_PREFIX!r} and the field 'conversation' belong to "
+            "conversation rounds, which the worker makes itself: send a conversation message instead",
         )
     if task.parent is not None:
         derived = sub_task_id(task.parent.task_id, task.parent.call_id)

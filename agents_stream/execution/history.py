@@ -1,4 +1,4 @@
-"""A conversation's history as a run shows it to the model: earlier turns for a tool loop, text for one prompt."""
+"""A conversation's history as a round shows it to the model: earlier turns for a tool loop, text for one prompt."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ __all__ = ["earlier_turns", "with_history"]
 
 
 def earlier_turns(task: TaskPayload) -> list[Message]:
-    """The messages and replies before the run's own messages, as the conversation's earlier turns (none for a
-    task that is not a conversation's run)."""
+    """The messages and replies before the round's own messages, as the conversation's earlier turns (none for a
+    task that is not a conversation's round)."""
     if task.conversation is None:
         return []
     return [UserText(h.text) if h.role == "customer" else AssistantTurn(h.text) for h in task.conversation.history]

@@ -1,9 +1,9 @@
-"""Conversations in the ledger: a message recorded, its run started as a task, the run's end made a reply.
+"""Conversations in the ledger: a message recorded, its round started as a task, the round's end made a reply.
 
 The conversations table has one record per conversation_id (tables/conversations.py decides every transition);
-a run is an ordinary task of the conversation's agent (contract/conversations.run_task_id), so it has every
+a round is an ordinary task of the conversation's agent (contract/conversations.round_task_id), so it has every
 promise a task has: its lease, its journal, approvals, breakers and ladder, delegation and cancel. Its end
-comes back here (``run_ended``) wherever it was applied, and the reply goes out on agent.replies.
+comes back here (``round_ended``) wherever it was applied, and the reply goes out on agent.replies.
 """
 
 from __future__ import annotations
@@ -23,15 +23,22 @@ from agents_stream.contract.conversations import (
     ConversationReply,
     conversation_of,
     message_digest,
-    run_task_id,
+    round_task_id,
 )
 from agents_stream.contract.errors import PoisonMessage
-from agents_stream.contract.models import SCHEMA_VERSION, HistoryItem, RunContext, TaskPayload, iso_utc, utcnow_iso
+from agents_stream.contract.models import (
+    SCHEMA_VERSION,
+    ConversationContext,
+    HistoryItem,
+    TaskPayload,
+    iso_utc,
+    utcnow_iso,
+)
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
-from agents_stream.tables.conversation_events import conversation_events, run_events
+from agents_stream.tables.conversation_events import conversation_events, round_events
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord
 
@@ -39,11 +46,11 @@ __all__ = ["Conversations", "conversation_record", "reply_text"]
 
 log = logging.getLogger(__name__)
 
-#: the reply text of a run that failed (its ``error`` says why): the customer is told, never left waiting
+#: the reply text of a round that failed (its ``error`` says why): the customer is told, never left waiting
 FAILED_TEXT = "I am sorry: I could not answer this message. A person will look at it."
 
-#: ``start(tp, offset, task)``: make the run's task and dispatch it (Ledger.start_run)
-StartTask = Callable[[TP, int, TaskPayload], None]
+#: ``start(tp, offset, task)``: make the round's task and dispatch it (Ledger.start_round)
+MakeRound = Callable[[TP, int, TaskPayload], None]
 
 
 def conversation_record(table: Any, conversation_id: str) -> ConversationRecord | None:
@@ -52,7 +59,7 @@ def conversation_record(table: Any, conversation_id: str) -> ConversationRecord 
 
 
 def reply_text(result: dict[str, Any]) -> str:
-    """What a run's TaskResult says to the customer: its text output, or its JSON output as text."""
+    """What a round's TaskResult says to the customer: its text output, or its JSON output as text."""
     if result.get("status") == "failed":
         return FAILED_TEXT
     output = result.get("output")
@@ -64,7 +71,7 @@ class Conversations:
 
     def __init__(
         self, table: Any, tasks: Any, outbox: Outbox, poison: Poison, *, agents: dict[str, AgentConfig],
-        partitions: int, record_max_bytes: int, start: StartTask,
+        partitions: int, record_max_bytes: int, start: MakeRound,
     ) -> None:
         self.table = table
         self.tasks = tasks
@@ -97,30 +104,30 @@ class Conversations:
             )]
         self._apply(tp, offset, cid, record, new, effects, message=(message, value, headers))
 
-    def run_changed(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
-        """A transition of a run's task (Effects.apply): its events sent; once it finished, its reply."""
+    def round_changed(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
+        """A transition of a round's task (Effects.apply): its events sent; once it finished, its reply."""
         parsed = conversation_of(task_id)
         if parsed is None:
             return
-        cid, run = parsed
-        events = run_events(run, old, new)
+        cid, number = parsed
+        events = round_events(number, old, new)
         if events:
             self.outbox.deliver(tp, offset, [self._event(cid, e) for e in events])
         record = new or old
         if record is not None and record.terminal:
-            self.run_ended(tp, offset, task_id, record)
+            self.round_ended(tp, offset, task_id, record)
 
-    def run_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
-        """Run ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next run started.
-        Applied again, it changes nothing."""
+    def round_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
+        """The round of task ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next
+        round started. Applied again, it changes nothing."""
         parsed = conversation_of(task_id)
         if parsed is None or not task.terminal:
             return
-        cid, run = parsed
+        cid, number = parsed
         record = conversation_record(self.table, cid)
-        result = json.loads(task.result) if task.result else {"status": "failed", "error": f"run {task.state}"}
-        new, effects = machine.run_ended(
-            record, run=run, status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
+        result = json.loads(task.result) if task.result else {"status": "failed", "error": f"round {task.state}"}
+        new, effects = machine.round_ended(
+            record, number=number, status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
             error=result.get("error"), completed_at=task.finished_at or time.time(), now=time.time(),
         )
         self._apply(tp, offset, cid, record, new, effects)
@@ -134,44 +141,44 @@ class Conversations:
             self.table[cid] = new.to_json()
             sends.append(self.outbox.changelog(self.table, tp.partition, cid))
             sends += [self._event(cid, e) for e in conversation_events(old, new)]
-        starts: list[machine.StartRun] = []
+        starts: list[machine.StartRound] = []
         for effect in effects:
             match effect:
                 case machine.SendReply(reply=reply):
                     sends.append(self._reply(cid, new or old, reply))
                 case machine.Refuse(reason=reason, detail=detail) if message is not None:
                     self._refuse(tp, offset, cid, message, reason, detail)
-                case machine.StartRun():
+                case machine.StartRound():
                     starts.append(effect)
         if sends:
             self.outbox.deliver(tp, offset, sends)
-        for start in starts:  # after the record's write: the run's task record is held with the same offset
+        for start in starts:  # after the record's write: the round's task record is held with the same offset
             assert new is not None
-            task = self.run_task(cid, new, start)
-            run = self.tasks.get(task.task_id)
-            if run and TaskRecord.from_json(run).terminal:  # made again after a crash, and finished: its end again
-                self.run_ended(tp, offset, task.task_id, TaskRecord.from_json(run))
-            else:  # new, or made again after a crash: the same task id, so an open run goes on
+            task = self.round_task(cid, new, start)
+            stored = self.tasks.get(task.task_id)
+            if stored and TaskRecord.from_json(stored).terminal:  # made again after a crash, and finished: its end
+                self.round_ended(tp, offset, task.task_id, TaskRecord.from_json(stored))
+            else:  # new, or made again after a crash: the same task id, so an open round goes on
                 self.start(tp, offset, task)
 
-    def run_task(self, cid: str, record: ConversationRecord, start: machine.StartRun) -> TaskPayload:
-        """The task of run ``start.run``: its messages as the instruction, the history before them as context."""
+    def round_task(self, cid: str, record: ConversationRecord, start: machine.StartRound) -> TaskPayload:
+        """The task of round ``start.round``: its messages as the instruction, the history before them as context."""
         config = self.agents.get(record.agent)
         limit = config.history_messages if config is not None else 20
-        messages = machine.run_messages(record, start.run)
+        messages = machine.round_messages(record, start.round)
         history = [HistoryItem(**item) for item in machine.history(record, limit)]
         return TaskPayload(
-            task_id=run_task_id(cid, start.run, self.partitions),
+            task_id=round_task_id(cid, start.round, self.partitions),
             agent_name=record.agent,
             instruction="\n\n".join(m["text"] for m in messages),
             context_data=messages[-1]["context"] if messages else {},
-            conversation=RunContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
+            conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
         )
 
     def _reply(self, cid: str, record: ConversationRecord | None, reply: dict[str, Any]) -> Send:
         body = ConversationReply(
             conversation_id=cid, agent_name=record.agent if record is not None else "",
-            message_ids=reply["message_ids"], run=reply["run"], status=reply["status"], text=reply["text"],
+            message_ids=reply["message_ids"], round=reply["round"], status=reply["status"], text=reply["text"],
             task_id=reply["task_id"], error=reply["error"], completed_at=iso_utc(reply["completed_at"]),
         )
         return self.outbox.record(REPLIES, cid.encode("utf-8"), body.model_dump_json().encode("utf-8"))

@@ -55,9 +55,9 @@ class Effects:
         self.recent = recent
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
-        #: called with (tp, offset, task_id, old, new) after each transition of a conversation's run
-        #: (ledger/conversations.py: its events; once it finished, its reply and the next run)
-        self.run_changed: Callable[[TP, int, str, TaskRecord | None, TaskRecord | None], object] | None = None
+        #: called with (tp, offset, task_id, old, new) after each transition of a conversation's round
+        #: (ledger/conversations.py: its events; once it finished, its reply and the next round)
+        self.round_changed: Callable[[TP, int, str, TaskRecord | None, TaskRecord | None], object] | None = None
 
     def apply(
         self,
@@ -127,8 +127,8 @@ class Effects:
             sends += ending
         if sends or after:
             self.outbox.deliver(tp, offset, sends, after, fence=True, fenced=fenced)
-        if self.run_changed is not None and conversation_of(task_id):
-            self.run_changed(tp, offset, task_id, old, new)
+        if self.round_changed is not None and conversation_of(task_id):
+            self.round_changed(tp, offset, task_id, old, new)
 
     def _dispatch(self, task_id: str, task: TaskPayload, dispatch: int, done: list[Any], trace: str | None) -> None:
         """Start dispatch ``dispatch`` now that its lease record is durable, unless the record moved on meanwhile

@@ -107,12 +107,12 @@ class Ledger:
             tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
             cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
         )
-        #: conversations (their messages arrive on the task topics; each run is a task of this ledger)
+        #: conversations (their messages arrive on the task topics; each round is a task of this ledger)
         self.conversations = Conversations(
             tables.conversations, tables.tasks, outbox, self.poison, agents=configs or {},
-            partitions=settings.partitions, record_max_bytes=settings.record_max_bytes, start=self.start_run,
+            partitions=settings.partitions, record_max_bytes=settings.record_max_bytes, start=self.start_round,
         )
-        self.effects.run_changed = self.conversations.run_changed
+        self.effects.round_changed = self.conversations.round_changed
         #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
         #: reads the partition again from there. True when this is news (worth a log line and an alert).
         self.on_gap: Callable[[TP, int], bool] = lambda tp, offset: True
@@ -218,18 +218,18 @@ class Ledger:
             return
         self._apply_task(tp, offset, task, value, headers)  # type: ignore[arg-type]  # decode_record refuses null
 
-    def start_run(self, tp: TP, offset: int, task: TaskPayload) -> None:
-        """A conversation's run (ledger/conversations.py): its task made as if it had arrived at ``offset``."""
-        self._apply_task(tp, offset, task, task.model_dump_json(exclude_none=True).encode("utf-8"), run=True)
+    def start_round(self, tp: TP, offset: int, task: TaskPayload) -> None:
+        """A conversation's round (ledger/conversations.py): its task made as if it had arrived at ``offset``."""
+        self._apply_task(tp, offset, task, task.model_dump_json(exclude_none=True).encode("utf-8"), made=True)
 
     def _apply_task(
-        self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None, run: bool = False,
+        self, tp: TP, offset: int, task: TaskPayload, value: bytes, headers: Any = None, made: bool = False,
     ) -> None:
         now = time.time()
         record = record_of(self.table, task.task_id)
         digest = identity.task_digest(task)
-        # A run's history is rebuilt from its conversation each time it is made: never a conflict with itself.
-        if not run and identity.refuse_conflict(
+        # A round's history is rebuilt from its conversation each time it is made: never a conflict with itself.
+        if not made and identity.refuse_conflict(
             self.poison, self.outbox, tp, offset, task, digest, record, value, headers,
         ):
             return
@@ -304,7 +304,7 @@ class Ledger:
             new, effects, extra = changed
             self.effects.apply(tp, offset, task_id, record, new, effects, extra=extra)
         elif record is not None and record.terminal and conversation_of(task_id) is not None:
-            self.conversations.run_ended(tp, offset, task_id, record)  # its end again: the reply may not be durable
+            self.conversations.round_ended(tp, offset, task_id, record)  # its end again: the reply may not be durable
 
     def apply_here(self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone) -> asyncio.Future[None] | None:
         """An outcome of this worker's own executor, applied at once (no trip through the outcomes topic), when

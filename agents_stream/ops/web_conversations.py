@@ -13,7 +13,7 @@ from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import ConversationMessage, run_task_id
+from agents_stream.contract.conversations import ConversationMessage, round_task_id
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.routing import routed
@@ -34,22 +34,22 @@ SEND_TIMEOUT_S = 15.0
 
 
 def describe(cid: str, data: dict[str, Any], tasks: Any, partitions: int) -> dict[str, Any]:
-    """A conversation as ``GET /conversations/<id>`` shows it: status, messages, replies and its open run."""
+    """A conversation as ``GET /conversations/<id>`` shows it: status, messages, replies and its open round."""
     record = ConversationRecord.from_json(data)
     body: dict[str, Any] = {
         "conversation_id": cid,
         "agent": record.agent,
         "status": record.status,
-        "runs": record.runs,
-        "messages": [{k: m[k] for k in ("id", "text", "user", "at", "run")} for m in record.message_list()],
+        "rounds": record.rounds,
+        "messages": [{k: m[k] for k in ("id", "text", "user", "at", "round")} for m in record.message_list()],
         "replies": record.reply_list(),
-        "run": None,
+        "round": None,
     }
-    if record.running is not None:
-        task_id = run_task_id(cid, record.running, partitions)
+    if record.answering is not None:
+        task_id = round_task_id(cid, record.answering, partitions)
         stored = tasks.get(task_id)
         state = TaskRecord.from_json(stored).state if stored else "starting"
-        body["run"] = {"run": record.running, "task_id": task_id, "state": state}
+        body["round"] = {"round": record.answering, "task_id": task_id, "state": state}
         if state == "awaiting_approval":
             body["status"] = "waiting_for_approval"
         elif state == "awaiting_subtasks":

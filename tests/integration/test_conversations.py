@@ -13,7 +13,7 @@ import pytest
 
 from agents_stream.client import Client, ClientError, Event
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import run_task_id
+from agents_stream.contract.conversations import round_task_id
 from agents_stream.examples.services import FakeServices
 from agents_stream.testing.fakellm import hang, ok
 
@@ -65,7 +65,7 @@ async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_tha
         text = f"My package {order} never came, give me my money back"
         async with Client(_worker_url(worker), TOKEN) as client:
             first = await client.send(cid, agent, text, context_data={"order_id": order}, user="ana")
-            # a double click: the same message again while its run acts
+            # a double click: the same message again while its round acts
             await client.send(cid, agent, text, message_id=first.message_id, context_data={"order_id": order},
                               user="ana")
             reply1 = await client.reply(cid, first.message_id, timeout=90)
@@ -74,15 +74,15 @@ async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_tha
             reply2 = await client.reply(cid, follow.message_id, timeout=90)
             view = await client.conversation(cid)
         assert reply1["text"] == "Refunded 42.50 and sent a return label." and reply1["status"] == "succeeded"
-        assert reply2["text"].startswith("Only that order") and reply2["run"] == 2
-        second_run = [r for r in fake_llm.requests if r.task_id == run_task_id(cid, 2, PARTITIONS)]
-        assert second_run, "the follow-up was answered by run 2"
-        said = _said(second_run[0])
+        assert reply2["text"].startswith("Only that order") and reply2["round"] == 2
+        second_round = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, 2, PARTITIONS)]
+        assert second_round, "the follow-up was answered by round 2"
+        said = _said(second_round[0])
         assert said.index(text) < said.index("Refunded 42.50") < said.index("and the other order too?"), said
         assert len(services.executed("payment.refund")) == 1, "the double click refunded nothing twice"
         replies = _one_distinct_reply_per_message(await _replies(cid, 2))
         assert set(replies) == {first.message_id, follow.message_id}
-        assert view is not None and view["status"] == "idle" and view["runs"] == 2
+        assert view is not None and view["status"] == "idle" and view["rounds"] == 2
         assert [m["id"] for m in view["messages"]] == [first.message_id, follow.message_id]
         assert view["messages"][0]["user"] == "ana"
 
@@ -100,15 +100,15 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
         cid, order = unique("conv"), unique("o")
         script = support_script(order)
         fake_llm.enqueue(script[0], script[1], hang(60))
-        run1 = run_task_id(cid, 1, PARTITIONS)
+        round1 = round_task_id(cid, 1, PARTITIONS)
         text = f"My package {order} never came, refund me"
         seen: list[Event] = []
         watching = asyncio.create_task(_watch(_worker_url(worker), cid, seen, after=None))
         async with Client(_worker_url(worker), TOKEN) as client:
             sent = await client.send(cid, agent, text, context_data={"order_id": order})
-        await eventually(lambda: 2 in turns_asked(fake_llm, run1), timeout=60, what="the turn after the refund")
+        await eventually(lambda: 2 in turns_asked(fake_llm, round1), timeout=60, what="the turn after the refund")
         assert services.executed("payment.refund"), "the refund took effect before the kill"
-        await eventually(lambda: _journaled(worker, run1, calls=3), timeout=10, what="the refund in the journal")
+        await eventually(lambda: _journaled(worker, round1, calls=3), timeout=10, what="the refund in the journal")
         await eventually(lambda: any(e.data["data"].get("name") == "refund" for e in seen), timeout=10,
                          what="the refund's result in the event stream")
         worker.kill()
@@ -121,9 +121,9 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
             await client.send(cid, agent, text, message_id=sent.message_id, context_data={"order_id": order})
             reply = await client.reply(cid, sent.message_id, timeout=90)
         assert reply["text"] == "Refunded 42.50 and sent a return label."
-        refunds = [x for x in services.calls if x.operation == "payment.refund" and x.key.startswith(run1)]
+        refunds = [x for x in services.calls if x.operation == "payment.refund" and x.key.startswith(round1)]
         assert len(refunds) == 1 and len(services.executed("payment.refund")) == 1
-        assert turns_asked(fake_llm, run1) == [0, 1, 2, 2, 3], "only the turn in flight at the kill is asked again"
+        assert turns_asked(fake_llm, round1) == [0, 1, 2, 2, 3], "only the turn in flight at the kill is asked again"
         replies = await _replies(cid, 1)
         assert set(_one_distinct_reply_per_message(replies)) == {sent.message_id}
         await asyncio.wait_for(resumed, 30)
@@ -132,8 +132,8 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
         assert [e.offset for e in seen] == sorted(e.offset for e in seen)
         tools = [e.data["data"]["name"] for e in seen if e.kind == "tool_result"]
         assert sorted(tools) == ["create_label", "lookup_order", "notify_customer", "refund"], ids
-        assert [e.kind for e in seen][:2] == ["message", "run_queued"] and seen[-1].kind == "reply", ids
-        assert [e.data["data"]["attempt"] for e in seen if e.kind == "run_started"] == [1, 2], ids
+        assert [e.kind for e in seen][:2] == ["message", "round_started"] and seen[-1].kind == "reply", ids
+        assert [e.data["data"]["attempt"] for e in seen if e.kind == "dispatched"] == [1, 2], ids
 
 
 async def _watch(url: str, cid: str, seen: list[Event], *, after: int | None) -> None:
