@@ -67,7 +67,8 @@ done
     # Worker: its app id's outcomes and answers, the shared topics, every agent's tasks and dead letters (the
     # orchestrator sends to any agent; the web requeues), its tables' changelogs (<app id>-...), its group.
     allow "$WORKER" Read Write Create Describe DescribeConfigs -- $(topics \
-        "agent.outcomes.$APP_ID" "agent.answers.$APP_ID" agent.results agent.control agent.circuits \
+        "agent.outcomes.$APP_ID" "agent.answers.$APP_ID" agent.results agent.replies agent.conversation.events \
+        agent.control agent.circuits \
         agent.approvals agent.approvals.dlq agent.jobs agent.jobs.dlq agent.job.events agent.job.results)
     allow "$WORKER" Read Write Create Describe DescribeConfigs -- --resource-pattern-type prefixed \
         $(topics agent.tasks. "$APP_ID-")
@@ -75,9 +76,10 @@ done
     # The start-up check that the broker's message size fits the payload limit reads the broker's config.
     allow "$WORKER" DescribeConfigs -- --cluster
 
-    # Producer: writes its agents' task topics and agent.jobs, reads the results with groups named <producer>-...
+    # Producer: writes its agents' task topics (tasks and conversation messages) and agent.jobs, reads the results
+    # and replies with groups named <producer>-...
     allow "$PRODUCER" Write Describe -- $(topics "${task_topics[@]}" agent.jobs)
-    allow "$PRODUCER" Read Describe -- $(topics agent.results agent.job.results)
+    allow "$PRODUCER" Read Describe -- $(topics agent.results agent.replies agent.job.results)
     allow "$PRODUCER" Read Describe -- --resource-pattern-type prefixed --group "$PRODUCER-"
 
     # Operator: approval decisions and job cancels; reads dead letters, results and control events (alerts);
