@@ -18,7 +18,7 @@ from agents_stream.examples.services import FakeServices
 from agents_stream.testing.fakellm import hang, ok
 
 from .harness import PARTITIONS, eventually, read_topic, unique
-from .test_agents import agent_toml, providers_toml, support_script, turns_asked
+from .test_agents import SUPPORT, agent_toml, providers_toml, support_script, turns_asked
 
 TOKEN = "conversations-write-token"
 
@@ -148,3 +148,48 @@ async def _watch(url: str, cid: str, seen: list[Event], *, after: int | None) ->
 async def _journaled(worker: Any, task_id: str, *, calls: int) -> bool:
     transcript = ((await worker.get(f"/tasks/{quote(task_id, safe='')}")).get("progress") or {}).get("transcript")
     return len((transcript or {}).get("tool_calls", [])) >= calls
+
+
+async def test_a_message_during_a_tool_call_waits_for_the_next_round_or_is_rejected(cluster_factory, fake_llm):
+    """The second message lands while the first round's refund is in flight. `enqueue`: the next round answers it,
+    after the first reply, which it sees; `reject`: answered at once with a refusal while the round goes on."""
+    async with FakeServices() as services:
+        queued, rejecting = unique("support"), unique("support")
+        toml = (providers_toml(fake_llm.url, ("openai",)) + agent_toml(queued, ["p_openai"])
+                + agent_toml(rejecting, ["p_openai"]).replace(f'agent = "{SUPPORT}"\n',
+                                                              f'agent = "{SUPPORT}"\ndouble_texting = "reject"\n'))
+        c = cluster_factory([queued, rejecting], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_API_TOKEN=TOKEN)
+        worker = await c.started("a")
+        async with Client(_worker_url(worker), TOKEN) as client:
+            for agent in (queued, rejecting):
+                cid, order = unique("conv"), unique("o")
+                round1 = round_task_id(cid, 1, PARTITIONS)
+                fake_llm.enqueue(*support_script(order))
+                services.delay("payment.refund", 30)
+                first = await client.send(cid, agent, f"My package {order} never came",
+                                          context_data={"order_id": order})
+                await eventually(lambda r=round1: [k for k in services.executed("payment.refund") if k.startswith(r)],
+                                 timeout=60, what="the refund in flight")
+                if agent == queued:
+                    fake_llm.enqueue(ok("Your address is changed too."))
+                second = await client.send(cid, agent, "also, please change my address")
+                if agent == rejecting:
+                    refused = await client.reply(cid, second.message_id, timeout=30)
+                    assert refused["status"] == "rejected" and refused["round"] == 1
+                    view = await client.conversation(cid)
+                    assert view is not None and view["status"] == "answering", "refused while round 1 still acts"
+                services.delay("payment.refund", 0)
+                reply1 = await client.reply(cid, first.message_id, timeout=60)
+                assert reply1["text"] == "Refunded 42.50 and sent a return label." and reply1["message_ids"] == [
+                    first.message_id]
+                if agent == queued:
+                    reply2 = await client.reply(cid, second.message_id, timeout=60)
+                    assert reply2["round"] == 2 and reply2["text"] == "Your address is changed too."
+                    (asked,) = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, 2, PARTITIONS)]
+                    said = _said(asked)
+                    assert said.index("Refunded 42.50") < said.index("please change my address"), said
+                view = await client.conversation(cid)
+                assert view is not None and view["status"] == "idle"
+                assert view["rounds"] == (2 if agent == queued else 1)
+                assert len([k for k in services.executed("payment.refund") if k.startswith(round1)]) == 1
