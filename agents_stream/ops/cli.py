@@ -1,4 +1,4 @@
-"""The ``agents-stream`` command: worker, publish, approve, reject, jobs, dlq, fake-llm, settings."""
+"""The ``agents-stream`` command: worker, publish, chat, approve, reject, jobs, dlq, fake-llm, settings."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import sys
 
 from agents_stream.kafka import security as kafka_security
-from agents_stream.ops import cli_approvals, cli_dlq, cli_jobs, cli_publish, cli_views
+from agents_stream.ops import cli_approvals, cli_chat, cli_dlq, cli_jobs, cli_publish, cli_views
 from agents_stream.ops.cli_common import broker_unreachable
 from agents_stream.settings import Settings
 
@@ -43,6 +43,7 @@ def parser() -> argparse.ArgumentParser:
     worker.add_argument("-l", "--loglevel", default=os.environ.get("AGENTS_STREAM_LOG_LEVEL", "info"))
     worker.set_defaults(func=_cmd_worker)
     cli_publish.register(sub.add_parser)
+    cli_chat.register(sub.add_parser)
     cli_approvals.register(sub.add_parser)
     cli_jobs.register(sub.add_parser)
     cli_views.register(sub.add_parser)

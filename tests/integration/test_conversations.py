@@ -6,6 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pty
+import select
+import subprocess
+import sys
+import time
 from typing import Any
 from urllib.parse import quote
 
@@ -193,3 +199,74 @@ async def test_a_message_during_a_tool_call_waits_for_the_next_round_or_is_rejec
                 assert view is not None and view["status"] == "idle"
                 assert view["rounds"] == (2 if agent == queued else 1)
                 assert len([k for k in services.executed("payment.refund") if k.startswith(round1)]) == 1
+
+
+async def test_the_chat_command_in_a_terminal(cluster_factory, fake_llm):
+    """`agents-stream chat` on a real pty: a message typed, the agent's tool calls and its reply printed as they
+    come, a follow-up in the same conversation, Ctrl-D ends it with exit code 0."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_API_TOKEN=TOKEN)
+        worker = await c.started("a")
+        order = unique("o")
+        fake_llm.enqueue(*support_script(order), ok("You are welcome.\nAnything else?"))
+        env = {**os.environ, "AGENTS_STREAM_PUBLIC_URL": _worker_url(worker), "AGENTS_STREAM_API_TOKEN": TOKEN}
+        with Terminal([sys.executable, "-m", "agents_stream.ops.cli", "chat", agent, "--conversation",
+                       unique("conv")], env) as term:
+            await term.expect("you> ")
+            term.type(f"my package {order} never came, refund me\n")
+            screen = await term.expect("Refunded 42.50 and sent a return label.")
+            assert "refund(" in screen and "✓ refund" in screen and "✓ notify_customer" in screen, screen
+            await term.expect("you> ")
+            term.type("thanks!\n")
+            screen = await term.expect("Anything else?")
+            assert "agent> You are welcome.\nAnything else?" in screen.replace("\r\n", "\n"), screen
+            await term.expect("you> ")
+            term.type("\x04")  # Ctrl-D: the end of input
+            assert await term.exit_code() == 0
+        assert len(services.executed("payment.refund")) == 1
+
+
+class Terminal:
+    """A process on a real pseudo-terminal: what it printed is read as it comes."""
+
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv, self.env = argv, env
+        self.screen = ""
+
+    def __enter__(self) -> Terminal:
+        self.master, slave = pty.openpty()
+        self.proc = subprocess.Popen(self.argv, stdin=slave, stdout=slave, stderr=slave, env=self.env,
+                                     close_fds=True)
+        os.close(slave)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        os.close(self.master)
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    async def expect(self, text: str, timeout: float = 90.0) -> str:
+        """Everything printed since the last expect, once it holds ``text``."""
+        deadline = time.monotonic() + timeout
+        while text not in self.screen:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} not printed within {timeout}s; the terminal shows:\n{self.screen}")
+            ready, _, _ = await asyncio.to_thread(select.select, [self.master], [], [], 0.5)
+            if ready:
+                try:
+                    self.screen += os.read(self.master, 65536).decode("utf-8", "replace")
+                except OSError:  # the process ended and closed its side
+                    await asyncio.sleep(0.2)
+        head, _, tail = self.screen.partition(text)
+        self.screen = tail
+        return head + text
+
+    async def exit_code(self, timeout: float = 30.0) -> int:
+        return await asyncio.to_thread(self.proc.wait, timeout)
