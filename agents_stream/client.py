@@ -105,16 +105,16 @@ class Client:
     ) -> dict[str, Any]:
         """The reply that answers ``message_id``, once there is one (ClientError after ``timeout`` seconds)."""
         deadline = time.monotonic() + timeout
+        path = f"/conversations/{_quote(conversation_id)}/messages/{_quote(message_id)}"
         while True:
             try:
-                found = await self.conversation(conversation_id)
+                found = await self._request("GET", path)
             except ClientError as exc:
-                if exc.status not in (0, 502, 503):  # a rebalance or a worker restarting: asked again
+                if exc.status not in (0, 404, 502, 503):  # not recorded yet, a rebalance, a worker restarting
                     raise
                 found = None
-            for reply in (found or {}).get("replies", []):
-                if message_id in reply["message_ids"]:
-                    return dict(reply)
+            if found and found.get("reply"):
+                return dict(found["reply"])
             if time.monotonic() >= deadline:
                 raise ClientError(0, f"no reply to message {message_id} of {conversation_id} within {timeout:g}s")
             await asyncio.sleep(every)

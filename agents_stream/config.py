@@ -238,11 +238,13 @@ class AgentConfig(BaseModel):
     #: MCP servers (``[mcp.<name>]``) whose tools the agent's model may call; without ``agent`` the agent runs
     #: as a tool-calling loop of those tools, ``system`` its instructions
     mcp: list[str] = Field(default_factory=list)
-    #: conversations (docs/conversations.md): a message that arrives while a run answers an earlier one waits for
-    #: the next run ("enqueue") or is answered at once with a refusal ("reject")
+    #: conversations (docs/conversations.md): a message that arrives while a round answers an earlier one waits
+    #: for the next round ("enqueue") or is answered at once with a refusal ("reject")
     double_texting: Literal["enqueue", "reject"] = "enqueue"
-    #: how many earlier messages and replies of its conversation a run shows the model (0: none)
-    history_messages: int = Field(default=20, ge=0, le=1000)
+    #: the context policy: how many earlier messages and replies of its conversation a round shows the model
+    #: (0: none), and at most how many characters of their text (about four per token)
+    history_messages: int = Field(default=20, ge=0, le=200)
+    history_chars: int = Field(default=32_000, ge=0, le=200_000)
 
 
 class AppConfig(BaseModel):

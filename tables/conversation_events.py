@@ -1,4 +1,5 @@
-"""A conversation's progress as events (pure): what changed between two records, as the event stream shows it.
+"""A round's progress as events (pure): what changed between two records of its task, as the event stream shows
+it (the conversation's own events, messages, rounds started and replies, come with its transitions).
 
 Events go on ``agent.conversation.events`` keyed by conversation_id (docs/conversations.md, "Events"). Each has a
 ``id`` that names what happened (``message:<id>``, ``round:2:dispatch:1``, ``round:2:tool:1:call_7``, ``reply:2``):
@@ -9,35 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import AWAITING_APPROVAL, AWAITING_SUBTASKS, TaskRecord, completed_steps
 
-__all__ = ["conversation_events", "round_events"]
+__all__ = ["round_events"]
 
 #: a tool result's content in an event is cut to this many characters (the journal keeps it whole)
 CONTENT_CHARS = 2000
-
-
-def conversation_events(old: ConversationRecord | None, new: ConversationRecord | None) -> list[dict[str, Any]]:
-    """Messages taken, rounds started and replies made between ``old`` and ``new``."""
-    if new is None or new == old:
-        return []
-    events: list[dict[str, Any]] = []
-    seen = {m["id"] for m in old.message_list()} if old is not None else set()
-    for m in new.message_list():
-        if m["id"] not in seen:
-            events.append(_event(f"message:{m['id']}", "message", None, {
-                "message_id": m["id"], "text": m["text"], "user": m.get("user"),
-            }))
-    had = len(old.reply_list()) if old is not None else 0
-    for r in new.reply_list()[had:]:
-        key = r["round"] if r["status"] != "rejected" else f"{r['round']}:{r['message_ids'][0]}"
-        events.append(_event(f"reply:{key}", "reply", r["round"], r))
-    if new.answering is not None and (old is None or old.answering != new.answering):
-        events.append(_event(f"round:{new.answering}:started", "round_started", new.answering, {
-            "message_ids": [m["id"] for m in new.message_list() if m["round"] == new.answering],
-        }))
-    return events
 
 
 def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) -> list[dict[str, Any]]:

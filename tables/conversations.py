@@ -1,21 +1,29 @@
-"""A conversation's state machine: its messages, its rounds and their replies (pure, clock passed in).
+"""A conversation's state machine: its messages, rounds and replies, kept in records of bounded size (pure).
 
-One record per conversation_id in the ``conversations`` table. A message that arrives while no round is open starts
-round n+1, which answers every message not yet answered; one that arrives while a round is open waits for the next
-round (``enqueue``) or is answered at once with a refusal (``reject``), per the agent's ``double_texting``. A round's
-end records its reply and starts the next round when messages wait. Every transition is idempotent: the ledger may
-apply the same message or the same round's end again after a crash (docs/conversations.md, "Crashes").
+A conversation is several keys of the ``conversations`` table, none of which grows with its length, so what one
+message costs (bytes written, records read) is the same at its first message and its thousandth:
+- the **head** (key: the conversation_id): its agent, its rounds, the messages waiting for a round and how many
+  history items there are;
+- one **message key** per message (``message_key``): its digest, its round and the item of its reply (duplicates,
+  conflicts);
+- one **item key** per history item (``item_key``): every message and reply in the order the conversation went,
+  however long it runs; a round reads the last few for the model, a page of the view reads a range.
+A transition reads what it needs through ``read`` (the table's ``get``) and returns a ``Change``: the new head,
+the other keys to write, the effects and the conversation's events. A message that arrives while no round is open
+starts round n+1, which answers every message waiting; one that arrives while a round is open waits for the next
+round (``enqueue``) or is answered at once with a refusal (``reject``). Every transition is idempotent: the ledger
+may apply the same message or the same round's end again after a crash (docs/conversations.md, "Crashes").
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
-from typing import Any
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
 
 from agents_stream.tables.records import JsonRecord
 
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 
 ENQUEUE = "enqueue"
 REJECT = "reject"
@@ -24,22 +32,41 @@ REJECT = "reject"
 REJECTED_TEXT = (
     "I am still answering your earlier message, so this one was not taken; send it again once you have my answer."
 )
+#: messages that may wait for a round at once; past it a message is refused (conversation_backlog_full)
+MAX_WAITING = 100
+#: a table key's parts are joined with a control character, which no conversation or message id may contain
+SEP = "\x1f"
+
+Read = Callable[[str], Any]
+
+
+def message_key(cid: str, message_id: str) -> str:
+    return f"{cid}{SEP}m{SEP}{message_id}"
+
+
+def item_key(cid: str, i: int) -> str:
+    return f"{cid}{SEP}i{SEP}{i}"
+
+
+def conversation_id_of(key: str) -> str:
+    """The conversation a key of the conversations table belongs to."""
+    return key.split(SEP, 1)[0]
 
 
 @dataclass(frozen=True)
 class ConversationRecord(JsonRecord):
-    """What the conversations table stores per conversation_id (versioned JSON)."""
+    """A conversation's head (versioned JSON)."""
 
     agent: str
-    #: JSON list, in arrival order, of {id, digest, text, user, context, at, round}: ``round`` is the round that
-    #: answers the message (None while it waits for one; the open round's number while a rejection answers it)
-    messages: str = "[]"
-    #: JSON list, in the order they were made, of {round, message_ids, status, text, task_id, error, completed_at}
-    replies: str = "[]"
-    #: how many rounds were started
+    #: how many rounds were started; the round answering now, or None (idle)
     rounds: int = 0
-    #: the round answering now, or None (idle)
     answering: int | None = None
+    #: JSON list, in arrival order, of the messages no round has answered yet: {id, digest, text, user, context,
+    #: at, round} (``round``: the round answering it, None while it waits for one; ``item``: its history index)
+    waiting: str = "[]"
+    #: how many history items there are, and how many messages were taken
+    items: int = 0
+    messages: int = 0
     updated_at: float = 0.0
     v: int = RECORD_VERSION
 
@@ -47,11 +74,8 @@ class ConversationRecord(JsonRecord):
     def status(self) -> str:
         return "idle" if self.answering is None else "answering"
 
-    def message_list(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.messages))
-
-    def reply_list(self) -> list[dict[str, Any]]:
-        return list(json.loads(self.replies))
+    def waiting_list(self) -> list[dict[str, Any]]:
+        return list(json.loads(self.waiting))
 
     def to_json(self) -> dict[str, Any]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
@@ -84,97 +108,184 @@ class Refuse:
 Effect = StartRound | SendReply | Refuse
 
 
-def _dump(items: list[dict[str, Any]]) -> str:
-    return json.dumps(items, separators=(",", ":"), ensure_ascii=False)
+@dataclass
+class Change:
+    """A transition: the new head (None: unchanged), other keys written (None: deleted), effects and events."""
+
+    head: ConversationRecord | None = None
+    writes: dict[str, Any] = field(default_factory=dict)
+    effects: list[Effect] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
 
 
 def receive(
-    record: ConversationRecord | None, *, agent: str, message: dict[str, Any], policy: str, now: float,
-) -> tuple[ConversationRecord | None, list[Effect]]:
-    """A message arrived: ``message`` has id, digest, text, user and context. Returns the new record (the same
-    object when nothing changes) and the effects."""
-    if record is not None and record.agent != agent:
-        return record, [Refuse(
+    head: ConversationRecord | None, read: Read, *, cid: str, agent: str, message: dict[str, Any], policy: str,
+    now: float,
+) -> Change:
+    """A message arrived: ``message`` has id, digest, text, user and context."""
+    if head is not None and head.agent != agent:
+        return Change(effects=[Refuse(
             "conversation_agent_mismatch",
-            f"conversation belongs to agent {record.agent!r}; a message for {agent!r} cannot join it",
-        )]
-    record = record or ConversationRecord(agent=agent, updated_at=now)
-    messages = record.message_list()
-    known = next((m for m in messages if m["id"] == message["id"]), None)
-    if known is not None:
-        if known["digest"] != message["digest"]:
-            return record, [Refuse(
-                "message_conflict", f"message_id {message['id']!r} was sent before with other content",
-            )]
-        reply = _reply_of(record, message["id"])
-        if reply is not None:
-            return record, [SendReply(reply)]  # a duplicate: its reply again
-        answering = record.answering
-        if answering is not None and known["round"] == answering:
-            # Its round again (idempotent): after a crash the round's task may never have been written.
-            return record, [StartRound(answering, tuple(m["id"] for m in round_messages(record, answering)))]
-        return record, []  # enqueued: the next round answers it
+            f"conversation belongs to agent {head.agent!r}; a message for {agent!r} cannot join it",
+        )])
+    known = read(message_key(cid, message["id"]))
+    if known:
+        return _again(head, read, cid, message, known)
+    head = head or ConversationRecord(agent=agent, updated_at=now)
+    waiting = head.waiting_list()
+    if len(waiting) >= MAX_WAITING:
+        return Change(effects=[Refuse(
+            "conversation_backlog_full", f"{len(waiting)} messages already wait for this conversation's next round",
+        )])
+    change = Change(events=[_event(f"message:{message['id']}", "message", None, {
+        "message_id": message["id"], "text": message["text"], "user": message.get("user"),
+    })])
     entry = {**message, "at": now, "round": None}
-    if record.answering is not None and policy == REJECT:
-        entry["round"] = record.answering
-        reply = {"round": record.answering, "message_ids": [message["id"]], "status": "rejected",
+    if head.answering is not None and policy == REJECT:
+        reply = {"round": head.answering, "message_ids": [message["id"]], "status": "rejected",
                  "text": REJECTED_TEXT, "task_id": None, "error": None, "completed_at": now}
-        new = replace(record, messages=_dump(messages + [entry]), replies=_dump(record.reply_list() + [reply]),
-                      updated_at=now)
-        return new, [SendReply(reply)]
-    new = replace(record, messages=_dump(messages + [entry]), updated_at=now)
-    if new.answering is not None:
-        return new, []  # enqueued: the next round answers it
-    return _start_next(new, now)
+        change.writes[message_key(cid, message["id"])] = {"digest": message["digest"], "round": head.answering,
+                                                          "reply": head.items + 1}
+        head = _append(head, cid, change, [_item("customer", entry), _item("agent", reply)])
+        change.head = replace(head, messages=head.messages + 1, updated_at=now)
+        change.effects.append(SendReply(reply))
+        change.events.append(_event(f"reply:{head.answering}:{message['id']}", "reply", head.answering, reply))
+        return change
+    change.writes[message_key(cid, message["id"])] = {"digest": message["digest"], "round": None, "reply": None}
+    head = replace(head, waiting=_dump(waiting + [entry]), messages=head.messages + 1, updated_at=now)
+    if head.answering is None:
+        head = _start_next(head, cid, change, now)
+    change.head = head
+    return change
+
+
+def _again(head: ConversationRecord | None, read: Read, cid: str, message: dict[str, Any], known: Any) -> Change:
+    """A message_id seen before: a conflict, its reply again, its round made again, or nothing (it waits)."""
+    if known["digest"] != message["digest"]:
+        return Change(effects=[Refuse(
+            "message_conflict", f"message_id {message['id']!r} was sent before with other content",
+        )])
+    item = read(item_key(cid, known["reply"])) if known.get("reply") is not None else None
+    if item:
+        return Change(effects=[SendReply(reply_of(item))])  # a duplicate: its reply again
+    if head is not None and head.answering is not None and known["round"] == head.answering:
+        # Its round again (idempotent): after a crash the round's task may never have been written.
+        return Change(effects=[StartRound(head.answering, tuple(round_message_ids(head, head.answering)))])
+    return Change()  # it waits: the next round answers it
 
 
 def round_ended(
-    record: ConversationRecord | None, *, number: int, status: str, text: str, task_id: str, error: str | None,
-    completed_at: float, now: float,
-) -> tuple[ConversationRecord | None, list[Effect]]:
+    head: ConversationRecord | None, read: Read, *, cid: str, number: int, status: str, text: str, task_id: str,
+    error: str | None, completed_at: float, now: float,
+) -> Change:
     """Round ``number`` ended with ``text`` (or ``error``). Applied again (a redelivery), it changes nothing."""
-    if record is None or record.answering != number:
-        return record, []
-    messages = record.message_list()
-    answered = [m["id"] for m in messages if m["round"] == number and _reply_of(record, m["id"]) is None]
-    reply = {"round": number, "message_ids": answered, "status": status, "text": text, "task_id": task_id,
-             "error": error, "completed_at": completed_at}
-    new = replace(record, replies=_dump(record.reply_list() + [reply]), answering=None, updated_at=now)
-    started, effects = _start_next(new, now)
-    return started, [SendReply(reply), *effects]
+    if head is None or head.answering != number:
+        return Change()
+    waiting = head.waiting_list()
+    answered = [m for m in waiting if m["round"] == number]
+    reply = {"round": number, "message_ids": [m["id"] for m in answered], "status": status, "text": text,
+             "task_id": task_id, "error": error, "completed_at": completed_at}
+    change = Change(effects=[SendReply(reply)],
+                    events=[_event(f"reply:{number}", "reply", number, reply)])
+    for m in answered:
+        change.writes[message_key(cid, m["id"])] = {"digest": m["digest"], "round": number, "reply": head.items}
+    head = replace(head, waiting=_dump([m for m in waiting if m["round"] != number]), answering=None,
+                   updated_at=now)
+    head = _append(head, cid, change, [_item("agent", reply)])
+    change.head = _start_next(head, cid, change, now)
+    return change
 
 
-def _start_next(record: ConversationRecord, now: float) -> tuple[ConversationRecord, list[Effect]]:
-    """Start the next round for the messages no round answers yet (none waiting: the record as it is)."""
-    messages = record.message_list()
-    waiting = [m for m in messages if m["round"] is None]
-    if not waiting:
-        return record, []
-    number = record.rounds + 1
+def _start_next(head: ConversationRecord, cid: str, change: Change, now: float) -> ConversationRecord:
+    """Start the next round for the messages waiting (none waiting: the head as it is)."""
+    waiting = head.waiting_list()
+    if not any(m["round"] is None for m in waiting):
+        return head
+    number = head.rounds + 1
+    items: list[dict[str, Any]] = []
     for m in waiting:
-        m["round"] = number
-    new = replace(record, messages=_dump(messages), rounds=number, answering=number, updated_at=now)
-    return new, [StartRound(number, tuple(m["id"] for m in waiting))]
+        if m["round"] is None:
+            m["round"], m["item"] = number, head.items + len(items)
+            items.append(_item("customer", m))
+            change.writes[message_key(cid, m["id"])] = {"digest": m["digest"], "round": number, "reply": None}
+    ids = tuple(m["id"] for m in waiting if m["round"] == number)
+    head = replace(head, waiting=_dump(waiting), rounds=number, answering=number, updated_at=now)
+    head = _append(head, cid, change, items)
+    change.effects.append(StartRound(number, ids))
+    change.events.append(_event(f"round:{number}:started", "round_started", number, {"message_ids": list(ids)}))
+    return head
 
 
-def _reply_of(record: ConversationRecord, message_id: str) -> dict[str, Any] | None:
-    return next((r for r in record.reply_list() if message_id in r["message_ids"]), None)
+def _item(role: str, source: dict[str, Any]) -> dict[str, Any]:
+    """A history item: a customer's message, or the agent's reply (with what a duplicate is answered with)."""
+    if role == "customer":
+        return {"role": role, "text": source["text"], "id": source["id"], "user": source.get("user"),
+                "at": source["at"], "round": source["round"]}
+    return {"role": role, "text": source["text"], "round": source["round"], "at": source["completed_at"],
+            **{k: source[k] for k in ("status", "message_ids", "task_id", "error")}}
 
 
-def round_messages(record: ConversationRecord, number: int) -> list[dict[str, Any]]:
-    """The messages round ``number`` answers, in arrival order (a rejected message is not one of them)."""
-    rejected = {i for r in record.reply_list() if r["status"] == "rejected" for i in r["message_ids"]}
-    return [m for m in record.message_list() if m["round"] == number and m["id"] not in rejected]
+def reply_of(item: dict[str, Any]) -> dict[str, Any]:
+    """The reply a history item of the agent stands for (ConversationReply's fields but the conversation's)."""
+    return {"round": item["round"], "message_ids": item["message_ids"], "status": item["status"],
+            "text": item["text"], "task_id": item["task_id"], "error": item["error"], "completed_at": item["at"]}
 
 
-def history(record: ConversationRecord, limit: int) -> list[dict[str, str]]:
-    """What came before the open round, oldest first, at most the last ``limit`` items: each reply after the
-    messages it answers, the replies in the order their first message arrived."""
-    order = {m["id"]: i for i, m in enumerate(record.message_list())}
-    texts = {m["id"]: m["text"] for m in record.message_list()}
-    replies = sorted(record.reply_list(), key=lambda r: min((order[i] for i in r["message_ids"]), default=0))
-    items: list[dict[str, str]] = []
-    for reply in replies:
-        items += [{"role": "customer", "text": texts[i]} for i in reply["message_ids"]]
-        items.append({"role": "agent", "text": reply["text"]})
-    return items[-limit:] if limit > 0 else []
+def _append(head: ConversationRecord, cid: str, change: Change, items: list[dict[str, Any]]) -> ConversationRecord:
+    """``items`` appended to the history, one key each."""
+    for item in items:
+        change.writes[item_key(cid, head.items)] = {**item, "i": head.items}
+        head = replace(head, items=head.items + 1)
+    return head
+
+
+def round_message_ids(head: ConversationRecord, number: int) -> list[str]:
+    return [m["id"] for m in head.waiting_list() if m["round"] == number]
+
+
+def round_messages(head: ConversationRecord, number: int) -> list[dict[str, Any]]:
+    """The messages round ``number`` answers, in arrival order."""
+    return [m for m in head.waiting_list() if m["round"] == number]
+
+
+def history(
+    head: ConversationRecord, read: Read, cid: str, number: int, limit: int, chars: int,
+) -> list[dict[str, str]]:
+    """What came before round ``number``, oldest first: at most the last ``limit`` items and ``chars`` of text."""
+    mine = [m["item"] for m in round_messages(head, number) if "item" in m]
+    first = min(mine) if mine else head.items
+    kept: list[dict[str, str]] = []
+    total = 0
+    for i in range(first - 1, max(first - limit, 0) - 1, -1):
+        item = read(item_key(cid, i))
+        if not item:
+            continue
+        total += len(item["text"])
+        if total > chars:
+            break
+        kept.append({"role": item["role"], "text": item["text"]})
+    return kept[::-1]
+
+
+def page(head: ConversationRecord, read: Read, cid: str, *, before: int | None, limit: int) -> list[dict[str, Any]]:
+    """History items ``[before - limit, before)`` (the last ``limit`` when ``before`` is None), oldest first."""
+    end = head.items if before is None else max(0, min(before, head.items))
+    found = (read(item_key(cid, i)) for i in range(max(0, end - limit), end))
+    return [item for item in found if item]
+
+
+def message_view(read: Read, cid: str, message_id: str) -> dict[str, Any] | None:
+    """A message's round and its reply (None until it is answered); None for a message never recorded."""
+    known = read(message_key(cid, message_id))
+    if not known:
+        return None
+    item = read(item_key(cid, known["reply"])) if known.get("reply") is not None else None
+    return {"message_id": message_id, "round": known["round"], "reply": reply_of(item) if item else None}
+
+
+def _event(event_id: str, kind: str, number: int | None, data: dict[str, Any]) -> dict[str, Any]:
+    return {"id": event_id, "kind": kind, "round": number, "data": data}
+
+
+def _dump(items: list[dict[str, Any]]) -> str:
+    return json.dumps(items, separators=(",", ":"), ensure_ascii=False)

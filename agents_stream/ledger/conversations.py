@@ -38,7 +38,7 @@ from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
-from agents_stream.tables.conversation_events import conversation_events, round_events
+from agents_stream.tables.conversation_events import round_events
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord
 
@@ -90,19 +90,19 @@ class Conversations:
     def on_message(self, tp: TP, offset: int, message: ConversationMessage, value: bytes, headers: Any) -> None:
         """A message on its agent's task topic, on its conversation's partition."""
         cid = message.conversation_id
-        record = conversation_record(self.table, cid)
+        head = conversation_record(self.table, cid)
         config = self.agents.get(message.agent_name)
         entry = {"id": message.message_id, "digest": message_digest(message), "text": message.text,
                  "user": message.user, "context": message.context_data}
-        new, effects = machine.receive(
-            record, agent=message.agent_name, message=entry,
+        change = machine.receive(
+            head, self.table.get, cid=cid, agent=message.agent_name, message=entry,
             policy=config.double_texting if config is not None else machine.ENQUEUE, now=time.time(),
         )
-        if new is not None and new is not record and self._too_large(new):
-            new, effects = record, [machine.Refuse(
-                "conversation_too_large", f"the conversation's record would pass {self.record_max_bytes} bytes",
-            )]
-        self._apply(tp, offset, cid, record, new, effects, message=(message, value, headers))
+        if self._too_large(change):
+            change = machine.Change(effects=[machine.Refuse(
+                "conversation_too_large", f"a record of the conversation would pass {self.record_max_bytes} bytes",
+            )])
+        self._apply(tp, offset, cid, change, message=(message, value, headers))
 
     def round_changed(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
         """A transition of a round's task (Effects.apply): its events sent; once it finished, its reply."""
@@ -124,60 +124,69 @@ class Conversations:
         if parsed is None or not task.terminal:
             return
         cid, number = parsed
-        record = conversation_record(self.table, cid)
         result = json.loads(task.result) if task.result else {"status": "failed", "error": f"round {task.state}"}
-        new, effects = machine.round_ended(
-            record, number=number, status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
+        change = machine.round_ended(
+            conversation_record(self.table, cid), self.table.get, cid=cid, number=number,
+            status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
             error=result.get("error"), completed_at=task.finished_at or time.time(), now=time.time(),
         )
-        self._apply(tp, offset, cid, record, new, effects)
+        self._apply(tp, offset, cid, change)
 
     def _apply(
-        self, tp: TP, offset: int, cid: str, old: ConversationRecord | None, new: ConversationRecord | None,
-        effects: list[machine.Effect], message: tuple[ConversationMessage, bytes, Any] | None = None,
+        self, tp: TP, offset: int, cid: str, change: machine.Change,
+        message: tuple[ConversationMessage, bytes, Any] | None = None,
     ) -> None:
         sends: list[Send] = []
-        if new is not None and new != old:
-            self.table[cid] = new.to_json()
-            sends.append(self.outbox.changelog(self.table, tp.partition, cid))
-            sends += [self._event(cid, e) for e in conversation_events(old, new)]
+        writes = dict(change.writes)
+        if change.head is not None:
+            writes[cid] = change.head.to_json()
+        for key, value in writes.items():
+            if value is None:
+                del self.table[key]
+            else:
+                self.table[key] = value
+            sends.append(self.outbox.changelog(self.table, tp.partition, key))
+        sends += [self._event(cid, e) for e in change.events]
+        head = change.head or conversation_record(self.table, cid)
         starts: list[machine.StartRound] = []
-        for effect in effects:
+        for effect in change.effects:
             match effect:
                 case machine.SendReply(reply=reply):
-                    sends.append(self._reply(cid, new or old, reply))
+                    sends.append(self._reply(cid, head, reply))
                 case machine.Refuse(reason=reason, detail=detail) if message is not None:
                     self._refuse(tp, offset, cid, message, reason, detail)
                 case machine.StartRound():
                     starts.append(effect)
         if sends:
             self.outbox.deliver(tp, offset, sends)
-        for start in starts:  # after the record's write: the round's task record is held with the same offset
-            assert new is not None
-            task = self.round_task(cid, new, start)
+        for start in starts:  # after the writes: the round's task record is held with the same offset
+            assert head is not None
+            task = self.round_task(cid, head, start)
             stored = self.tasks.get(task.task_id)
             if stored and TaskRecord.from_json(stored).terminal:  # made again after a crash, and finished: its end
                 self.round_ended(tp, offset, task.task_id, TaskRecord.from_json(stored))
             else:  # new, or made again after a crash: the same task id, so an open round goes on
                 self.start(tp, offset, task)
 
-    def round_task(self, cid: str, record: ConversationRecord, start: machine.StartRound) -> TaskPayload:
-        """The task of round ``start.round``: its messages as the instruction, the history before them as context."""
-        config = self.agents.get(record.agent)
-        limit = config.history_messages if config is not None else 20
-        messages = machine.round_messages(record, start.round)
-        history = [HistoryItem(**item) for item in machine.history(record, limit)]
+    def round_task(self, cid: str, head: ConversationRecord, start: machine.StartRound) -> TaskPayload:
+        """The task of round ``start.round``: its messages as the instruction, the history before them as context
+        (the agent's context policy: at most ``history_messages`` items and ``history_chars`` of their text)."""
+        config = self.agents.get(head.agent)
+        limit, chars = (config.history_messages, config.history_chars) if config is not None else (20, 32_000)
+        messages = machine.round_messages(head, start.round)
+        earlier = machine.history(head, self.table.get, cid, start.round, limit, chars)
+        history = [HistoryItem(**item) for item in earlier]
         return TaskPayload(
             task_id=round_task_id(cid, start.round, self.partitions),
-            agent_name=record.agent,
+            agent_name=head.agent,
             instruction="\n\n".join(m["text"] for m in messages),
             context_data=messages[-1]["context"] if messages else {},
             conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
         )
 
-    def _reply(self, cid: str, record: ConversationRecord | None, reply: dict[str, Any]) -> Send:
+    def _reply(self, cid: str, head: ConversationRecord | None, reply: dict[str, Any]) -> Send:
         body = ConversationReply(
-            conversation_id=cid, agent_name=record.agent if record is not None else "",
+            conversation_id=cid, agent_name=head.agent if head is not None else "",
             message_ids=reply["message_ids"], round=reply["round"], status=reply["status"], text=reply["text"],
             task_id=reply["task_id"], error=reply["error"], completed_at=iso_utc(reply["completed_at"]),
         )
@@ -206,6 +215,8 @@ class Conversations:
             tp, offset, msg.agent_name, cid.encode("utf-8"), value, headers, PoisonMessage(reason, detail),
         )
 
-    def _too_large(self, record: ConversationRecord) -> bool:
-        size = len(json.dumps(record.to_json(), separators=(",", ":"), ensure_ascii=False).encode("utf-8"))
-        return size > self.record_max_bytes
+    def _too_large(self, change: machine.Change) -> bool:
+        """A record of the change would not fit in a Kafka record (the head when too many long messages wait)."""
+        values = [*change.writes.values(), *([change.head.to_json()] if change.head is not None else [])]
+        return any(len(json.dumps(v, separators=(",", ":"), ensure_ascii=False).encode("utf-8")) > self.record_max_bytes
+                   for v in values if v is not None)

@@ -17,6 +17,7 @@ from agents_stream.contract.conversations import ConversationMessage, round_task
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.routing import routed
+from agents_stream.tables import conversations as machine
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord
 
@@ -31,25 +32,35 @@ EXPECTED = (
 )
 #: how long a message's send may wait for the broker's acknowledgement
 SEND_TIMEOUT_S = 15.0
+#: history items a page of GET /conversations/<id> shows by default, and at most
+HISTORY_PAGE = 50
+MAX_HISTORY_PAGE = 500
 
 
-def describe(cid: str, data: dict[str, Any], tasks: Any, partitions: int) -> dict[str, Any]:
-    """A conversation as ``GET /conversations/<id>`` shows it: status, messages, replies and its open round."""
-    record = ConversationRecord.from_json(data)
+def describe(
+    cid: str, data: dict[str, Any], read: Any, tasks: Any, partitions: int, *, before: int | None, limit: int,
+) -> dict[str, Any]:
+    """A conversation as ``GET /conversations/<id>`` shows it: status, the messages waiting for a round, and a
+    page of its history (the last ``limit`` items before item ``before``; ``next`` pages further back)."""
+    head = ConversationRecord.from_json(data)
+    items = machine.page(head, read, cid, before=before, limit=limit)
     body: dict[str, Any] = {
         "conversation_id": cid,
-        "agent": record.agent,
-        "status": record.status,
-        "rounds": record.rounds,
-        "messages": [{k: m[k] for k in ("id", "text", "user", "at", "round")} for m in record.message_list()],
-        "replies": record.reply_list(),
+        "agent": head.agent,
+        "status": head.status,
+        "rounds": head.rounds,
+        "messages": head.messages,
+        "items": head.items,
+        "history": items,
+        "next": items[0]["i"] if items and items[0]["i"] > 0 else None,
+        "waiting": [{k: m.get(k) for k in ("id", "text", "user", "at", "round")} for m in head.waiting_list()],
         "round": None,
     }
-    if record.answering is not None:
-        task_id = round_task_id(cid, record.answering, partitions)
+    if head.answering is not None:
+        task_id = round_task_id(cid, head.answering, partitions)
         stored = tasks.get(task_id)
         state = TaskRecord.from_json(stored).state if stored else "starting"
-        body["round"] = {"round": record.answering, "task_id": task_id, "state": state}
+        body["round"] = {"round": head.answering, "task_id": task_id, "state": state}
         if state == "awaiting_approval":
             body["status"] = "waiting_for_approval"
         elif state == "awaiting_subtasks":
@@ -94,9 +105,24 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
         data = table.get(conversation_id)
         if not data:
             return self.json({"error": f"unknown conversation_id {conversation_id!r}"}, status=404)
-        return self.json(describe(conversation_id, data, runtime.tables.tasks, settings.partitions))
+        try:
+            before = int(request.query["before"]) if request.query.get("before") else None
+            limit = min(max(int(request.query.get("limit") or HISTORY_PAGE), 1), MAX_HISTORY_PAGE)
+        except ValueError:
+            return self.json({"error": "before and limit must be integers"}, status=400)
+        return self.json(describe(conversation_id, data, table.get, runtime.tables.tasks, settings.partitions,
+                                  before=before, limit=limit))
 
-    del Post, conversation  # registered on the app
+    @app.page("/conversations/{conversation_id}/messages/{message_id}")
+    @routed(app, table, "conversation_id", settings.partitions)
+    async def message(self: View, request: Request, conversation_id: str, message_id: str) -> Response:
+        found = machine.message_view(table.get, conversation_id, message_id)
+        if found is None:
+            return self.json({"error": f"no message {message_id!r} in conversation {conversation_id!r} (yet)"},
+                             status=404)
+        return self.json({"conversation_id": conversation_id, **found})
+
+    del Post, conversation, message  # registered on the app
 
 
 async def _send(app: Any, message: ConversationMessage) -> tuple[int, int]:

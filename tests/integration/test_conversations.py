@@ -89,8 +89,10 @@ async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_tha
         replies = _one_distinct_reply_per_message(await _replies(cid, 2))
         assert set(replies) == {first.message_id, follow.message_id}
         assert view is not None and view["status"] == "idle" and view["rounds"] == 2
-        assert [m["id"] for m in view["messages"]] == [first.message_id, follow.message_id]
-        assert view["messages"][0]["user"] == "ana"
+        asked = [i for i in view["history"] if i["role"] == "customer"]
+        assert [i["id"] for i in asked] == [first.message_id, follow.message_id] and asked[0]["user"] == "ana"
+        assert [i["text"] for i in view["history"] if i["role"] == "agent"] == [reply1["text"], reply2["text"]]
+        assert view["messages"] == 2 and view["items"] == 4 and view["waiting"] == []
 
 
 async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one_reply(cluster_factory, fake_llm):

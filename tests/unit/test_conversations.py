@@ -93,83 +93,160 @@ def test_the_same_message_has_one_digest_and_another_text_another() -> None:
 
 # -- the state machine ---------------------------------------------------------------------------------------------
 
+class Store:
+    """A conversation's keys as the ledger keeps them: each Change applied."""
+
+    def __init__(self) -> None:
+        self.keys: dict[str, Any] = {}
+
+    @property
+    def head(self) -> ConversationRecord | None:
+        data = self.keys.get("c-1")
+        return ConversationRecord.from_json(data) if data else None
+
+    def apply(self, change: machine.Change) -> machine.Change:
+        for key, value in change.writes.items():
+            self.keys[key] = json.loads(json.dumps(value))  # through JSON, as the changelog carries it
+        if change.head is not None:
+            self.keys["c-1"] = json.loads(json.dumps(change.head.to_json()))
+        return change
+
+    def receive(self, message_id: str, text: str = "hi", policy: str = "enqueue", agent: str = AGENT,
+                digest: str | None = None, now: float = 1.0) -> machine.Change:
+        return self.apply(machine.receive(self.head, self.keys.get, cid="c-1", agent=agent,
+                                          message=_entry(message_id, text, digest), policy=policy, now=now))
+
+    def end(self, number: int, text: str, now: float = 2.0, status: str = "succeeded") -> machine.Change:
+        return self.apply(machine.round_ended(self.head, self.keys.get, cid="c-1", number=number, status=status,
+                                              text=text, task_id=f"t{number}", error=None, completed_at=now,
+                                              now=now))
+
+
+def _replies_of(change: machine.Change) -> list[dict[str, Any]]:
+    return [e.reply for e in change.effects if isinstance(e, machine.SendReply)]
+
+
 def test_a_first_message_starts_round_one_and_its_end_is_the_reply() -> None:
-    record, effects = machine.receive(None, agent=AGENT, message=_entry("m1"), policy="enqueue", now=1.0)
-    assert record is not None and record.answering == 1 and effects == [machine.StartRound(1, ("m1",))]
-    ended, effects = machine.round_ended(record, number=1, status="succeeded", text="Refunded.", task_id="t",
-                                         error=None, completed_at=2.0, now=2.0)
-    assert ended is not None and ended.status == "idle"
-    assert [type(e) for e in effects] == [machine.SendReply]
-    assert effects[0].reply["message_ids"] == ["m1"] and effects[0].reply["text"] == "Refunded."  # type: ignore[union-attr]
-    again, effects = machine.round_ended(ended, number=1, status="succeeded", text="x", task_id="t", error=None,
-                                       completed_at=3.0, now=3.0)
-    assert again is ended and effects == []  # a redelivered end changes nothing
+    store = Store()
+    change = store.receive("m1")
+    assert change.effects == [machine.StartRound(1, ("m1",))]
+    assert store.head is not None and store.head.answering == 1
+    assert [e["id"] for e in change.events] == ["message:m1", "round:1:started"]
+    ended = store.end(1, "Refunded.")
+    assert store.head.status == "idle" and [r["text"] for r in _replies_of(ended)] == ["Refunded."]
+    assert _replies_of(ended)[0]["message_ids"] == ["m1"] and [e["id"] for e in ended.events] == ["reply:1"]
+    again = store.end(1, "x", now=3.0)
+    assert again.head is None and again.writes == {} and again.effects == []  # a redelivered end changes nothing
+    view = machine.message_view(store.keys.get, "c-1", "m1")
+    assert view is not None and view["round"] == 1 and view["reply"]["text"] == "Refunded."
+    assert machine.message_view(store.keys.get, "c-1", "m2") is None
 
 
 def test_a_message_sent_again_gets_its_one_reply_and_another_text_under_its_id_is_refused() -> None:
-    record, _ = machine.receive(None, agent=AGENT, message=_entry("m1", "a"), policy="enqueue", now=1.0)
-    same, effects = machine.receive(record, agent=AGENT, message=_entry("m1", "a"), policy="enqueue", now=1.5)
-    assert same is record and effects == [machine.StartRound(1, ("m1",))]  # its round again, idempotent
-    done, _ = machine.round_ended(record, number=1, status="succeeded", text="A", task_id="t", error=None,
-                                completed_at=2.0, now=2.0)
-    assert done is not None
-    again, effects = machine.receive(done, agent=AGENT, message=_entry("m1", "a"), policy="enqueue", now=3.0)
-    assert again is done and [e.reply["text"] for e in effects] == ["A"]  # type: ignore[union-attr]
-    conflict, effects = machine.receive(done, agent=AGENT, message=_entry("m1", "b"), policy="enqueue", now=3.0)
-    assert conflict is done and effects == [
+    store = Store()
+    store.receive("m1", "a")
+    same = store.receive("m1", "a", now=1.5)
+    assert same.head is None and same.effects == [machine.StartRound(1, ("m1",))]  # its round again, idempotent
+    store.end(1, "A")
+    again = store.receive("m1", "a", now=3.0)
+    assert again.head is None and [r["text"] for r in _replies_of(again)] == ["A"]
+    conflict = store.receive("m1", "b", now=3.0)
+    assert conflict.head is None and conflict.effects == [
         machine.Refuse("message_conflict", "message_id 'm1' was sent before with other content"),
     ]
-    other, effects = machine.receive(done, agent="billing", message=_entry("m9"), policy="enqueue", now=3.0)
-    assert other is done and [e.reason for e in effects] == ["conversation_agent_mismatch"]  # type: ignore[union-attr]
+    other = store.receive("m9", agent="billing", now=3.0)
+    assert [e.reason for e in other.effects] == ["conversation_agent_mismatch"]  # type: ignore[union-attr]
 
 
 def test_enqueued_messages_are_answered_together_by_the_next_round_which_sees_the_history() -> None:
-    record, _ = machine.receive(None, agent=AGENT, message=_entry("m1", "my package never came"),
-                                policy="enqueue", now=1.0)
+    store = Store()
+    store.receive("m1", "my package never came")
     for i, text in [(2, "order 7"), (3, "and order 9")]:
-        record, effects = machine.receive(record, agent=AGENT, message=_entry(f"m{i}", text), policy="enqueue",
-                                          now=1.0 + i)
-        assert effects == [] and record is not None and record.answering == 1
-    record, effects = machine.round_ended(record, number=1, status="succeeded", text="Refunded order 7?", task_id="t1",
-                                        error=None, completed_at=5.0, now=5.0)
-    assert effects[1:] == [machine.StartRound(2, ("m2", "m3"))]
-    assert record is not None and [m["text"] for m in machine.round_messages(record, 2)] == ["order 7", "and order 9"]
-    assert machine.history(record, 20) == [
-        {"role": "customer", "text": "my package never came"}, {"role": "agent", "text": "Refunded order 7?"},
-    ]
-    assert machine.history(record, 1) == [{"role": "agent", "text": "Refunded order 7?"}]
-    assert machine.history(record, 0) == []
+        change = store.receive(f"m{i}", text, now=1.0 + i)
+        assert change.effects == [] and store.head is not None and store.head.answering == 1
+    ended = store.end(1, "Refunded order 7?", now=5.0)
+    assert ended.effects[1:] == [machine.StartRound(2, ("m2", "m3"))]
+    head = store.head
+    assert head is not None and [m["text"] for m in machine.round_messages(head, 2)] == ["order 7", "and order 9"]
+    def history(limit: int, chars: int) -> list[dict[str, str]]:
+        return machine.history(head, store.keys.get, "c-1", 2, limit, chars)  # type: ignore[arg-type]
+
+    reply = {"role": "agent", "text": "Refunded order 7?"}
+    assert history(20, 10_000) == [{"role": "customer", "text": "my package never came"}, reply]
+    assert history(1, 10_000) == [reply]
+    assert history(20, 20) == [reply]  # the character budget
+    assert history(0, 10_000) == []
 
 
 def test_a_rejected_message_is_answered_at_once_and_stays_in_the_history() -> None:
-    record, _ = machine.receive(None, agent=AGENT, message=_entry("m1", "first"), policy="reject", now=1.0)
-    record, effects = machine.receive(record, agent=AGENT, message=_entry("m2", "second"), policy="reject", now=2.0)
-    assert [e.reply["status"] for e in effects] == ["rejected"]  # type: ignore[union-attr]
-    assert record is not None and record.answering == 1
-    record, effects = machine.round_ended(record, number=1, status="succeeded", text="done", task_id="t1", error=None,
-                                        completed_at=3.0, now=3.0)
-    assert [type(e) for e in effects] == [machine.SendReply]  # nothing waits: no second round
-    assert effects[0].reply["message_ids"] == ["m1"]  # type: ignore[union-attr]
-    assert [h["text"] for h in machine.history(record, 20)] == ["first", "done", "second", machine.REJECTED_TEXT]
+    store = Store()
+    store.receive("m1", "first", policy="reject")
+    refused = store.receive("m2", "second", policy="reject", now=2.0)
+    assert [r["status"] for r in _replies_of(refused)] == ["rejected"]
+    assert store.head is not None and store.head.answering == 1
+    ended = store.end(1, "done", now=3.0)
+    assert [type(e) for e in ended.effects] == [machine.SendReply]  # nothing waits: no second round
+    assert _replies_of(ended)[0]["message_ids"] == ["m1"]
+    page = machine.page(store.head, store.keys.get, "c-1", before=None, limit=10)
+    assert [i["text"] for i in page] == ["first", "second", machine.REJECTED_TEXT, "done"]
+    assert [r["text"] for r in _replies_of(store.receive("m2", "second", policy="reject"))] == [machine.REJECTED_TEXT]
 
 
-def test_the_record_survives_its_json() -> None:
-    record, _ = machine.receive(None, agent=AGENT, message=_entry("m1"), policy="enqueue", now=1.0)
-    assert record is not None
-    assert ConversationRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+def test_a_long_conversation_keeps_every_record_bounded_and_its_whole_history() -> None:
+    """1,000 messages with long replies: the head, each segment and each other key stay far below a Kafka record;
+    a transition writes about as much at message 1,000 as at message 10; the whole history is read back in
+    pages."""
+    store = Store()
+    written: dict[int, int] = {}
+    for n in range(1, 1001):
+        change = store.receive(f"m{n}", f"question {n} " + "q" * 200, now=float(n))
+        change2 = store.end(n, f"answer {n} " + "a" * 2000, now=n + 0.5)
+        written[n] = sum(len(json.dumps(v)) for v in [*change.writes.values(), *change2.writes.values()])
+        written[n] += len(json.dumps(change.head.to_json())) + len(json.dumps(change2.head.to_json()))  # type: ignore[union-attr]
+    sizes = {k: len(json.dumps(v)) for k, v in store.keys.items()}
+    assert max(sizes.values()) < 10_000
+    assert written[1000] < 1.1 * written[10], (written[10], written[1000])
+    head = store.head
+    assert head is not None and head.items == 2000 and head.messages == 1000
+    items: list[dict[str, Any]] = []
+    before = None
+    while True:
+        got = machine.page(head, store.keys.get, "c-1", before=before, limit=137)
+        if not got:
+            break
+        items = got + items
+        before = got[0]["i"]
+    assert [i["i"] for i in items] == list(range(2000))
+    assert items[0]["text"].startswith("question 1 ") and items[-1]["text"].startswith("answer 1000 ")
+
+
+def test_a_full_backlog_refuses_the_next_message() -> None:
+    store = Store()
+    store.receive("m0")
+    for n in range(1, machine.MAX_WAITING):
+        assert store.receive(f"m{n}").effects == []
+    assert [e.reason for e in store.receive("one-too-many").effects] == [  # type: ignore[union-attr]
+        "conversation_backlog_full",
+    ]
+
+
+def test_the_head_survives_its_json() -> None:
+    store = Store()
+    store.receive("m1")
+    head = store.head
+    assert head is not None and ConversationRecord.from_json(json.loads(json.dumps(head.to_json()))) == head
 
 
 def test_history_becomes_earlier_turns_and_a_prompts_preamble() -> None:
     world = LedgerWorld(Settings(partitions=1))
     world.ledger.conversations.agents = {AGENT: AgentConfig(providers=["p"])}
-    record, _ = machine.receive(None, agent=AGENT, message=_entry("m1", "where is it?"), policy="enqueue", now=1.0)
-    assert record is not None
-    record, _ = machine.round_ended(record, number=1, status="succeeded", text="Lost; refunded.", task_id="t",
-                                  error=None, completed_at=2.0, now=2.0)
-    record, effects = machine.receive(record, agent=AGENT, message=_entry("m2", "and the other?"), policy="enqueue",
-                                      now=3.0)
-    assert record is not None
-    task = world.ledger.conversations.round_task("c-1", record, effects[0])  # type: ignore[arg-type]
+    store = Store()
+    store.receive("m1", "where is it?")
+    store.end(1, "Lost; refunded.")
+    change = store.receive("m2", "and the other?", now=3.0)
+    assert store.head is not None
+    world.ledger.conversations.table = store.keys  # the history is read from the conversation's keys
+    task = world.ledger.conversations.round_task("c-1", store.head, change.effects[0])  # type: ignore[arg-type]
     assert task.instruction == "and the other?" and conversation_of(task.task_id) == ("c-1", 2)
     assert earlier_turns(task) == [UserText("where is it?"), AssistantTurn("Lost; refunded.")]
     assert with_history(task, task.instruction).endswith("Customer: where is it?\nYou: Lost; refunded.\n\n"
@@ -217,6 +294,7 @@ async def test_two_messages_two_rounds_one_reply_each_and_the_second_round_knows
     assert _replies(world)[1] == _replies(world)[2]  # the same reply, byte for byte
     assert len(world.dispatched) == 2
     assert ConversationRecord.from_json(world.conversations["c-1"]).status == "idle"
+    assert len([k for k in world.conversations if k.startswith("c-1")]) == 7  # head, 2 messages, 4 history items
 
 
 async def test_a_failed_round_is_a_reply_that_says_so() -> None:
