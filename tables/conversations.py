@@ -58,6 +58,8 @@ class ConversationRecord(JsonRecord):
     """A conversation's head (versioned JSON)."""
 
     agent: str
+    #: the offset of the message that began the conversation (its rounds' task ids carry it: contract/conversations)
+    since: int = -1
     #: how many rounds were started; the round answering now, or None (idle)
     rounds: int = 0
     answering: int | None = None
@@ -68,6 +70,8 @@ class ConversationRecord(JsonRecord):
     items: int = 0
     messages: int = 0
     updated_at: float = 0.0
+    #: who asked to delete the conversation while a round answered: it is deleted when that round ends
+    deleting: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -105,7 +109,16 @@ class Refuse:
     detail: str
 
 
-Effect = StartRound | SendReply | Refuse
+@dataclass(frozen=True)
+class DeleteRounds:
+    """Delete the task records of rounds 1..``rounds`` of the conversation begun at ``since`` (their journals hold
+    the tool calls and their output)."""
+
+    rounds: int
+    since: int
+
+
+Effect = StartRound | SendReply | Refuse | DeleteRounds
 
 
 @dataclass
@@ -120,18 +133,20 @@ class Change:
 
 def receive(
     head: ConversationRecord | None, read: Read, *, cid: str, agent: str, message: dict[str, Any], policy: str,
-    now: float,
+    now: float, offset: int,
 ) -> Change:
-    """A message arrived: ``message`` has id, digest, text, user and context."""
+    """A message arrived at ``offset``: ``message`` has id, digest, text, user and context."""
     if head is not None and head.agent != agent:
         return Change(effects=[Refuse(
             "conversation_agent_mismatch",
             f"conversation belongs to agent {head.agent!r}; a message for {agent!r} cannot join it",
         )])
+    if head is not None and head.deleting is not None:
+        return Change(effects=[Refuse("conversation_deleting", "the conversation is being deleted")])
     known = read(message_key(cid, message["id"]))
     if known:
         return _again(head, read, cid, message, known)
-    head = head or ConversationRecord(agent=agent, updated_at=now)
+    head = head or ConversationRecord(agent=agent, since=offset, updated_at=now)
     waiting = head.waiting_list()
     if len(waiting) >= MAX_WAITING:
         return Change(effects=[Refuse(
@@ -175,12 +190,15 @@ def _again(head: ConversationRecord | None, read: Read, cid: str, message: dict[
 
 
 def round_ended(
-    head: ConversationRecord | None, read: Read, *, cid: str, number: int, status: str, text: str, task_id: str,
-    error: str | None, completed_at: float, now: float,
+    head: ConversationRecord | None, read: Read, *, cid: str, since: int, number: int, status: str, text: str,
+    task_id: str, error: str | None, completed_at: float, now: float,
 ) -> Change:
-    """Round ``number`` ended with ``text`` (or ``error``). Applied again (a redelivery), it changes nothing."""
-    if head is None or head.answering != number:
+    """Round ``number`` of the conversation begun at ``since`` ended with ``text`` (or ``error``). Applied again (a
+    redelivery), or a round of a conversation since deleted, it changes nothing."""
+    if head is None or head.answering != number or head.since != since:
         return Change()
+    if head.deleting is not None:  # asked to delete while this round answered: deleted now, no reply
+        return delete(replace(head, answering=None), read, cid, by=head.deleting, now=now)
     waiting = head.waiting_list()
     answered = [m for m in waiting if m["round"] == number]
     reply = {"round": number, "message_ids": [m["id"] for m in answered], "status": status, "text": text,
@@ -272,6 +290,24 @@ def page(head: ConversationRecord, read: Read, cid: str, *, before: int | None, 
     end = head.items if before is None else max(0, min(before, head.items))
     found = (read(item_key(cid, i)) for i in range(max(0, end - limit), end))
     return [item for item in found if item]
+
+
+def delete(head: ConversationRecord | None, read: Read, cid: str, *, by: str, now: float) -> Change:
+    """Every key of the conversation deleted, and its rounds' task records; while a round answers, once it ends."""
+    if head is None:
+        return Change()
+    if head.answering is not None:
+        return Change(head=replace(head, deleting=by, updated_at=now)) if head.deleting is None else Change()
+    writes: dict[str, Any] = {cid: None}
+    for i in range(head.items):
+        item = read(item_key(cid, i))
+        writes[item_key(cid, i)] = None
+        if item and item.get("role") == "customer":
+            writes[message_key(cid, item["id"])] = None
+    for m in head.waiting_list():
+        writes[message_key(cid, m["id"])] = None
+    deleted = _event(f"deleted:{head.since}", "deleted", None, {"by": by})  # a stream forgets what it has shown
+    return Change(writes=writes, effects=[DeleteRounds(head.rounds, head.since)], events=[deleted])
 
 
 def message_view(read: Read, cid: str, message_id: str) -> dict[str, Any] | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,8 +30,8 @@ from agents_stream.contract.models import (
 )
 
 __all__ = [
-    "REPLIES", "ROUND_PREFIX", "ConversationMessage", "ConversationReply", "HistoryItem", "ConversationContext",
-    "conversation_of", "is_message", "message_digest", "message_from", "round_task_id",
+    "REPLIES", "ROUND_PREFIX", "ConversationContext", "ConversationDelete", "ConversationMessage", "ConversationReply",
+    "HistoryItem", "conversation_of", "is_message", "message_digest", "message_from", "round_of", "round_task_id",
 ]
 
 REPLIES = topics.REPLIES
@@ -78,14 +78,29 @@ class ConversationReply(BaseModel):
     completed_at: str = Field(default_factory=utcnow_iso)
 
 
+class ConversationDelete(BaseModel):
+    """A request to delete a conversation, on its agent's task topic keyed by conversation_id (like its messages):
+    every record of it is deleted once no round answers (docs/conversations.md, "Deleting")."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    conversation_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
+    agent_name: str = Field(min_length=1)
+    action: Literal["delete"]
+    by: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
+
+
 def is_message(data: Any) -> bool:
     """A decoded record is a conversation message (not a task) when it names a conversation."""
     return isinstance(data, dict) and "conversation_id" in data
 
 
-def message_from(text: str, *, agent: str) -> ConversationMessage:
-    """A decoded message (``models.decode_record``) validated, or PoisonMessage with the reason."""
-    message: ConversationMessage = validated(ConversationMessage, text)
+def message_from(text: str, data: dict[str, Any], *, agent: str) -> ConversationMessage | ConversationDelete:
+    """A decoded message (``models.decode_record``: its text and its object) validated, or PoisonMessage with the
+    reason; one with an ``action`` is a ConversationDelete."""
+    model = ConversationDelete if "action" in data else ConversationMessage
+    message: ConversationMessage | ConversationDelete = validated(model, text)
     if message.agent_name != agent:
         raise PoisonMessage("agent_mismatch", f"agent_name {message.agent_name!r} sent to the topic of {agent!r}")
     return message
@@ -99,12 +114,14 @@ def message_digest(message: ConversationMessage) -> str:
     return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
 
-def round_task_id(conversation_id: str, number: int, partitions: int) -> str:
-    """The task id of round ``number`` of a conversation: ``conv:<conversation_id>#<number>``, with the shortest
-    ``.<n>`` suffix that puts it on the conversation's partition (Kafka's partitioner hashes the whole id; about
-    ``partitions`` ids are tried, deterministically, so every worker derives the same one)."""
+def round_task_id(conversation_id: str, number: int, partitions: int, since: int) -> str:
+    """The task id of round ``number`` of a conversation: ``conv:<conversation_id>@<since>#<number>``, with the
+    shortest ``.<n>`` suffix that puts it on the conversation's partition (Kafka's partitioner hashes the whole id;
+    about ``partitions`` ids are tried, deterministically, so every worker derives the same one). ``since`` is the
+    offset of the message that began the conversation: a conversation deleted and begun again under the same id has
+    other round ids, so its tools' idempotency keys never meet the deleted one's."""
     home = topics.partition_for(conversation_id.encode("utf-8"), partitions)
-    base = f"{ROUND_PREFIX}{conversation_id}#{number}"
+    base = f"{ROUND_PREFIX}{conversation_id}@{since}#{number}"
     for n in range(200 * partitions):
         candidate = base if n == 0 else f"{base}.{n}"
         if topics.partition_for(candidate.encode("utf-8"), partitions) == home:
@@ -112,11 +129,18 @@ def round_task_id(conversation_id: str, number: int, partitions: int) -> str:
     raise RuntimeError(f"no task id of round {number} of {conversation_id!r} falls on partition {home}")  # p ≈ e^-200
 
 
-def conversation_of(task_id: str) -> tuple[str, int] | None:
-    """(conversation_id, round) of a round's task id; None for any other task id (a sub-task of a round included)."""
+def round_of(task_id: str) -> tuple[str, int, int] | None:
+    """(conversation_id, since, round) of a round's task id; None for any other task id (a round's sub-task too)."""
     if not task_id.startswith(ROUND_PREFIX) or "#" not in task_id:
         return None
-    conversation_id, _, suffix = task_id[len(ROUND_PREFIX):].rpartition("#")
-    if not conversation_id or not _RUN_SUFFIX.match(suffix):
+    left, _, suffix = task_id[len(ROUND_PREFIX):].rpartition("#")
+    conversation_id, _, since = left.rpartition("@")
+    if not conversation_id or not since.isdigit() or not _RUN_SUFFIX.match(suffix):
         return None
-    return conversation_id, int(suffix.split(".")[0])
+    return conversation_id, int(since), int(suffix.split(".")[0])
+
+
+def conversation_of(task_id: str) -> tuple[str, int] | None:
+    """(conversation_id, round) of a round's task id; None for any other task id (a sub-task of a round included)."""
+    found = round_of(task_id)
+    return (found[0], found[2]) if found is not None else None

@@ -19,10 +19,12 @@ from agents_stream.config import AgentConfig
 from agents_stream.contract import topics
 from agents_stream.contract.conversations import (
     REPLIES,
+    ConversationDelete,
     ConversationMessage,
     ConversationReply,
     conversation_of,
     message_digest,
+    round_of,
     round_task_id,
 )
 from agents_stream.contract.errors import PoisonMessage
@@ -82,10 +84,29 @@ class Conversations:
         self.record_max_bytes = record_max_bytes
         self.start = start
 
-    def on_record(self, tp: TP, offset: int, message: ConversationMessage, value: bytes | None, headers: Any) -> None:
-        """A message on its agent's task topic: re-sent to its conversation's partition first when not there."""
-        if not moved(self.outbox, self.partitions, tp, offset, message.conversation_id, value, headers):
+    def on_record(
+        self, tp: TP, offset: int, message: ConversationMessage | ConversationDelete, value: bytes | None,
+        headers: Any,
+    ) -> None:
+        """A message (or a delete) on its agent's task topic: re-sent to its conversation's partition first when
+        not there."""
+        if moved(self.outbox, self.partitions, tp, offset, message.conversation_id, value, headers):
+            return
+        if isinstance(message, ConversationDelete):
+            self.on_delete(tp, offset, message)
+        else:
             self.on_message(tp, offset, message, value or b"", headers)
+
+    def on_delete(self, tp: TP, offset: int, request: ConversationDelete) -> None:
+        cid = request.conversation_id
+        head = conversation_record(self.table, cid)
+        if head is not None and head.agent != request.agent_name:
+            log.warning("A delete of conversation %s names agent %s, not its agent %s: ignored", cid,
+                        request.agent_name, head.agent)
+            return
+        log.info("Conversation %s: deleted at the request of %s (%s)", cid, request.by,
+                 "now" if head is None or head.answering is None else "once its open round ends")
+        self._apply(tp, offset, cid, machine.delete(head, self.table.get, cid, by=request.by, now=time.time()))
 
     def on_message(self, tp: TP, offset: int, message: ConversationMessage, value: bytes, headers: Any) -> None:
         """A message on its agent's task topic, on its conversation's partition."""
@@ -96,7 +117,7 @@ class Conversations:
                  "user": message.user, "context": message.context_data}
         change = machine.receive(
             head, self.table.get, cid=cid, agent=message.agent_name, message=entry,
-            policy=config.double_texting if config is not None else machine.ENQUEUE, now=time.time(),
+            policy=config.double_texting if config is not None else machine.ENQUEUE, now=time.time(), offset=offset,
         )
         if self._too_large(change):
             change = machine.Change(effects=[machine.Refuse(
@@ -120,13 +141,13 @@ class Conversations:
     def round_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
         """The round of task ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next
         round started. Applied again, it changes nothing."""
-        parsed = conversation_of(task_id)
+        parsed = round_of(task_id)
         if parsed is None or not task.terminal:
             return
-        cid, number = parsed
+        cid, since, number = parsed
         result = json.loads(task.result) if task.result else {"status": "failed", "error": f"round {task.state}"}
         change = machine.round_ended(
-            conversation_record(self.table, cid), self.table.get, cid=cid, number=number,
+            conversation_record(self.table, cid), self.table.get, cid=cid, since=since, number=number,
             status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
             error=result.get("error"), completed_at=task.finished_at or time.time(), now=time.time(),
         )
@@ -157,6 +178,8 @@ class Conversations:
                     self._refuse(tp, offset, cid, message, reason, detail)
                 case machine.StartRound():
                     starts.append(effect)
+                case machine.DeleteRounds(rounds=rounds, since=since):
+                    sends += self._delete_rounds(tp, cid, rounds, since)
         if sends:
             self.outbox.deliver(tp, offset, sends)
         for start in starts:  # after the writes: the round's task record is held with the same offset
@@ -177,12 +200,23 @@ class Conversations:
         earlier = machine.history(head, self.table.get, cid, start.round, limit, chars)
         history = [HistoryItem(**item) for item in earlier]
         return TaskPayload(
-            task_id=round_task_id(cid, start.round, self.partitions),
+            task_id=round_task_id(cid, start.round, self.partitions, head.since),
             agent_name=head.agent,
             instruction="\n\n".join(m["text"] for m in messages),
             context_data=messages[-1]["context"] if messages else {},
             conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
         )
+
+    def _delete_rounds(self, tp: TP, cid: str, rounds: int, since: int) -> list[Send]:
+        """The task records of the conversation's rounds deleted (the finished ones: no round answers now)."""
+        sends = []
+        for number in range(1, rounds + 1):
+            task_id = round_task_id(cid, number, self.partitions, since)
+            stored = self.tasks.get(task_id)
+            if stored and TaskRecord.from_json(stored).terminal:
+                del self.tasks[task_id]
+                sends.append(self.outbox.changelog(self.tasks, tp.partition, task_id))
+        return sends
 
     def _reply(self, cid: str, head: ConversationRecord | None, reply: dict[str, Any]) -> Send:
         body = ConversationReply(

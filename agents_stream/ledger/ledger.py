@@ -206,7 +206,7 @@ class Ledger:
         try:
             text, data = decode_record(value, self.settings.payload_max_bytes)
             if is_message(data):  # a conversation's message, keyed by its conversation
-                self.conversations.on_record(tp, offset, message_from(text, agent=agent), value, headers)
+                self.conversations.on_record(tp, offset, message_from(text, data, agent=agent), value, headers)
                 return
             task = task_from(text, agent=agent, max_steps=self.settings.max_steps)
         except PoisonMessage as poison:

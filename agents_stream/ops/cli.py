@@ -7,7 +7,7 @@ import os
 import sys
 
 from agents_stream.kafka import security as kafka_security
-from agents_stream.ops import cli_approvals, cli_chat, cli_dlq, cli_jobs, cli_publish, cli_views
+from agents_stream.ops import cli_approvals, cli_chat, cli_conversations, cli_dlq, cli_jobs, cli_publish, cli_views
 from agents_stream.ops.cli_common import broker_unreachable
 from agents_stream.settings import Settings
 
@@ -44,6 +44,7 @@ def parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=_cmd_worker)
     cli_publish.register(sub.add_parser)
     cli_chat.register(sub.add_parser)
+    cli_conversations.register(sub.add_parser)
     cli_approvals.register(sub.add_parser)
     cli_jobs.register(sub.add_parser)
     cli_views.register(sub.add_parser)

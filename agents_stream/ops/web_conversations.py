@@ -7,16 +7,18 @@ from __future__ import annotations
 import asyncio
 import uuid
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
+import aiohttp
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import ConversationMessage, round_task_id
+from agents_stream.contract.conversations import ConversationDelete, ConversationMessage, round_task_id
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
-from agents_stream.ops.routing import routed
+from agents_stream.ops.routing import forwarded_headers, owner_of, routed
 from agents_stream.tables import conversations as machine
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord
@@ -57,7 +59,7 @@ def describe(
         "round": None,
     }
     if head.answering is not None:
-        task_id = round_task_id(cid, head.answering, partitions)
+        task_id = round_task_id(cid, head.answering, partitions, head.since)
         stored = tasks.get(task_id)
         state = TaskRecord.from_json(stored).state if stored else "starting"
         body["round"] = {"round": head.answering, "task_id": task_id, "state": state}
@@ -122,24 +124,70 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
                              status=404)
         return self.json({"conversation_id": conversation_id, **found})
 
-    del Post, conversation, message  # registered on the app
+    @app.page("/conversations/{conversation_id}/delete")
+    class Delete(View):
+        async def post(self, request: Request, conversation_id: str) -> Response:
+            try:
+                body = await mutation_body(settings, request)
+                agent = await _agent_of(app, request, table, conversation_id, settings.partitions)
+                if agent is None:
+                    return self.json({"error": f"unknown conversation_id {conversation_id!r}"}, status=404)
+                delete = ConversationDelete(conversation_id=conversation_id, agent_name=agent, action="delete",
+                                            by=body.get("by") or "http")
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            except ValidationError as exc:
+                return self.json({"error": f'expected JSON {{"by": "<who>"}}: {exc}'}, status=400)
+            try:
+                await _publish(app, delete.agent_name, conversation_id, delete.model_dump_json().encode("utf-8"))
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            return self.json({"accepted": True, "conversation_id": conversation_id, "by": delete.by}, status=202)
+
+    del Post, conversation, message, Delete  # registered on the app
+
+
+async def _agent_of(app: Any, request: Request, table: Any, cid: str, partitions: int) -> str | None:
+    """The conversation's agent, read where the conversation is (this worker or its owner); None if unknown."""
+    owner = owner_of(app, table, cid, partitions)
+    if owner is None:
+        raise Refused(503, "partitions are being reassigned; retry in a few seconds")
+    if owner.rstrip("/") == str(app.conf.canonical_url).rstrip("/"):
+        data = table.get(cid)
+        return ConversationRecord.from_json(data).agent if data else None
+    url = f"{owner.rstrip('/')}/conversations/{quote(cid, safe='')}?limit=1"
+    try:
+        async with app.http_client.get(url, headers=forwarded_headers(request),
+                                       timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status == 404:
+                return None
+            resp.raise_for_status()
+            return str((await resp.json())["agent"])
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise Refused(502, f"the worker owning this conversation ({owner}) did not answer: {type(exc).__name__}",
+                      ) from None
 
 
 async def _send(app: Any, message: ConversationMessage) -> tuple[int, int]:
     """Publish the message on its agent's task topic, keyed by its conversation; (partition, offset) once the
     broker confirmed it. A send that was not confirmed may still land: the same message_id again is harmless."""
-    channel = app.topic(topics.task_topic(message.agent_name), key_serializer="raw", value_serializer="raw")
     value = message.model_dump_json(exclude_none=True).encode("utf-8")
+    return await _publish(app, message.agent_name, message.conversation_id, value, retry=(
+        f"retry with the same message_id ({message.message_id}), which is answered once"))
+
+
+async def _publish(app: Any, agent: str, cid: str, value: bytes, retry: str = "retry") -> tuple[int, int]:
+    """One record on the agent's task topic keyed by the conversation, once the broker confirmed it."""
+    channel = app.topic(topics.task_topic(agent), key_serializer="raw", value_serializer="raw")
 
     async def send() -> Any:
-        fut = await channel.send(key=message.conversation_id.encode("utf-8"), value=value)
+        fut = await channel.send(key=cid.encode("utf-8"), value=value)
         return await fut
 
     try:
         metadata = await asyncio.wait_for(send(), timeout=SEND_TIMEOUT_S)
     except (asyncio.TimeoutError, KafkaError) as exc:
         raise Refused(
-            503, f"the broker did not confirm the message ({type(exc).__name__}); it may have been sent: retry with "
-            f"the same message_id ({message.message_id}), which is answered once",
+            503, f"the broker did not confirm the record ({type(exc).__name__}); it may have been sent: {retry}",
         ) from None
     return metadata.partition, metadata.offset

@@ -71,6 +71,8 @@ async def follow(
                 if event is None or event["id"] in seen:
                     continue
                 seen.add(event["id"])
+                if event.get("kind") == "deleted":  # begun again under its id, it names its events anew
+                    seen = {event["id"]}
                 if after is None or record.offset > after:
                     sent = True
                     yield record.offset, event

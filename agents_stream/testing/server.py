@@ -29,7 +29,7 @@ log = logging.getLogger("agents_stream.testing.fakellm")
 _SECRET_HEADERS = frozenset(
     {"authorization", "proxy-authorization", "x-goog-api-key", "x-api-key", "api-key", "cookie"}
 )
-_TASK_ID = re.compile(r"task_id=([A-Za-z0-9_.:/#\-]+)")
+_TASK_ID = re.compile(r"task_id=([A-Za-z0-9_.:/#@\-]+)")
 #: how long stop() and an outage wait for in-flight answers before cutting them off
 _DRAIN_S = 1.0
 _START_TIMEOUT_S = 5.0

@@ -45,6 +45,7 @@ async def test_a_thousand_message_conversation_with_100_mb_of_tool_output_moves_
     latency: dict[int, float] = {}
     url = f"http://127.0.0.1:{first.web_port}"
     moved_at = MESSAGES // 2
+    since = -1
     for n in range(1, MESSAGES + 1):
         if n == moved_at:  # a second worker joins, the first stops: the conversation moves to the second
             second = await c.started("b")
@@ -54,6 +55,7 @@ async def test_a_thousand_message_conversation_with_100_mb_of_tool_output_moves_
         async with Client(url, TOKEN) as client:
             started = time.monotonic()
             sent = await client.send(cid, agent, f"how was the service at hour {n}?", message_id=f"m{n}")
+            since = sent.offset if n == 1 else since
             reply = await client.reply(cid, sent.message_id, timeout=120, every=0.01)
             latency[n] = time.monotonic() - started
         assert reply["status"] == "succeeded" and reply["round"] == n, json.dumps(reply)
@@ -64,7 +66,7 @@ async def test_a_thousand_message_conversation_with_100_mb_of_tool_output_moves_
             asked.setdefault(n, []).append(len(json.dumps(r.body)))
     early = max(max(asked[n]) for n in range(10, 20))
     late = max(max(asked[n]) for n in range(MESSAGES - 10, MESSAGES + 1))
-    last = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, MESSAGES, PARTITIONS)][0]
+    last = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, MESSAGES, PARTITIONS, since)][0]
     said = [m for m in last.body["messages"] if m["role"] in ("user", "assistant")]
     print(f"\nconversation: {MESSAGES} messages; latency p50 {statistics.median(latency.values()) * 1000:.0f} ms, "
           f"message 1 {latency[1] * 1000:.0f} ms, 100 {latency[100] * 1000:.0f} ms, 1000 "

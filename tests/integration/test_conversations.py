@@ -81,7 +81,7 @@ async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_tha
             view = await client.conversation(cid)
         assert reply1["text"] == "Refunded 42.50 and sent a return label." and reply1["status"] == "succeeded"
         assert reply2["text"].startswith("Only that order") and reply2["round"] == 2
-        second_round = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, 2, PARTITIONS)]
+        second_round = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, 2, PARTITIONS, first.offset)]
         assert second_round, "the follow-up was answered by round 2"
         said = _said(second_round[0])
         assert said.index(text) < said.index("Refunded 42.50") < said.index("and the other order too?"), said
@@ -108,12 +108,12 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
         cid, order = unique("conv"), unique("o")
         script = support_script(order)
         fake_llm.enqueue(script[0], script[1], hang(60))
-        round1 = round_task_id(cid, 1, PARTITIONS)
         text = f"My package {order} never came, refund me"
         seen: list[Event] = []
         watching = asyncio.create_task(_watch(_worker_url(worker), cid, seen, after=None))
         async with Client(_worker_url(worker), TOKEN) as client:
             sent = await client.send(cid, agent, text, context_data={"order_id": order})
+        round1 = round_task_id(cid, 1, PARTITIONS, sent.offset)
         await eventually(lambda: 2 in turns_asked(fake_llm, round1), timeout=60, what="the turn after the refund")
         assert services.executed("payment.refund"), "the refund took effect before the kill"
         await eventually(lambda: _journaled(worker, round1, calls=3), timeout=10, what="the refund in the journal")
@@ -172,11 +172,11 @@ async def test_a_message_during_a_tool_call_waits_for_the_next_round_or_is_rejec
         async with Client(_worker_url(worker), TOKEN) as client:
             for agent in (queued, rejecting):
                 cid, order = unique("conv"), unique("o")
-                round1 = round_task_id(cid, 1, PARTITIONS)
                 fake_llm.enqueue(*support_script(order))
                 services.delay("payment.refund", 30)
                 first = await client.send(cid, agent, f"My package {order} never came",
                                           context_data={"order_id": order})
+                round1 = round_task_id(cid, 1, PARTITIONS, first.offset)
                 await eventually(lambda r=round1: [k for k in services.executed("payment.refund") if k.startswith(r)],
                                  timeout=60, what="the refund in flight")
                 if agent == queued:
@@ -194,7 +194,8 @@ async def test_a_message_during_a_tool_call_waits_for_the_next_round_or_is_rejec
                 if agent == queued:
                     reply2 = await client.reply(cid, second.message_id, timeout=60)
                     assert reply2["round"] == 2 and reply2["text"] == "Your address is changed too."
-                    (asked,) = [r for r in fake_llm.requests if r.task_id == round_task_id(cid, 2, PARTITIONS)]
+                    round2 = round_task_id(cid, 2, PARTITIONS, first.offset)
+                    (asked,) = [r for r in fake_llm.requests if r.task_id == round2]
                     said = _said(asked)
                     assert said.index("Refunded 42.50") < said.index("please change my address"), said
                 view = await client.conversation(cid)
@@ -272,3 +273,45 @@ class Terminal:
 
     async def exit_code(self, timeout: float = 30.0) -> int:
         return await asyncio.to_thread(self.proc.wait, timeout)
+
+
+async def test_a_deleted_conversation_leaves_a_tombstone_for_every_key(cluster_factory, fake_llm):
+    """`agents-stream conversations delete`: every key of the conversation in its table's changelog, and each of
+    its rounds' task records, ends with a tombstone; the conversation is gone from the view."""
+    agent = unique("plain")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_API_TOKEN=TOKEN)
+    worker = await c.started("a")
+    cid = unique("conv")
+    fake_llm.enqueue(ok("Hello."), ok("Still here."))
+    async with Client(_worker_url(worker), TOKEN) as client:
+        first = await client.send(cid, agent, "hello")
+        rounds = [(await client.reply(cid, first.message_id, timeout=60))["task_id"]]
+        second = await client.send(cid, agent, "are you there?")
+        rounds.append((await client.reply(cid, second.message_id, timeout=60))["task_id"])
+        env = {**os.environ, "AGENTS_STREAM_PUBLIC_URL": _worker_url(worker), "AGENTS_STREAM_API_TOKEN": TOKEN}
+        done = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "agents_stream.ops.cli",
+                                       "conversations", "delete", cid, "--by", "test"],
+                                       env=env, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        await eventually(lambda: _gone(client, cid), timeout=30, what="the conversation gone from its view")
+
+    def last_values(records: list[Any]) -> dict[str, bytes | None]:
+        return {json.loads(m.key): m.value for m in records}  # a changelog's keys are JSON strings
+
+    def ours(m: Any) -> bool:
+        return m.key is not None and json.loads(m.key).split("\x1f")[0] == cid
+
+    conversation = last_values(await read_topic(
+        f"{c.app_id}-conversations-changelog", keep=ours, timeout=30,
+        until=lambda seen: last_values(seen).get(cid, b"") is None))
+    kinds = sorted(k.split("\x1f")[1] if "\x1f" in k else "head" for k in conversation)
+    assert kinds == ["head", "i", "i", "i", "i", "m", "m"], kinds  # the head, 4 history items, 2 messages
+    assert all(v is None for v in conversation.values()), "every key's last record is a tombstone"
+    tasks = last_values(await read_topic(
+        f"{c.app_id}-tasks-changelog", keep=lambda m: m.key is not None and json.loads(m.key) in rounds, timeout=30,
+        until=lambda seen: all(last_values(seen).get(r, b"") is None for r in rounds)))
+    assert set(tasks) == set(rounds) and all(v is None for v in tasks.values()), "each round's record too"
+
+
+async def _gone(client: Client, cid: str) -> bool:
+    return await client.conversation(cid) is None

@@ -19,6 +19,7 @@ from agents_stream.contract.conversations import (
     conversation_of,
     message_digest,
     message_from,
+    round_of,
     round_task_id,
 )
 from agents_stream.contract.errors import PoisonMessage
@@ -50,10 +51,11 @@ def test_a_round_lands_on_its_conversations_partition_and_names_it(partitions: i
     for cid in ["c-1", "support/42", "x#y", "ünïcode", "a" * 200]:
         home = topics.partition_for(cid.encode(), partitions)
         for number in (1, 2, 17):
-            task_id = round_task_id(cid, number, partitions)
+            task_id = round_task_id(cid, number, partitions, 42)
             assert topics.partition_for(task_id.encode(), partitions) == home
-            assert conversation_of(task_id) == (cid, number)
-            assert round_task_id(cid, number, partitions) == task_id  # every worker derives the same id
+            assert conversation_of(task_id) == (cid, number) and round_of(task_id) == (cid, 42, number)
+            assert round_task_id(cid, number, partitions, 42) == task_id  # every worker derives the same id
+            assert round_task_id(cid, number, partitions, 43) != task_id  # a conversation begun again: other ids
             assert conversation_of(f"{task_id}/call_1") is None  # a round's sub-task is no round
 
 
@@ -78,9 +80,9 @@ def test_a_producer_cannot_send_a_run() -> None:
     ({"conversation_id": "c" * 201, "message_id": "m", "agent_name": AGENT, "text": "x"}, "schema_violation"),
 ])
 def test_a_bad_message_has_its_reason(body: dict[str, Any], reason: str) -> None:
-    text, _ = decode_record(json.dumps(body).encode(), 10_000)
+    text, data = decode_record(json.dumps(body).encode(), 10_000)
     with pytest.raises(PoisonMessage) as exc:
-        message_from(text, agent=AGENT)
+        message_from(text, data, agent=AGENT)
     assert exc.value.reason == reason
 
 
@@ -114,12 +116,12 @@ class Store:
     def receive(self, message_id: str, text: str = "hi", policy: str = "enqueue", agent: str = AGENT,
                 digest: str | None = None, now: float = 1.0) -> machine.Change:
         return self.apply(machine.receive(self.head, self.keys.get, cid="c-1", agent=agent,
-                                          message=_entry(message_id, text, digest), policy=policy, now=now))
+                                          message=_entry(message_id, text, digest), policy=policy, now=now, offset=0))
 
     def end(self, number: int, text: str, now: float = 2.0, status: str = "succeeded") -> machine.Change:
-        return self.apply(machine.round_ended(self.head, self.keys.get, cid="c-1", number=number, status=status,
-                                              text=text, task_id=f"t{number}", error=None, completed_at=now,
-                                              now=now))
+        return self.apply(machine.round_ended(self.head, self.keys.get, cid="c-1", since=0, number=number,
+                                              status=status, text=text, task_id=f"t{number}", error=None,
+                                              completed_at=now, now=now))
 
 
 def _replies_of(change: machine.Change) -> list[dict[str, Any]]:
@@ -273,13 +275,13 @@ def _replies(world: LedgerWorld) -> list[dict[str, Any]]:
 async def test_two_messages_two_rounds_one_reply_each_and_the_second_round_knows_the_first() -> None:
     world = _world()
     await world.deliver(TASKS, b"c-1", _message("my package never came, refund me", "m1"))
-    round1 = round_task_id("c-1", 1, 1)
+    round1 = round_task_id("c-1", 1, 1, 0)
     assert [d[0] for d in world.dispatched] == [round1]
     await world.deliver(TASKS, b"c-1", _message("and order 9 too?", "m2"))  # mid-round: enqueued
     await world.deliver(TASKS, b"c-1", _message("my package never came, refund me", "m1"))  # a double click
     assert [d[0] for d in world.dispatched] == [round1] and _replies(world) == []
     await world.deliver(OUTCOMES, round1.encode(), _succeeded("Refunded order 7."))
-    round2 = round_task_id("c-1", 2, 1)
+    round2 = round_task_id("c-1", 2, 1, 0)
     assert [d[0] for d in world.dispatched] == [round1, round2]
     assert [(r["message_ids"], r["text"]) for r in _replies(world)] == [(["m1"], "Refunded order 7.")]
     second = world.payloads[round2]
@@ -300,7 +302,7 @@ async def test_two_messages_two_rounds_one_reply_each_and_the_second_round_knows
 async def test_a_failed_round_is_a_reply_that_says_so() -> None:
     world = _world()
     await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
-    round1 = round_task_id("c-1", 1, 1)
+    round1 = round_task_id("c-1", 1, 1, 0)
     failed = encode(TaskFailed(worker="w1", dispatch=1, calls=1, usage=Usage(), route=None, reason="downstream",
                                error="refused", source="primary:p:m"))
     await world.deliver(OUTCOMES, round1.encode(), failed)
@@ -320,16 +322,16 @@ async def test_bad_messages_are_dead_lettered_and_the_conversation_goes_on() -> 
     dlq = topics.dlq_topic(AGENT)
     reasons = [dict(h)["error_reason"] for t, _, _, h in world.sent if t == dlq]
     assert [r.decode().split(":")[0] for r in reasons] == ["message_conflict", "agent_mismatch", "schema_violation"]
-    round1 = round_task_id("c-1", 1, 1)
+    round1 = round_task_id("c-1", 1, 1, 0)
     await world.deliver(OUTCOMES, round1.encode(), _succeeded("Refunded."))
     await world.deliver(TASKS, b"c-1", _message("thanks", "m5"))
-    assert [d[0] for d in world.dispatched] == [round1, round_task_id("c-1", 2, 1)]
+    assert [d[0] for d in world.dispatched] == [round1, round_task_id("c-1", 2, 1, 0)]
 
 
 async def test_a_crash_before_the_rounds_record_was_written_makes_the_round_again() -> None:
     world = _world()
     await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
-    round1 = round_task_id("c-1", 1, 1)
+    round1 = round_task_id("c-1", 1, 1, 0)
     del world.tasks[round1]  # the conversation's write landed, the round's did not; the message comes again
     world.dispatched.clear()
     await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
@@ -365,10 +367,43 @@ async def test_the_ledger_sends_a_conversations_events_with_its_transitions() ->
     world = _world("reject")
     await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
     await world.deliver(TASKS, b"c-1", _message("hello?", "m2"))  # rejected: a round answers m1
-    round1 = round_task_id("c-1", 1, 1)
+    round1 = round_task_id("c-1", 1, 1, 0)
     await world.deliver(OUTCOMES, round1.encode(), _succeeded("Refunded."))
     events = [json.loads(v) for v in world.on(topics.CONVERSATION_EVENTS) if v is not None]
     assert [e["id"] for e in events] == [
         "message:m1", "round:1:started", "round:1:dispatch:1", "message:m2", "reply:1:m2", "reply:1",
     ]
     assert all(e["conversation_id"] == "c-1" for e in events)
+
+
+# -- deleting ------------------------------------------------------------------------------------------------------
+
+def test_a_delete_removes_every_key_and_waits_for_an_open_round() -> None:
+    store = Store()
+    store.receive("m1", "first")
+    store.end(1, "one")
+    store.receive("m2", "second")
+    waiting = machine.delete(store.head, store.keys.get, "c-1", by="ops", now=5.0)
+    assert waiting.writes == {} and waiting.head is not None and waiting.head.deleting == "ops"
+    store.apply(waiting)
+    refused = store.receive("m3", "third")
+    assert [e.reason for e in refused.effects] == ["conversation_deleting"]  # type: ignore[union-attr]
+    gone = store.end(2, "two")
+    assert gone.effects == [machine.DeleteRounds(2, 0)] and not _replies_of(gone)
+    assert all(value is None for value in gone.writes.values())
+    assert set(gone.writes) == set(store.keys), "every key of the conversation"
+    assert machine.delete(None, store.keys.get, "c-1", by="ops", now=6.0).writes == {}
+
+
+async def test_the_ledger_deletes_a_conversation_and_its_rounds() -> None:
+    world = _world()
+    await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
+    await world.deliver(OUTCOMES, round_task_id("c-1", 1, 1, 0).encode(), _succeeded("Refunded."))
+    delete = {"conversation_id": "c-1", "agent_name": AGENT, "action": "delete", "by": "ops"}
+    await world.deliver(TASKS, b"c-1", json.dumps(delete).encode())
+    assert [k for k in world.conversations if k.startswith("c-1")] == []
+    assert round_task_id("c-1", 1, 1, 0) not in world.tasks
+    await world.deliver(TASKS, b"c-1", _message("hello again", "m2"))  # the id starts a new conversation
+    again = ConversationRecord.from_json(world.conversations["c-1"])
+    assert again.rounds == 1 and again.since == 2
+    assert world.dispatched[-1][0] == round_task_id("c-1", 1, 1, 2), "its rounds have other ids (other tool keys)"
