@@ -234,6 +234,11 @@ class Settings:
         "AGENTS_STREAM_APPROVAL_SECRET", "",
         "HMAC key of approve/reject links (the same on every worker); empty: notifications carry no links.",
     )
+    conversation_secret: str = _setting(
+        "AGENTS_STREAM_CONVERSATION_SECRET", "",
+        "HMAC key of per-conversation tokens (POST /conversations/<id>/token), the same on every worker, at least 32 "
+        "characters; empty: no such tokens (only the operator tokens open the conversation API).",
+    )
     approval_require_signed: bool = _setting(
         "AGENTS_STREAM_APPROVAL_REQUIRE_SIGNED", False,
         "Refuse decisions on agent.approvals that carry no valid signature (an operator's CLI then needs the secret); "
@@ -298,7 +303,7 @@ class Settings:
     log_level: str = _setting("AGENTS_STREAM_LOG_LEVEL", "info", "Worker log level (debug, info, warn, error).")
 
     #: never printed, logged or sent
-    SECRETS = frozenset({"approval_secret", "api_token", "read_token", "kafka_sasl_password"})
+    SECRETS = frozenset({"approval_secret", "conversation_secret", "api_token", "read_token", "kafka_sasl_password"})
 
     def __repr__(self) -> str:
         # A logged or printed Settings must not carry a secret.
@@ -345,13 +350,17 @@ class Settings:
         return self.data_dir or str(Path(DEFAULT_DATA_ROOT) / self.app_id)
 
     def approval_secret_problem(self) -> str | None:
-        """Why the approval secret cannot be used (too short to resist guessing), or None when unset or good."""
-        if self.approval_secret and len(self.approval_secret) < APPROVAL_SECRET_MIN_CHARS:
-            return (
-                f"AGENTS_STREAM_APPROVAL_SECRET has {len(self.approval_secret)} characters; it needs at least "
-                f"{APPROVAL_SECRET_MIN_CHARS} (e.g. python3 -c 'import secrets; print(secrets.token_urlsafe(32))'), "
-                "or leave it unset to send notifications without links"
-            )
+        """Why the approval or conversation secret cannot be used (too short to resist guessing), or None when
+        unset or good."""
+        for env, value, unset in (
+            ("AGENTS_STREAM_APPROVAL_SECRET", self.approval_secret, "to send notifications without links"),
+            ("AGENTS_STREAM_CONVERSATION_SECRET", self.conversation_secret, "to issue no conversation tokens"),
+        ):
+            if value and len(value) < APPROVAL_SECRET_MIN_CHARS:
+                return (
+                    f"{env} has {len(value)} characters; it needs at least {APPROVAL_SECRET_MIN_CHARS} (e.g. python3 "
+                    f"-c 'import secrets; print(secrets.token_urlsafe(32))'), or leave it unset {unset}"
+                )
         return None
 
     def approval_share(self) -> int:

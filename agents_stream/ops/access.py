@@ -8,7 +8,8 @@ Every request passes :func:`guard` (an aiohttp middleware) before its view:
   its own name;
 - a read of any other route (GET/HEAD) needs ``AGENTS_STREAM_READ_TOKEN`` or ``AGENTS_STREAM_API_TOKEN``
   (**401**), except the console's static files and the signed approval link (``PAGE_ROUTES``);
-- mutations check the write token in their view (agents_stream.ops.web.mutation_body).
+- mutations check the write token in their view (agents_stream.ops.web.mutation_body);
+- a conversation's own token (agents_stream.ops.conversation_tokens) opens that conversation's routes only.
 """
 
 from __future__ import annotations
@@ -16,15 +17,18 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import time
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
 from aiohttp import web
 
+from agents_stream.ops import conversation_tokens
 from agents_stream.settings import Settings
 
 __all__ = [
-    "OPEN_ROUTES", "PAGE_ROUTES", "Refused", "allowed_hosts", "check_open_bind", "guard", "host_allowed",
+    "OPEN_ROUTES", "PAGE_ROUTES", "Refused", "allowed_hosts", "check_open_bind", "conversation_access", "guard",
+    "host_allowed",
     "is_loopback", "may_read", "may_write", "same_origin",
 ]
 
@@ -135,6 +139,20 @@ def may_read(settings: Settings, authorization: str) -> bool:
     return may_write(settings, authorization) or _bearer(authorization, settings.read_token)
 
 
+def conversation_access(settings: Settings, request: Any, *, write: bool) -> bool:
+    """The request carries a conversation token that opens this route for this very conversation (a read of one
+    of its routes, or ``write``: a message to it)."""
+    resource = request.match_info.route.resource
+    pattern = resource.canonical if resource is not None else None
+    if pattern not in (conversation_tokens.WRITE_ROUTES if write else conversation_tokens.ROUTES):
+        return False
+    authorization = request.headers.get("Authorization", "")
+    if not authorization.startswith("Bearer "):
+        return False
+    opens = conversation_tokens.verify(settings.conversation_secret, authorization[len("Bearer "):], time.time())
+    return opens is not None and opens == request.match_info.get("conversation_id")
+
+
 def same_origin(request: Any) -> bool:
     """A browser names the page's origin on cross-site requests; a mutation from another site is refused."""
     origin = request.headers.get("Origin")
@@ -173,7 +191,8 @@ def guard(settings: Settings) -> Any:
             ))
         reading = request.method in ("GET", "HEAD")
         if reading and pattern is not None and pattern not in PAGE_ROUTES:
-            if not may_read(settings, request.headers.get("Authorization", "")):
+            if not (may_read(settings, request.headers.get("Authorization", ""))
+                    or conversation_access(settings, request, write=False)):
                 return _refusal(401, (
                     "task data needs a bearer token: Authorization: Bearer <AGENTS_STREAM_READ_TOKEN or "
                     "AGENTS_STREAM_API_TOKEN of the workers>"

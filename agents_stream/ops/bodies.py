@@ -6,7 +6,7 @@ import asyncio
 import json
 from typing import Any
 
-from agents_stream.ops.access import Refused, may_write, same_origin
+from agents_stream.ops.access import Refused, conversation_access, may_write, same_origin
 from agents_stream.settings import Settings
 
 __all__ = ["BODY_TIMEOUT_S", "MAX_BODY", "MAX_DEPTH", "json_depth", "mutation_body", "parse_json", "read_body"]
@@ -81,7 +81,8 @@ async def mutation_body(settings: Settings, request: Any) -> dict[str, Any]:
             "cross-origin request refused: use the console served by this worker, the CLI, or a client without an "
             "Origin header",
         )
-    if not may_write(settings, request.headers.get("Authorization", "")):
+    if not (may_write(settings, request.headers.get("Authorization", ""))
+            or conversation_access(settings, request, write=True)):
         raise Refused(401, "a bearer token is required (Authorization: Bearer <AGENTS_STREAM_API_TOKEN>)")
     if request.content_length is not None and request.content_length > MAX_BODY:
         raise Refused(413, f"request body over {MAX_BODY} bytes")

@@ -5,6 +5,7 @@ docs/conversations.md, "HTTP"."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
@@ -16,6 +17,7 @@ from pydantic import ValidationError
 
 from agents_stream.contract import topics
 from agents_stream.contract.conversations import ConversationDelete, ConversationMessage, round_task_id
+from agents_stream.ops import conversation_tokens
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.routing import forwarded_headers, owner_of, routed
@@ -144,7 +146,24 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
                 return self.json({"error": str(exc)}, status=exc.status)
             return self.json({"accepted": True, "conversation_id": conversation_id, "by": delete.by}, status=202)
 
-    del Post, conversation, message, Delete  # registered on the app
+    @app.page("/conversations/{conversation_id}/token")
+    class Token(View):
+        async def post(self, request: Request, conversation_id: str) -> Response:
+            try:
+                body = await mutation_body(settings, request)
+                ttl = float(body.get("ttl_s") or 3600)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            except (TypeError, ValueError):
+                return self.json({"error": 'expected JSON {"ttl_s": <seconds>}'}, status=400)
+            if not settings.conversation_secret:
+                return self.json({"error": "no AGENTS_STREAM_CONVERSATION_SECRET is set on the workers: no "
+                                           "conversation tokens can be issued"}, status=409)
+            token, expires = conversation_tokens.issue(settings.conversation_secret, conversation_id, ttl,
+                                                       time.time())
+            return self.json({"conversation_id": conversation_id, "token": token, "expires_at": expires})
+
+    del Post, conversation, message, Delete, Token  # registered on the app
 
 
 async def _agent_of(app: Any, request: Request, table: Any, cid: str, partitions: int) -> str | None:

@@ -15,6 +15,7 @@ import time
 from typing import Any
 from urllib.parse import quote
 
+import aiohttp
 import pytest
 
 from agents_stream.client import Client, ClientError, Event
@@ -315,3 +316,51 @@ async def test_a_deleted_conversation_leaves_a_tombstone_for_every_key(cluster_f
 
 async def _gone(client: Client, cid: str) -> bool:
     return await client.conversation(cid) is None
+
+
+async def test_a_conversation_token_opens_that_conversation_to_its_end_user_and_nothing_else(
+    cluster_factory, fake_llm,
+):
+    agent = unique("plain")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_API_TOKEN=TOKEN,
+                        AGENTS_STREAM_CONVERSATION_SECRET="conversation-secret-" + "x" * 20)
+    worker = await c.started("a")
+    url = _worker_url(worker)
+    cid, other = unique("conv"), unique("conv")
+    fake_llm.enqueue(ok("Hello, Ana."))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/conversations/{cid}/token", json={"ttl_s": 600},
+                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+            assert resp.status == 200
+            user_token = (await resp.json())["token"]
+        async with Client(url, user_token) as client:  # what a browser holding the token can do
+            sent = await client.send(cid, agent, "hi, I am Ana")
+            reply = await client.reply(cid, sent.message_id, timeout=60)
+            assert reply["text"] == "Hello, Ana."
+            assert (await client.conversation(cid))["status"] == "idle"  # type: ignore[index]
+            events = [e.kind async for e in _until_reply(client.events(cid, timeout=30))]
+            assert events[0] == "message" and events[-1] == "reply"
+        refused = [
+            ("GET", f"/conversations/{other}"), ("POST", f"/conversations/{other}/messages"),
+            ("GET", f"/conversations/{other}/events"), ("POST", f"/conversations/{cid}/delete"),
+            ("POST", f"/conversations/{cid}/token"), ("GET", f"/tasks/{reply['task_id']}"), ("GET", "/approvals"),
+            ("GET", "/recent"), ("GET", "/dlq"),
+        ]
+        for method, path in refused:
+            body = {"agent_name": agent, "text": "x"} if method == "POST" else None
+            async with http.request(method, url + path, json=body,
+                                    headers={"Authorization": f"Bearer {user_token}"}) as resp:
+                assert resp.status == 401, (method, path, resp.status)
+        async with http.post(f"{url}/conversations/{cid}/token", json={"ttl_s": 1},
+                             headers={"Authorization": f"Bearer {TOKEN}"}) as resp:
+            short = (await resp.json())["token"]
+        await asyncio.sleep(2.1)
+        async with http.get(f"{url}/conversations/{cid}", headers={"Authorization": f"Bearer {short}"}) as resp:
+            assert resp.status == 401, "an expired token opens nothing"
+
+
+async def _until_reply(events: Any) -> Any:
+    async for event in events:
+        yield event
+        if event.kind == "reply":
+            return
