@@ -344,6 +344,18 @@ class Runtime(Service):
             if keys:
                 body = encode(RecordsExpired(keys=keys, worker=self.worker_id))
                 self.outcomes.send_soon(key=keys[0].encode(), value=body, partition=partition)
+            idle = self.ledger.conversations.sweep_idle(
+                partition, time.time(), self.settings.conversation_idle_s, self.settings.expiry_batch,
+            )
+            for delete in idle:  # on the conversation's task topic, like an operator's delete
+                topic = self.app.topic(topics.task_topic(delete.agent_name), key_serializer="raw",
+                                       value_serializer="raw")
+                try:
+                    await topic.send(key=delete.conversation_id.encode(), value=delete.model_dump_json().encode(),
+                                     partition=partition)
+                except Exception as exc:  # the next sweep finds it idle again
+                    log.warning("The idle conversation %s could not be deleted now (%r); the next sweep tries again",
+                                delete.conversation_id, exc)
             await asyncio.sleep(0)
 
     def scan_leases(self) -> None:

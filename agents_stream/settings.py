@@ -153,6 +153,11 @@ class Settings:
         "AGENTS_STREAM_EXPIRY_INTERVAL_S", 5.0,
         "How often the expiry sweep looks for finished records past their time to live.",
     )
+    conversation_idle_s: float = _setting(
+        "AGENTS_STREAM_CONVERSATION_IDLE_S", 30 * 24 * 3600.0,
+        "A conversation with no message or reply for this long, and no round answering, is deleted (every record "
+        "of it, as agents-stream conversations delete does); 0: kept until deleted.",
+    )
     max_attempts: int = _setting(
         "AGENTS_STREAM_MAX_ATTEMPTS", 3,
         "Dispatches of one task (lease expiries) before it is dead-lettered with error_layer=recovery.",

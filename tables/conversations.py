@@ -292,10 +292,15 @@ def page(head: ConversationRecord, read: Read, cid: str, *, before: int | None, 
     return [item for item in found if item]
 
 
-def delete(head: ConversationRecord | None, read: Read, cid: str, *, by: str, now: float) -> Change:
-    """Every key of the conversation deleted, and its rounds' task records; while a round answers, once it ends."""
+def delete(
+    head: ConversationRecord | None, read: Read, cid: str, *, by: str, now: float, idle_since: float | None = None,
+) -> Change:
+    """Every key of the conversation deleted, and its rounds' task records; while a round answers, once it ends.
+    ``idle_since`` (the idle sweep's): only if nothing changed since then and no round answers."""
     if head is None:
         return Change()
+    if idle_since is not None and (head.updated_at != idle_since or head.answering is not None):
+        return Change()  # it moved on since the sweep saw it idle
     if head.answering is not None:
         return Change(head=replace(head, deleting=by, updated_at=now)) if head.deleting is None else Change()
     writes: dict[str, Any] = {cid: None}
@@ -308,6 +313,12 @@ def delete(head: ConversationRecord | None, read: Read, cid: str, *, by: str, no
         writes[message_key(cid, m["id"])] = None
     deleted = _event(f"deleted:{head.since}", "deleted", None, {"by": by})  # a stream forgets what it has shown
     return Change(writes=writes, effects=[DeleteRounds(head.rounds, head.since)], events=[deleted])
+
+
+def idle(key: str, value: Any, *, now: float, idle_s: float) -> bool:
+    """An entry of the table is a conversation's head, untouched for ``idle_s``, with no round answering."""
+    return (SEP not in key and isinstance(value, dict) and value.get("answering") is None
+            and isinstance(value.get("updated_at"), int | float) and value["updated_at"] < now - idle_s)
 
 
 def message_view(read: Read, cid: str, message_id: str) -> dict[str, Any] | None:

@@ -89,6 +89,8 @@ class ConversationDelete(BaseModel):
     agent_name: str = Field(min_length=1)
     action: Literal["delete"]
     by: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
+    #: set by the idle sweep: delete only if the conversation was last changed at this time (nothing came since)
+    idle_since: float | None = None
 
 
 def is_message(data: Any) -> bool:

@@ -83,6 +83,7 @@ class Conversations:
         self.partitions = partitions
         self.record_max_bytes = record_max_bytes
         self.start = start
+        self._idle_cursors: dict[int, bytes | None] = {}
 
     def on_record(
         self, tp: TP, offset: int, message: ConversationMessage | ConversationDelete, value: bytes | None,
@@ -104,9 +105,11 @@ class Conversations:
             log.warning("A delete of conversation %s names agent %s, not its agent %s: ignored", cid,
                         request.agent_name, head.agent)
             return
-        log.info("Conversation %s: deleted at the request of %s (%s)", cid, request.by,
-                 "now" if head is None or head.answering is None else "once its open round ends")
-        self._apply(tp, offset, cid, machine.delete(head, self.table.get, cid, by=request.by, now=time.time()))
+        if request.idle_since is None:
+            log.info("Conversation %s: deleted at the request of %s (%s)", cid, request.by,
+                     "now" if head is None or head.answering is None else "once its open round ends")
+        self._apply(tp, offset, cid, machine.delete(head, self.table.get, cid, by=request.by, now=time.time(),
+                                                    idle_since=request.idle_since))
 
     def on_message(self, tp: TP, offset: int, message: ConversationMessage, value: bytes, headers: Any) -> None:
         """A message on its agent's task topic, on its conversation's partition."""
@@ -206,6 +209,18 @@ class Conversations:
             context_data=messages[-1]["context"] if messages else {},
             conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
         )
+
+    def sweep_idle(self, partition: int, now: float, idle_s: float, batch: int) -> list[ConversationDelete]:
+        """The next ``batch`` entries of one partition's conversations: a conditional delete for each head idle
+        past ``idle_s`` (the ledger applies it only if nothing came since). A slice at a time, like the expiry."""
+        if idle_s <= 0 or not hasattr(self.table, "scan"):
+            return []
+        entries, self._idle_cursors[partition] = self.table.scan(partition, self._idle_cursors.get(partition), batch)
+        return [
+            ConversationDelete(conversation_id=key, agent_name=value["agent"], action="delete", by="idle expiry",
+                               idle_since=value["updated_at"])
+            for key, value in entries if machine.idle(key, value, now=now, idle_s=idle_s)
+        ]
 
     def _delete_rounds(self, tp: TP, cid: str, rounds: int, since: int) -> list[Send]:
         """The task records of the conversation's rounds deleted (the finished ones: no round answers now)."""

@@ -364,3 +364,17 @@ async def _until_reply(events: Any) -> Any:
         yield event
         if event.kind == "reply":
             return
+
+
+async def test_an_idle_conversation_expires(cluster_factory, fake_llm):
+    agent = unique("plain")
+    c = cluster_factory([agent], fake_llm.url, AGENTS_STREAM_API_TOKEN=TOKEN, AGENTS_STREAM_CONVERSATION_IDLE_S="4",
+                        AGENTS_STREAM_EXPIRY_INTERVAL_S="1")
+    worker = await c.started("a")
+    cid = unique("conv")
+    fake_llm.enqueue(ok("Hello."))
+    async with Client(_worker_url(worker), TOKEN) as client:
+        sent = await client.send(cid, agent, "hello")
+        await client.reply(cid, sent.message_id, timeout=60)
+        assert await client.conversation(cid) is not None
+        await eventually(lambda: _gone(client, cid), timeout=30, what="the idle conversation deleted")

@@ -407,3 +407,20 @@ async def test_the_ledger_deletes_a_conversation_and_its_rounds() -> None:
     again = ConversationRecord.from_json(world.conversations["c-1"])
     assert again.rounds == 1 and again.since == 2
     assert world.dispatched[-1][0] == round_task_id("c-1", 1, 1, 2), "its rounds have other ids (other tool keys)"
+
+
+def test_an_idle_conversation_is_found_and_deleted_only_if_nothing_came_since() -> None:
+    store = Store()
+    store.receive("m1", now=10.0)
+    store.end(1, "one", now=20.0)
+    head = store.head
+    assert head is not None
+    assert machine.idle("c-1", head.to_json(), now=100.0, idle_s=50.0)
+    assert not machine.idle("c-1", head.to_json(), now=60.0, idle_s=50.0)
+    assert not machine.idle(machine.item_key("c-1", 0), store.keys[machine.item_key("c-1", 0)], now=1e9, idle_s=1)
+    moved_on = machine.delete(head, store.keys.get, "c-1", by="idle expiry", now=100.0, idle_since=15.0)
+    assert moved_on.writes == {} and moved_on.effects == []
+    gone = machine.delete(head, store.keys.get, "c-1", by="idle expiry", now=100.0, idle_since=20.0)
+    assert set(gone.writes) == set(store.keys)
+    store.receive("m2", now=30.0)  # a round answers now: never idle
+    assert not machine.idle("c-1", store.head.to_json(), now=1e9, idle_s=1)  # type: ignore[union-attr]
