@@ -240,7 +240,7 @@ class AgentConfig(BaseModel):
     mcp: list[str] = Field(default_factory=list)
     #: conversations (docs/conversations.md): a message that arrives while a round answers an earlier one waits
     #: for the next round ("enqueue") or is answered at once with a refusal ("reject")
-    double_texting: Literal["enqueue", "reject"] = "enqueue"
+    double_texting: Literal["enqueue", "reject", "interrupt"] = "enqueue"
     #: the context policy: how many earlier messages and replies of its conversation a round shows the model
     #: (0: none), and at most how many characters of their text (about four per token)
     history_messages: int = Field(default=20, ge=0, le=200)

@@ -27,6 +27,7 @@ RECORD_VERSION = 2
 
 ENQUEUE = "enqueue"
 REJECT = "reject"
+INTERRUPT = "interrupt"
 
 #: the reply a message gets when it arrives while a round is answering and its agent rejects double texting
 REJECTED_TEXT = (
@@ -110,6 +111,13 @@ class Refuse:
 
 
 @dataclass(frozen=True)
+class Interrupt:
+    """Ask the open round's run to stop at its next safe point, so that it answers the new message too."""
+
+    round: int
+
+
+@dataclass(frozen=True)
 class DeleteRounds:
     """Delete the task records of rounds 1..``rounds`` of the conversation begun at ``since`` (their journals hold
     the tool calls and their output)."""
@@ -118,7 +126,7 @@ class DeleteRounds:
     since: int
 
 
-Effect = StartRound | SendReply | Refuse | DeleteRounds
+Effect = StartRound | SendReply | Refuse | Interrupt | DeleteRounds
 
 
 @dataclass
@@ -170,8 +178,30 @@ def receive(
     head = replace(head, waiting=_dump(waiting + [entry]), messages=head.messages + 1, updated_at=now)
     if head.answering is None:
         head = _start_next(head, cid, change, now)
+    elif policy == INTERRUPT:
+        change.effects.append(Interrupt(head.answering))
     change.head = head
     return change
+
+
+def join_round(head: ConversationRecord, cid: str, number: int, now: float) -> tuple[Change, list[dict[str, Any]]]:
+    """The messages waiting join the open round ``number`` (it stopped for them: ``interrupt``); the change, and
+    the messages that joined (none: the round goes on as it was)."""
+    waiting = head.waiting_list()
+    joining = [m for m in waiting if m["round"] is None]
+    if head.answering != number or not joining:
+        return Change(), []
+    change = Change()
+    items: list[dict[str, Any]] = []
+    for m in joining:
+        m["round"], m["item"] = number, head.items + len(items)
+        items.append(_item("customer", m))
+        change.writes[message_key(cid, m["id"])] = {"digest": m["digest"], "round": number, "reply": None}
+        change.events.append(_event(f"round:{number}:joined:{m['id']}", "message_joined", number,
+                                    {"message_id": m["id"]}))
+    head = replace(head, waiting=_dump(waiting), updated_at=now)
+    change.head = _append(head, cid, change, items)
+    return change, joining
 
 
 def _again(head: ConversationRecord | None, read: Read, cid: str, message: dict[str, Any], known: Any) -> Change:

@@ -17,6 +17,8 @@ Entries (dicts, so they are stored and shipped as they are):
     {"kind": "tool", "turn": 0, "id": "call_1", "name": "refund", "content": "...", "error": false,
      "fatal": false, "attempts": 1}
     {"kind": "note", "turn": 1, "text": "..."}     (a correction the loop told the model: an off-format answer)
+    {"kind": "message", "turn": 1, "text": "..."}  (a conversation's message that interrupted the round, appended
+                                                   by the ledger; turn -1: before the first turn)
     {"kind": "decision", "turn": 1, "id": "call_2", "decision": "approve", "by": "alice", "comment": ""}
                                                    (a human's decision on a parked call, appended by the ledger)
     {"kind": "subresult", "turn": 1, "id": "call_3", "agent": "analyzer", "result": {...the TaskResult...}}
@@ -62,6 +64,8 @@ class LoopState:
     results: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
     #: turn → the notes told to the model after it
     notes: dict[int, list[str]] = field(default_factory=dict)
+    #: turn → a conversation's messages that came while it ran (-1: before the first turn), told after it
+    messages: dict[int, list[str]] = field(default_factory=dict)
     #: (turn, call id) → a human's decision on that call (written by the ledger when the decision came)
     decisions: dict[tuple[int, str], dict[str, Any]] = field(default_factory=dict)
     #: (turn, call id) → the result of the sub-task that call delegated to another agent (written by the ledger)
@@ -133,6 +137,8 @@ def replay(entries: list[Any]) -> LoopState:
             state.results.setdefault((turn, entry["id"]), entry)
         elif kind == "note" and isinstance(turn, int):
             state.notes.setdefault(turn, []).append(entry["text"])
+        elif kind == "message" and isinstance(turn, int):
+            state.messages.setdefault(turn, []).append(entry["text"])
         elif kind == "decision" and isinstance(turn, int):
             state.decisions.setdefault((turn, entry["id"]), entry)
         elif kind == "subresult" and isinstance(turn, int):

@@ -95,6 +95,12 @@ def classify(exc: BaseException) -> str:
     return "transient"
 
 
+class Interrupted(Exception):
+    """A conversation's round stops at a safe point (its last step journaled, nothing running) because a message
+    came that its agent answers by interrupting (``double_texting = "interrupt"``): the round is dispatched again
+    with the message in its journal (ledger/conversations.py)."""
+
+
 class Fenced(Exception):
     """This worker may no longer act for a task: its partition moved (or may have: the group did not confirm this
     worker as a member lately), so a write it made is not known to be in the state the partition's owner

@@ -194,14 +194,16 @@ class LeaseExpired(_Versioned):
     """The lease scanner saw the lease of ``dispatch`` lapse: re-dispatch (or give up).
 
     ``released``: sent by the run of ``dispatch`` itself, which stopped without an outcome because its task's
-    partition is no longer its worker's (it was fenced): the partition's owner takes the task over at once."""
+    partition is no longer its worker's (it was fenced): the partition's owner takes the task over at once.
+    ``interrupted``: it stopped at a safe point for a conversation's new message (contract.errors.Interrupted)."""
 
-    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"released"})
+    OMIT_IF_NONE: ClassVar[frozenset[str]] = frozenset({"released", "interrupted"})
 
     kind: Literal["expired"] = "expired"
     dispatch: int
     worker: str
     released: bool | None = None
+    interrupted: bool | None = None
 
 
 class RecordsExpired(_Versioned):

@@ -83,7 +83,7 @@ class AgentRunner:
             circuits=self.ladder.circuits,
             on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
             backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
-            trace=run.trace, fencing_token=run.dispatch,
+            trace=run.trace, fencing_token=run.dispatch, interrupted=lambda: run.interrupted,
         )
         end = await loop.run()
         if isinstance(end, Unavailable):

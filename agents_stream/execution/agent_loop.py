@@ -24,7 +24,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from agents_stream.contract.errors import Fenced
+from agents_stream.contract.errors import Fenced, Interrupted
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.history import earlier_turns
@@ -118,6 +118,7 @@ class Loop:
         rng: random.Random | None = None,
         trace: str | None = None,
         fencing_token: int = 0,
+        interrupted: Callable[[], bool] = lambda: False,
     ) -> None:
         self.agent = agent
         self.task = task
@@ -134,6 +135,7 @@ class Loop:
                                 backoff_cap_s=backoff_cap_s, rng=rng or random.Random(), trace=trace,
                                 fencing_token=fencing_token)
         self._on_event = on_event
+        self._interrupted = interrupted
         self._lock = asyncio.Lock()
         self._broken = False
         self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)
@@ -143,6 +145,8 @@ class Loop:
         caller holds the task)."""
         self._note_upgrade()
         while True:
+            if self._interrupted():  # a safe point: every step so far is journaled, nothing runs
+                raise Interrupted(f"task {self.task.task_id}: its conversation has a new message")
             state = journal.replay(self.entries)
             action = journal.next_action(state, self.agent.limits, self.code)
             match action:
@@ -337,6 +341,7 @@ def conversation(
     if spec is not None:
         instruction += f"\n\nThe final answer: only JSON matching this JSON Schema: {spec.describe()}"
     messages: list[Message] = [*earlier_turns(task), UserText(instruction)]
+    messages += [UserText(text) for text in state.messages.get(-1, [])]  # messages that came before any turn
     for t in state.turns:
         n = t["turn"]
         calls = tuple(
@@ -348,6 +353,7 @@ def conversation(
             if r is not None:
                 messages.append(ToolResult(c["id"], c["name"], r["content"], r["error"]))
         messages += [UserText(note) for note in state.notes.get(n, [])]
+        messages += [UserText(text) for text in state.messages.get(n, [])]  # a conversation's new messages
     return Conversation(system, tuple(messages), tuple(t.spec for t in agent.tools))
 
 

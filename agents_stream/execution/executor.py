@@ -20,7 +20,7 @@ from typing import Any, Awaitable, Callable
 from mode import Service
 
 from agents_stream.config import AppConfig
-from agents_stream.contract.errors import Fenced
+from agents_stream.contract.errors import Fenced, Interrupted
 from agents_stream.contract.events import (
     CachedAnswer,
     CallParked,
@@ -121,6 +121,13 @@ class Executor(Service):
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake
+
+    def interrupt(self, task_id: str) -> None:
+        """A conversation's round running here stops at its next safe point and is dispatched again with the new
+        message (an agent loop checks between steps; any other run finishes as it is)."""
+        run = self.runs.get(task_id)
+        if run is not None:
+            run.interrupted = True
 
     def cancel(self, task_id: str) -> None:
         """The task was cancelled: stop its run here, queued, held or calling (a call in flight is aborted; a tool
@@ -261,6 +268,10 @@ class Executor(Service):
             if not run.cancelled or self._stopping():
                 raise
             log.info("Task %s was cancelled while it ran here: its run is stopped and sends no outcome", task_id)
+        except Interrupted:
+            log.info("Task %s (dispatch %d) stops at a safe point for its conversation's new message; it is "
+                     "dispatched again with it", task_id, run.dispatch)
+            self._spawn(self._release(task_id, run.dispatch, interrupted=True))
         except Fenced as exc:
             log.warning(
                 "Task %s (dispatch %d) is fenced: it stops here without acting on its last step: %s. The partition's "
@@ -306,12 +317,13 @@ class Executor(Service):
             return await self.ladder.answer(run, run.task)
         return await self.step_runner.run_steps(run)
 
-    async def _release(self, task_id: str, dispatch: int) -> None:
+    async def _release(self, task_id: str, dispatch: int, interrupted: bool = False) -> None:
         """Tell the partition's owner that the run of ``dispatch`` stopped without an outcome, so it takes the
         task over now instead of waiting out the lease (a lost release only costs that wait)."""
         await asyncio.sleep(0)  # after the slot let go of the run: the owner may be this worker's own ledger
         try:
-            await self._send_outcome(task_id, LeaseExpired(dispatch=dispatch, worker=self.worker_id, released=True))
+            await self._send_outcome(task_id, LeaseExpired(dispatch=dispatch, worker=self.worker_id, released=True,
+                                                           interrupted=interrupted or None))
         except Exception as exc:
             log.warning("Task %s: the release of dispatch %d was not sent (%r); its lease lapses instead",
                         task_id, dispatch, exc)

@@ -45,6 +45,8 @@ class Run:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     #: the task was cancelled (its record says so): nothing more of this run counts, and it sends no outcome
     cancelled: bool = False
+    #: a conversation's new message asks the round to stop at its next safe point (Executor.interrupt)
+    interrupted: bool = False
     #: the ladder, loop or steps running it in a call slot now (what a cancel stops)
     work: asyncio.Future[Any] | None = None
     #: the traceparent its spans hang under (its dispatch's span, ops/tracing.py); None: not traced

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import replace
 from typing import Any, Callable
 
 from faust.types import TP
@@ -42,12 +43,14 @@ from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
 from agents_stream.tables.conversation_events import round_events
 from agents_stream.tables.conversations import ConversationRecord
-from agents_stream.tables.leases import TaskRecord
+from agents_stream.tables.leases import TaskRecord, completed_steps
 
 __all__ = ["Conversations", "conversation_record", "reply_text"]
 
 log = logging.getLogger(__name__)
 
+#: what the model is told of a call it asked for before the customer's new message stopped the round
+NOT_RUN = "Not run: the customer wrote again before this call ran. Read their new message, then decide again."
 #: the reply text of a round that failed (its ``error`` says why): the customer is told, never left waiting
 FAILED_TEXT = "I am sorry: I could not answer this message. A person will look at it."
 
@@ -74,6 +77,7 @@ class Conversations:
     def __init__(
         self, table: Any, tasks: Any, outbox: Outbox, poison: Poison, *, agents: dict[str, AgentConfig],
         partitions: int, record_max_bytes: int, start: MakeRound,
+        interrupt: Callable[[str], None] = lambda task_id: None,
     ) -> None:
         self.table = table
         self.tasks = tasks
@@ -83,6 +87,8 @@ class Conversations:
         self.partitions = partitions
         self.record_max_bytes = record_max_bytes
         self.start = start
+        #: ``interrupt(task_id)``: the round's run here stops at its next safe point (Executor.interrupt)
+        self.interrupt = interrupt
         self._idle_cursors: dict[int, bytes | None] = {}
 
     def on_record(
@@ -181,6 +187,8 @@ class Conversations:
                     self._refuse(tp, offset, cid, message, reason, detail)
                 case machine.StartRound():
                     starts.append(effect)
+                case machine.Interrupt(round=number) if head is not None:
+                    self.interrupt(round_task_id(cid, number, self.partitions, head.since))
                 case machine.DeleteRounds(rounds=rounds, since=since):
                     sends += self._delete_rounds(tp, cid, rounds, since)
         if sends:
@@ -209,6 +217,38 @@ class Conversations:
             context_data=messages[-1]["context"] if messages else {},
             conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
         )
+
+    def join(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, record: TaskRecord | None,
+             ) -> TaskRecord | None:
+        """A round that stopped for new messages (``interrupt``) is dispatched again: the messages waiting join it,
+        told to the model after its last journaled step (calls it asked for and never ran are answered "not run",
+        so it decides again). The record to dispatch; as it was when nothing waits."""
+        parsed = round_of(task_id)
+        if record is None or old is None or record.dispatch <= old.dispatch or parsed is None:
+            return record  # not dispatched again (given up, or already)
+        head = conversation_record(self.table, parsed[0])
+        if head is None or head.since != parsed[1]:
+            return record
+        cid, _, number = parsed
+        change, joined = machine.join_round(head, cid, number, time.time())
+        if not joined:
+            return record
+        self._apply(tp, offset, cid, change)
+        text = "\n\n".join(m["text"] for m in joined)
+        entries = completed_steps(record)
+        turns = [e for e in entries if isinstance(e, dict) and e.get("kind") == "turn"]
+        if turns:
+            last = turns[-1]
+            done = {e.get("id") for e in entries if isinstance(e, dict) and e.get("kind") == "tool"
+                    and e.get("turn") == last["turn"]}
+            entries += [{"kind": "tool", "turn": last["turn"], "id": c["id"], "name": c["name"],
+                         "content": NOT_RUN, "error": False, "fatal": False, "attempts": 0}
+                        for c in last["calls"] if c["id"] not in done]
+        entries.append({"kind": "message", "turn": turns[-1]["turn"] if turns else -1,
+                        "text": f"The customer wrote again:\n{text}"})
+        log.info("Conversation %s: round %d stopped for %d new message(s) and goes on with them", cid, number,
+                 len(joined))
+        return replace(record, steps_done=json.dumps(entries, separators=(",", ":"), ensure_ascii=False))
 
     def sweep_idle(self, partition: int, now: float, idle_s: float, batch: int) -> list[ConversationDelete]:
         """The next ``batch`` entries of one partition's conversations: a conditional delete for each head idle

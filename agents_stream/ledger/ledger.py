@@ -100,21 +100,19 @@ class Ledger:
         self.expiry = Expiry(settings, tables.tasks, outbox)
         self.delegation = Delegation(settings, worker_id, outbox)
         self.recent = RecentTasks(settings.console_recent)  # the console's recent list: the tasks changed last here
-        #: the job orchestrator when this app runs it; it shares this loop
-        self.orchestrator = orchestrator
+        self.orchestrator = orchestrator  # the job orchestrator when this app runs it; it shares this loop
         #: carries out each transition (its writes, sends and follow-ups) and holds each running task's offsets
         self.effects = Effects(
             tables, executor, watermark, outbox, gate=self.gate, delegation=self.delegation,
             cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
         )
-        #: conversations (their messages arrive on the task topics; each round is a task of this ledger)
-        self.conversations = Conversations(
+        self.conversations = Conversations(  # messages arrive on the task topics; each round is a task here
             tables.conversations, tables.tasks, outbox, self.poison, agents=configs or {},
             partitions=settings.partitions, record_max_bytes=settings.record_max_bytes, start=self.start_round,
+            interrupt=lambda task_id: self.executor.interrupt(task_id),
         )
         self.effects.round_changed = self.conversations.round_changed
-        #: called with (partition, first skipped offset) when records never reached the ledger; the runtime
-        #: reads the partition again from there. True when this is news (worth a log line and an alert).
+        #: (partition, first skipped offset) of records that never reached the ledger: read again from there; True: news
         self.on_gap: Callable[[TP, int], bool] = lambda tp, offset: True
 
     @property
@@ -302,6 +300,8 @@ class Ledger:
         changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:
             new, effects, extra = changed
+            if isinstance(event, LeaseExpired) and event.interrupted:  # a round stopped for new messages: they join
+                new = self.conversations.join(tp, offset, task_id, record, new)
             self.effects.apply(tp, offset, task_id, record, new, effects, extra=extra)
         elif record is not None and record.terminal and conversation_of(task_id) is not None:
             self.conversations.round_ended(tp, offset, task_id, record)  # its end again: the reply may not be durable

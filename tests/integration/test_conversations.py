@@ -25,7 +25,7 @@ from agents_stream.examples.services import FakeServices
 from agents_stream.testing.fakellm import hang, ok
 
 from .harness import PARTITIONS, eventually, read_topic, unique
-from .test_agents import SUPPORT, agent_toml, providers_toml, support_script, turns_asked
+from .test_agents import SUPPORT, agent_toml, providers_toml, support_script, turn_of, turns_asked
 
 TOKEN = "conversations-write-token"
 
@@ -378,3 +378,35 @@ async def test_an_idle_conversation_expires(cluster_factory, fake_llm):
         await client.reply(cid, sent.message_id, timeout=60)
         assert await client.conversation(cid) is not None
         await eventually(lambda: _gone(client, cid), timeout=30, what="the idle conversation deleted")
+
+
+async def test_an_interrupting_message_during_a_refund_is_answered_by_the_same_round(cluster_factory, fake_llm):
+    """`interrupt`: the second message lands while the refund runs. The refund finishes and is journaled (never
+    stopped between the effect and its entry), the round stops at that safe point, and goes on with the message in
+    its conversation: one round, one reply answering both, one refund, no model turn asked twice."""
+    async with FakeServices() as services:
+        agent = unique("support")
+        toml = (providers_toml(fake_llm.url, ("openai",))
+                + agent_toml(agent, ["p_openai"]).replace(f'agent = "{SUPPORT}"\n',
+                                                          f'agent = "{SUPPORT}"\ndouble_texting = "interrupt"\n'))
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                            AGENTS_STREAM_API_TOKEN=TOKEN)
+        worker = await c.started("a")
+        cid, order = unique("conv"), unique("o")
+        script = support_script(order)
+        fake_llm.enqueue(script[0], script[1], script[2], ok("Refunded, and your address is changed too."))
+        services.delay("payment.refund", 5)
+        async with Client(_worker_url(worker), TOKEN) as client:
+            first = await client.send(cid, agent, f"My package {order} never came", context_data={"order_id": order})
+            round1 = round_task_id(cid, 1, PARTITIONS, first.offset)
+            await eventually(lambda: [k for k in services.executed("payment.refund") if k.startswith(round1)],
+                             timeout=60, what="the refund in flight")
+            second = await client.send(cid, agent, "also, please change my address")
+            reply = await client.reply(cid, first.message_id, timeout=90)
+        assert reply["message_ids"] == [first.message_id, second.message_id] and reply["round"] == 1, reply
+        assert reply["text"] == "Refunded, and your address is changed too."
+        assert len([k for k in services.executed("payment.refund") if k.startswith(round1)]) == 1
+        assert turns_asked(fake_llm, round1) == [0, 1, 2, 3], "no turn asked twice"
+        (told,) = [r for r in fake_llm.requests if r.task_id == round1 and turn_of(r) == 2]
+        assert "please change my address" in _said(told), "the turn after the refund is told the new message"
+        assert round_task_id(cid, 2, PARTITIONS, first.offset) not in {r.task_id for r in fake_llm.requests}

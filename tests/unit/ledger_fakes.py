@@ -96,7 +96,9 @@ class LedgerWorld:
             self.dispatched.append((task.task_id, n, trace))
             self.payloads[task.task_id] = task
 
-        executor = SimpleNamespace(has=lambda task_id: False, dispatch=dispatch, worker_id="w1")
+        self.interrupted: list[str] = []  # the runs asked to stop at a safe point (Executor.interrupt)
+        executor = SimpleNamespace(has=lambda task_id: False, dispatch=dispatch, worker_id="w1",
+                                   interrupt=self.interrupted.append)
         self.ledger = Ledger(
             settings, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
             watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), configs=configs,

@@ -424,3 +424,67 @@ def test_an_idle_conversation_is_found_and_deleted_only_if_nothing_came_since() 
     assert set(gone.writes) == set(store.keys)
     store.receive("m2", now=30.0)  # a round answers now: never idle
     assert not machine.idle("c-1", store.head.to_json(), now=1e9, idle_s=1)  # type: ignore[union-attr]
+
+
+# -- interrupting ----------------------------------------------------------------------------------------------------
+
+def test_an_interrupting_message_joins_the_open_round_which_answers_both() -> None:
+    store = Store()
+    store.receive("m1", "refund order 7", policy="interrupt")
+    change = store.receive("m2", "and change my address", policy="interrupt", now=2.0)
+    assert change.effects == [machine.Interrupt(1)]
+    assert store.head is not None and [m["round"] for m in store.head.waiting_list()] == [1, None]
+    joined, messages = machine.join_round(store.head, "c-1", 1, now=3.0)
+    store.apply(joined)
+    assert [m["id"] for m in messages] == ["m2"] and [e["kind"] for e in joined.events] == ["message_joined"]
+    assert machine.join_round(store.head, "c-1", 1, now=3.5)[1] == []  # nothing more waits
+    ended = store.end(1, "Refunded, and your address is changed.", now=4.0)
+    assert _replies_of(ended)[0]["message_ids"] == ["m1", "m2"]
+    assert [e for e in ended.effects if isinstance(e, machine.StartRound)] == []  # no second round
+
+
+def _turn(turn: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"kind": "turn", "turn": turn, "text": "", "calls": calls, "source": "primary:p:m", "confidence": "high",
+            "usage": {}, "provider_calls": 1, "version": "v"}
+
+
+async def test_the_ledger_stops_a_round_for_a_new_message_and_dispatches_it_again_with_it() -> None:
+    from agents_stream.tables.journal import replay
+
+    from agents_stream.contract.events import LeaseExpired, StepDone
+
+    world = _world("interrupt")
+    await world.deliver(TASKS, b"c-1", _message("refund order 7", "m1"))
+    round1 = round_task_id("c-1", 1, 1, 0)
+    call = {"id": "call_1", "name": "refund", "arguments": {"order": "7"}}
+    step = encode(StepDone(worker="w1", dispatch=1, index=0, output=_turn(0, [call])))
+    await world.deliver(OUTCOMES, round1.encode(), step)
+    await world.deliver(TASKS, b"c-1", _message("wait, change my address instead", "m2"))
+    assert world.interrupted == [round1], "the round's run is asked to stop at its next safe point"
+    await world.deliver(OUTCOMES, round1.encode(),
+                        encode(LeaseExpired(dispatch=1, worker="w1", released=True, interrupted=True)))
+    assert [d[:2] for d in world.dispatched] == [(round1, 1), (round1, 2)]
+    state = replay(json.loads(world.record(round1).steps_done or "[]"))
+    assert state.results[(0, "call_1")]["content"].startswith("Not run: the customer wrote again")
+    assert state.messages == {0: ["The customer wrote again:\nwait, change my address instead"]}
+    await world.deliver(OUTCOMES, round1.encode(), _succeeded("Address changed; no refund.", dispatch=2))
+    (reply,) = _replies(world)
+    assert reply["message_ids"] == ["m1", "m2"] and reply["round"] == 1
+
+
+def test_a_journaled_message_is_told_after_its_turn_or_before_the_first() -> None:
+    from agents_stream.contract.models import TaskPayload
+    from agents_stream.examples.support import SUPPORT
+    from agents_stream.execution.agent_loop import conversation
+    from agents_stream.providers.conversation import ToolResult
+
+    task = TaskPayload(task_id="t", agent_name=AGENT, instruction="refund order 7")
+    call = {"id": "call_1", "name": "lookup_order", "arguments": {"order_id": "7"}}
+    entries = [_turn(0, [call]), {"kind": "tool", "turn": 0, "id": "call_1", "name": "lookup_order",
+                                  "content": "{}", "error": False},
+               {"kind": "message", "turn": 0, "text": "and order 9"}]
+    said = conversation(task, SUPPORT, "", entries).messages
+    assert [type(m).__name__ for m in said] == ["UserText", "AssistantTurn", "ToolResult", "UserText"]
+    assert isinstance(said[2], ToolResult) and said[3] == UserText("and order 9")
+    early = conversation(task, SUPPORT, "", [{"kind": "message", "turn": -1, "text": "and order 9"}]).messages
+    assert early[-1] == UserText("and order 9") and len(early) == 2
