@@ -76,7 +76,7 @@ class KafkaCluster:
     def env(self) -> dict[str, str]:
         return {
             **os.environ, "CLUSTER_DATA_DIR": str(self.data_dir), "CLUSTER_PORT": str(self.port),
-            "CLUSTER_CONTROLLER_PORT": str(self.controller_port), "CLUSTER_HEAP_OPTS": "-Xms128m -Xmx256m",
+            "CLUSTER_CONTROLLER_PORT": str(self.controller_port), "CLUSTER_HEAP_OPTS": "-Xms128m -Xmx512m",
             "CLUSTER_START_TIMEOUT": "150",
         }
 
