@@ -89,6 +89,7 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         await runtime.takeover.claim_epochs()  # before the ledger reads a record of its new partitions
         runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
         runtime.after_rebalance()
+        runtime.flow.settled()  # Faust resumes the streams next: the flow's checks may look again
 
     @app.task
     async def _start_runtime() -> None:

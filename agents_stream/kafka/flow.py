@@ -49,6 +49,9 @@ class Flow:
         self.alert = alert
         self.stall_after_s = stall_after_s
         self.paused: set[TP] = set()
+        #: a rebalance of this worker has begun (partitions revoked or assigned) and Faust has not yet resumed its
+        #: streams after it (``settled``): Faust pauses the input partitions until their tables are recovered
+        self.settling = False
         self.stalls = StallDetector(stall_after_s)
         self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
         self._reread_tasks: set[asyncio.Task[None]] = set()
@@ -101,7 +104,22 @@ class Flow:
         return metrics.consumer_lag(ends, positions, self.managed_topics)
 
     def _rebalancing(self) -> bool:
-        return bool(self.app.in_recovery or getattr(self.app, "rebalancing", False))
+        """From a revoke or an assignment until Faust resumes the streams after its recovery. ``app.rebalancing``
+        alone is not enough: a recovery of the generation before that ends during the next rebalance clears it
+        (Faust's "Worker ready"), and ``in_recovery`` is set only once the next recovery reads the changelogs. In
+        between, resuming the partitions Faust paused let the ledger apply task messages to a table partition
+        still being rebuilt from its changelog: a finished task, missing there, ran again and was answered twice
+        (docs/cluster.md)."""
+        return bool(self.settling or self.app.in_recovery or getattr(self.app, "rebalancing", False))
+
+    def settled(self) -> None:
+        """Faust's recovery ended and it resumes the streams (``on_rebalance_complete``), unless a later assignment
+        already asked for another recovery (Faust sends the signal of a stale one too, then skips its resume)."""
+        recovery = getattr(getattr(self.app, "tables", None), "recovery", None)
+        pending = getattr(recovery, "signal_recovery_start", None)
+        if pending is not None and pending.is_set():
+            return
+        self.settling = False
 
     def watched(self) -> set[TP]:
         """Between rebalances: the assigned input partitions that should be fetched (not paused by us, not held
@@ -231,10 +249,12 @@ class Flow:
             self.alert("alert.partition_reread", {"partition": f"{tp.topic}:{tp.partition}", "offset": at, "end": end})
 
     def revoked(self, revoked: set[TP]) -> None:
+        self.settling = True
         self.stalls.forget(revoked)
         self.paused -= revoked
 
     def assigned(self) -> None:
+        self.settling = True  # Faust pauses every assigned partition until its recovery ends (``settled``)
         # Faust resumes every partition after a rebalance (docs/faust.md): re-apply our pauses.
         self.paused = set()
         self.update()

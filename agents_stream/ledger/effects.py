@@ -110,6 +110,9 @@ class Effects:
             after.append(lambda: metrics.tasks.labels(*ended).inc())
         for effect in effects:
             self._effect(tp, offset, task_id, record, effect, task, sends, ending, after, traced)
+        starts = [e.dispatch for e in effects if isinstance(e, leases.Dispatch)]
+        if starts:  # a dispatch that waits for this record no longer waits if the partition moves first
+            fenced = partial(self._not_started, task_id, starts[-1], fenced)
         if durable is not None:
             after.insert(0, durable)  # first: a follow-up that fails must not leave its waiter waiting
         if traced is not None:
@@ -135,12 +138,19 @@ class Effects:
         (a cancel, or another transition, applied while this record waited for the broker): the record is what
         decides whether the task runs, not the order in which the broker confirmed two writes. The scanner holds
         every open task's dispatch as the ledger last wrote it (memory: no table read per dispatch)."""
+        self.scanner.started(task_id, dispatch)
         current = self.scanner.open_tasks.get(task_id)
         if current is None or current.dispatch != dispatch:
             log.info("Task %s: dispatch %d is not started: its record moved on before the lease was durable (%s)",
                      task_id, dispatch, "no longer open here" if current is None else f"dispatch {current.dispatch}")
             return
         self.executor.dispatch(task, dispatch, done, trace)
+
+    def _not_started(self, task_id: str, dispatch: int, then: Callable[[], object] | None) -> None:
+        """The partition moved before the lease record of ``dispatch`` was durable: it never starts here."""
+        self.scanner.started(task_id, dispatch)
+        if then is not None:
+            then()
 
     def _write(self, tp: TP, task_id: str, old: TaskRecord | None, new: TaskRecord) -> list[Send]:
         """Write the task's new record (and its timer, when it starts or stops being parked); their sends."""
@@ -171,6 +181,8 @@ class Effects:
             # Dispatch once the lease record is durable, so a crash cannot leave a provider call without a record.
             done = leases.completed_steps(record)
             trace = traced.dispatch(effect.dispatch) if traced is not None else None
+            # its lease is this worker's while it waits
+            self.scanner.start(task_id, TP(record.topic, record.partition), effect.dispatch)
             after.append(partial(self._dispatch, task_id, payload, effect.dispatch, done, trace))
         elif isinstance(effect, leases.EmitResult):
             ending += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)

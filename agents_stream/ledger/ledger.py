@@ -253,7 +253,7 @@ class Ledger:
             me=self.worker_id,
             ttl=self.settings.lease_ttl_s,
             max_attempts=self.settings.max_attempts,
-            running_here=self.executor.has(task.task_id),
+            running_here=self.scanner.running_here(task.task_id, record.dispatch if record is not None else None),
             requeue_id=requeue_id,
             history=history,
             approval=self.gate.approval_for(task),
@@ -367,7 +367,7 @@ class Ledger:
                 gone = bool(released) or (record is not None and self.scanner.gone(record.owner))
                 new, effects = leases.expire(
                     record, dispatch=dispatch, now=now, me=self.worker_id, ttl=ttl,
-                    max_attempts=self.settings.max_attempts, running_here=self.executor.has(task_id),
+                    max_attempts=self.settings.max_attempts, running_here=self.scanner.running_here(task_id, dispatch),
                     owner_gone=gone,
                 )
             case _:  # the kinds _on_outcome handles itself

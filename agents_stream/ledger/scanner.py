@@ -111,6 +111,9 @@ class Scanner:
         #: the worker ids the group counted as members at the last rebalance (None: not known); a lease held by a
         #: worker outside it is not waited out (``gone``)
         self.members: frozenset[str] | None = None
+        #: dispatches of this worker that wait for their lease record to be durable (ledger/effects.py), by task:
+        #: (partition, dispatch). Their lease is this live worker's, whatever the broker's delay (``running_here``)
+        self.starting: dict[str, tuple[TP, int]] = {}
 
     def note(self, task_id: str, record: TaskRecord) -> None:
         """The task's record as the ledger just wrote (or read) it."""
@@ -128,6 +131,25 @@ class Scanner:
             self.open_tasks[task_id] = OpenTask(
                 TP(record.topic, record.partition), record.dispatch, record.lease_until, owner=record.owner,
             )
+
+    def start(self, task_id: str, tp: TP, dispatch: int) -> None:
+        """Dispatch ``dispatch`` of the task starts here once its lease record is durable."""
+        self.starting[task_id] = (tp, dispatch)
+
+    def started(self, task_id: str, dispatch: int) -> None:
+        """Dispatch ``dispatch`` no longer waits: it started, its record moved on, or its partition moved."""
+        if self.starting.get(task_id, (None, None))[1] == dispatch:
+            del self.starting[task_id]
+
+    def running_here(self, task_id: str, dispatch: int | None) -> bool:
+        """This worker runs ``dispatch`` of the task, or starts it once its lease record is durable: a lease of a
+        live owner, renewed rather than let lapse. A lease record can wait on a cut-off changelog leader for
+        longer than the lease; lapsing it re-dispatched the task here, each dispatch waiting in turn, until
+        max_attempts dead-lettered a task that never ran (docs/cluster.md)."""
+        if self.executor.has(task_id):
+            return True
+        waiting = self.starting.get(task_id)
+        return waiting is not None and dispatch is not None and waiting[1] == dispatch
 
     def gone(self, owner: str) -> bool:
         """The lease's owner is not a member of the group (as of the last rebalance): it died or was cut off and
@@ -160,7 +182,7 @@ class Scanner:
         """Tasks whose lease lapsed and that no local slot runs: ask the ledger (via an event) to re-dispatch."""
         due = []
         for task_id, info in self.open_tasks.items():
-            if (now < info.lease_until and not self.gone(info.owner)) or self.executor.has(task_id):
+            if (now < info.lease_until and not self.gone(info.owner)) or self.running_here(task_id, info.dispatch):
                 continue
             if now - info.requested < max(1.0, self.settings.lease_ttl_s / 4):
                 continue
@@ -175,7 +197,7 @@ class Scanner:
             return []
         due = []
         for task_id, info in self.open_tasks.items():
-            if not self.gone(info.owner) or self.executor.has(task_id) or now - info.requested < 1.0:
+            if not self.gone(info.owner) or self.running_here(task_id, info.dispatch) or now - info.requested < 1.0:
                 continue
             info.requested = now
             due.append((task_id, info.dispatch))
@@ -227,4 +249,5 @@ class Scanner:
     def forget(self, tps: set[TP]) -> None:
         """Partitions revoked: their open and parked tasks are the next owner's."""
         self.open_tasks = {t: info for t, info in self.open_tasks.items() if info.tp not in tps}
+        self.starting = {t: held for t, held in self.starting.items() if held[0] not in tps}
         self.index.forget(tps)

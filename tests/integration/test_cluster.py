@@ -76,7 +76,7 @@ class KafkaCluster:
     def env(self) -> dict[str, str]:
         return {
             **os.environ, "CLUSTER_DATA_DIR": str(self.data_dir), "CLUSTER_PORT": str(self.port),
-            "CLUSTER_CONTROLLER_PORT": str(self.controller_port), "CLUSTER_HEAP_OPTS": "-Xms128m -Xmx256m",
+            "CLUSTER_CONTROLLER_PORT": str(self.controller_port), "CLUSTER_HEAP_OPTS": "-Xms128m -Xmx512m",
             "CLUSTER_START_TIMEOUT": "150",
         }
 
@@ -134,6 +134,8 @@ class Load:
         self.accepted: dict[str, float] = {}  # task id -> when the cluster acknowledged it
         self.refused: dict[str, str] = {}  # task id -> why the send failed
         self.results: dict[str, list[bytes]] = {}
+        self.sent_at: dict[str, float] = {}  # task id -> when it was handed to the producer
+        self.answered_at: dict[str, float] = {}  # task id -> when its first result was read
         self.stopping = asyncio.Event()
         self.tasks: list[asyncio.Task[None]] = []
 
@@ -170,6 +172,7 @@ class Load:
                 key, value = encode(t)
                 fut = await producer.send(topics.task_topic(AGENT), value=value, key=key)
                 self.sent.append(t["task_id"])
+                self.sent_at[t["task_id"]] = time.monotonic()
                 fut.add_done_callback(lambda f, tid=t["task_id"]: self._acked(tid, f))
         finally:
             await asyncio.wait_for(producer.stop(), 60)
@@ -192,11 +195,21 @@ class Load:
                     for m in msgs:
                         if m.key is not None:
                             self.results.setdefault(m.key.decode(), []).append(m.value)
+                            self.answered_at.setdefault(m.key.decode(), time.monotonic())
         finally:
             await consumer.stop()
 
     def unanswered(self, ids: list[str]) -> list[str]:
         return [i for i in ids if i not in self.results]
+
+    def timeline(self, ids: list[str], since: float) -> list[str]:
+        """Per task, seconds after ``since``: sent, acknowledged, first answered (None: not yet), with its partition
+        (a failure report: which of the producer, the workers or the results' reader held a task)."""
+        def at(when: float | None) -> float | None:
+            return None if when is None else round(when - since, 1)
+
+        return [f"{i[:8]} p{_partition_of(i, PARTITIONS)} sent {at(self.sent_at.get(i))} acked "
+                f"{at(self.accepted.get(i))} answered {at(self.answered_at.get(i))}" for i in ids]
 
 
 async def _describe(bootstrap: str, names: list[str] | None = None) -> list[dict[str, Any]]:

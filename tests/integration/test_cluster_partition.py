@@ -109,7 +109,8 @@ async def test_a_partition_that_isolates_a_leader_loses_no_task(partitioned_clus
                 f"node {ISOLATED} cut off: {len(unanswered)} of {len(during)} tasks sent during the cut unanswered "
                 f"after {PHASE_TIMEOUT:.0f}s ({sum(i in load.refused for i in during)} refused by the cluster, "
                 f"{sum(i not in load.accepted and i not in load.refused for i in during)} not yet acknowledged; "
-                f"{len(load.results)} tasks answered in all); the task partitions node {ISOLATED} led: {led}"
+                f"{len(load.results)} tasks answered in all); the task partitions node {ISOLATED} led: {led}; "
+                f"per task: {load.timeline(during, cut_at)}"
             ) from None
         answered_in_s = round(time.monotonic() - cut_at, 1)
         leaders = await eventually(lambda: _leaders_from_the_others(cluster), timeout=60,
@@ -120,7 +121,14 @@ async def test_a_partition_that_isolates_a_leader_loses_no_task(partitioned_clus
         await eventually(lambda: len(load.accepted) + len(load.refused) >= len(load.sent), timeout=60,
                          what="every send settled")
         sent = list(load.sent)
-        await eventually(lambda: not load.unanswered(sent), timeout=PHASE_TIMEOUT, what="every task's result")
+        try:
+            await eventually(lambda: not load.unanswered(sent), timeout=PHASE_TIMEOUT, what="every task's result")
+        except AssertionError:
+            unanswered = load.unanswered(sent)
+            raise AssertionError(
+                f"{len(unanswered)} of {len(sent)} tasks unanswered {PHASE_TIMEOUT:.0f}s after the heal; per task "
+                f"(seconds after the cut): {load.timeline(unanswered, cut_at)}"
+            ) from None
         results = dict(load.results)
 
     lost = [i for i in sent if i not in results]
@@ -131,4 +139,4 @@ async def test_a_partition_that_isolates_a_leader_loses_no_task(partitioned_clus
     print(f"\ncluster partition figures: {figures}")
     assert all(leaders[p] != ISOLATED for p in led), f"node {ISOLATED} still leads during the cut: {figures}"
     assert not load.refused, f"tasks the cluster refused: {list(load.refused.items())[:3]}; {figures}"
-    assert not lost and not conflicting, figures
+    assert not lost and not conflicting, (figures, {i: sorted(set(results[i])) for i in conflicting[:2]})
