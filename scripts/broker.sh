@@ -416,6 +416,7 @@ cmd_start() {
     ensure_tls
     write_config
     format_if_needed
+    warn_if_crowded
 
     log "starting Kafka on 127.0.0.1:$KAFKA_PORT (logs in $LOG_DIR)"
     # nohup + setsid: the broker outlives this script and is not killed by a
@@ -482,6 +483,18 @@ cmd_wait() {
     fi
     ensure_jars
     wait_ready
+}
+
+# Every test run makes topics of its own (about 6,000 partitions for `make test`); a broker kept across runs
+# accumulates them until it runs out of open files (its log directory then fails: "Too many open files").
+warn_if_crowded() {
+    local dirs limit
+    dirs=$(find "$LOG_DIRS" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l)
+    limit=$(ulimit -n)
+    if [[ "$limit" != unlimited && "$dirs" -gt $((limit / 2)) ]]; then
+        log "WARNING: $dirs topic partitions in $LOG_DIRS against $limit open files allowed: the broker may fail" \
+            "with 'Too many open files'. They are earlier test runs' topics: scripts/broker.sh reset deletes them"
+    fi
 }
 
 cmd_reset() {
