@@ -18,6 +18,7 @@ import dataclasses
 import logging
 import os
 import random
+import sys
 from contextlib import AsyncExitStack
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -162,8 +163,10 @@ class McpConnection:
         if self.config.command is not None:
             env = dict(self.config.env)
             env.update({name: os.environ[name] for name in self.config.env_from if name in os.environ})
-            program, *args = self.config.command
-            return StdioServerParameters(command=program, args=args, env=env, cwd=self.config.cwd)
+            # Through the relay (execution/mcp_relay.py): one message of the server is read to max_message_bytes.
+            relay = ["-m", "agents_stream.execution.mcp_relay", str(self.config.max_message_bytes), "--",
+                     *self.config.command]
+            return StdioServerParameters(command=sys.executable, args=relay, env=env, cwd=self.config.cwd)
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
 
