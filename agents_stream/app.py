@@ -350,9 +350,10 @@ class Runtime(Service):
             for delete in idle:  # on the conversation's task topic, like an operator's delete
                 topic = self.app.topic(topics.task_topic(delete.agent_name), key_serializer="raw",
                                        value_serializer="raw")
-                try:
-                    await topic.send(key=delete.conversation_id.encode(), value=delete.model_dump_json().encode(),
-                                     partition=partition)
+                try:  # bounded: a broker that does not take it now leaves it to the next sweep
+                    await asyncio.wait_for(topic.send(key=delete.conversation_id.encode(),
+                                                      value=delete.model_dump_json().encode(), partition=partition),
+                                           timeout=10.0)
                 except Exception as exc:  # the next sweep finds it idle again
                     log.warning("The idle conversation %s could not be deleted now (%r); the next sweep tries again",
                                 delete.conversation_id, exc)

@@ -488,3 +488,17 @@ def test_a_journaled_message_is_told_after_its_turn_or_before_the_first() -> Non
     assert isinstance(said[2], ToolResult) and said[3] == UserText("and order 9")
     early = conversation(task, SUPPORT, "", [{"kind": "message", "turn": -1, "text": "and order 9"}]).messages
     assert early[-1] == UserText("and order 9") and len(early) == 2
+
+
+async def test_a_message_that_would_make_the_head_too_large_is_dead_lettered() -> None:
+    world = LedgerWorld(Settings(partitions=1, record_max_bytes=4000),
+                        configs={AGENT: AgentConfig(providers=["p"])})
+    await world.deliver(TASKS, b"c-1", _message("refund me", "m1"))
+    for n in range(2, 6):  # each waits in the head while round 1 answers
+        await world.deliver(TASKS, b"c-1", _message("x" * 1000, f"m{n}"))
+    for key, value in [(k, v) for t, k, v, _ in world.sent if t == OUTCOMES]:
+        await world.deliver(OUTCOMES, key, value)  # type: ignore[arg-type]
+    reasons = [dict(h)["error_reason"].decode() for t, _, _, h in world.sent if t == topics.dlq_topic(AGENT)]
+    assert reasons and all(r.startswith("conversation_too_large") for r in reasons)
+    head = ConversationRecord.from_json(world.conversations["c-1"])
+    assert len(json.dumps(head.to_json())) <= 4000 and head.answering == 1
