@@ -167,11 +167,7 @@ def receive(
             ttl=ttl, requeue_id=requeue_id, history=history, approval=approval, digest=digest, trace=trace,
         )
     if record.terminal:
-        # A finished task never reaches a provider again; a redelivery re-emits its result. A copy later in the log
-        # (a producer's retry) moves the record's offset there: the record is kept while a copy is readable
-        # (tables/expiry.py), so no rewound group finds a copy without its record.
-        if topic == record.topic and partition == record.partition and offset > record.offset:
-            record = replace(record, offset=offset)
+        # A finished task never reaches a provider again; a redelivery re-emits its result.
         if record.result is not None:
             return record, [EmitResult(record.result)]
         return record, []

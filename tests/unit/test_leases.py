@@ -453,8 +453,7 @@ def test_the_same_requeue_delivered_twice_runs_once() -> None:
 def test_a_succeeded_task_is_not_restarted_by_a_requeue() -> None:
     """Only failed or dead-lettered tasks restart; a task that succeeded re-emits its result."""
     done = terminal(SUCCEEDED, RESULT)
-    again, effects = requeued(done, "rq-9")
-    assert effects == [EmitResult(RESULT)] and replace(again, offset=done.offset) == done
+    assert requeued(done, "rq-9") == (done, [EmitResult(RESULT)])
 
 
 def test_a_second_requeue_counts_and_a_new_failure_dead_letters_with_its_attempts() -> None:
@@ -496,18 +495,3 @@ def test_a_redispatch_carries_the_checkpoint_and_finishing_clears_it() -> None:
     done, _ = leases.finish(taken, status=SUCCEEDED, result=RESULT, reason=None, now=T0 + 2)
     assert done.steps_done is None and leases.completed_steps(done) == []
     assert leases.checkpoint(done, index=1, output="late")[0] == done, "nothing changes once terminal"
-
-
-def test_a_later_copy_of_a_finished_task_keeps_its_record_as_long_as_it_is_readable() -> None:
-    """A producer's second copy, later in the log, moves the record's offset there (the expiry keeps a record while
-    its message is readable: tables/expiry.py); an earlier copy (a redelivery) changes nothing."""
-    done = replace(terminal(SUCCEEDED, RESULT), topic=TOPIC, partition=2, offset=40)
-
-    def copy(offset: int) -> tuple[TaskRecord | None, list[leases.Effect]]:
-        return leases.receive(done, agent=AGENT, payload=PAYLOAD, topic=TOPIC, partition=2, offset=offset,
-                              now=T0 + 100, me=ME, ttl=TTL, max_attempts=3, running_here=False)
-
-    later, effects = copy(90)
-    assert later is not None and later.offset == 90 and effects == [EmitResult(RESULT)]
-    assert copy(40) == (done, [EmitResult(RESULT)]) and copy(12)[0] is done
-
