@@ -296,6 +296,7 @@ class Runtime(Service):
     def on_revoked(self, revoked: set[TP]) -> None:
         self.flow.revoked(revoked)
         self.ledger.forget(revoked)
+        self.takeover.revoked({tp.partition for tp in revoked})
         for table in self.tables.all():
             table.revoked({tp.partition for tp in revoked})
 

@@ -27,7 +27,9 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     async def ledger_agent(stream: Any) -> None:
         # One event at a time: the ledger is the table's only writer (docs/faust.md, "Tables").
         async for event in stream.events():
-            runtime.ledger.handle(event)
+            message = event.message
+            if runtime.takeover.admit(message.topic, message.partition, message.offset):
+                runtime.ledger.handle(event)
 
     app.agent(channel, name="ledger", concurrency=1)(ledger_agent)
 
@@ -83,6 +85,8 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
 
     @app.on_rebalance_complete.connect  # type: ignore[arg-type]
     async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
+        if runtime.flow.superseded():
+            return  # Faust signals a recovery a newer assignment replaced too: the newer one signals its own end
         # After the group settled and before the streams resume (Faust's recovery sends this first):
         # the broker answers offset requests now, and nothing of the new assignment has been read yet.
         await runtime.flow.seed_starts(set(app.consumer.assignment()))

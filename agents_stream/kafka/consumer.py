@@ -107,6 +107,14 @@ class WatermarkConsumer(AIOKafkaConsumer):
             records = _drop_records(records, self._drop_fetched)
         return records
 
+    #: input partitions the worker's intake holds paused (a provider down, a queue full: ``Flow.update``). Faust
+    #: resumes every assigned partition when a recovery ends; these stay paused until the intake lets them go.
+    held: frozenset[TP] = frozenset()
+
+    def resume_partitions(self, tps: Any) -> None:
+        """Fetch ``tps`` again, less those the intake holds (see ``held``)."""
+        super().resume_partitions(ensure_TPset(tps) - self.held)
+
     def pause_partitions(self, tps: Any) -> None:
         """Stop fetching ``tps`` without dropping the batch being delivered: a new active set, not the one the
         running batch checks its records against (docs/decisions.md, "Pausing without dropping a batch")."""

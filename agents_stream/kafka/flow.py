@@ -77,12 +77,17 @@ class Flow:
                 name = topics.task_topic(agent)
                 want.update(tp for tp in assigned if tp.topic == name)
         pause, resume = want - self.paused, (self.paused & assigned) - want
+        self.consumer.held = frozenset(want)  # Faust's resume at the end of a recovery leaves these paused
         if pause:
             self.consumer.pause_partitions(pause)
             log.info("Intake paused on %d partitions (provider down or queue full)", len(pause))
-        if resume:
+        if resume and not self._rebalancing():
             self.consumer.resume_partitions(resume)
             log.info("Intake resumed on %d partitions", len(resume))
+        # During a rebalance Faust holds every assigned partition until its table partitions are recovered, and
+        # resumes the ones not ``held`` itself when that ends. Resuming one earlier let the ledger act on a task
+        # message its table partition did not have the record of yet: in the chaos run a breaker half-opening
+        # mid-recovery resumed a partition, and three tasks another worker had finished ran again.
         self.paused = want
 
     def consumer_lag(self) -> dict[str, int]:
@@ -112,14 +117,18 @@ class Flow:
         (docs/cluster.md)."""
         return bool(self.settling or self.app.in_recovery or getattr(self.app, "rebalancing", False))
 
-    def settled(self) -> None:
-        """Faust's recovery ended and it resumes the streams (``on_rebalance_complete``), unless a later assignment
-        already asked for another recovery (Faust sends the signal of a stale one too, then skips its resume)."""
+    def superseded(self) -> bool:
+        """A later assignment already asked for another recovery: Faust's ``on_rebalance_complete`` of the
+        current one is stale (Faust sends it, then skips its resume)."""
         recovery = getattr(getattr(self.app, "tables", None), "recovery", None)
         pending = getattr(recovery, "signal_recovery_start", None)
-        if pending is not None and pending.is_set():
-            return
-        self.settling = False
+        return pending is not None and pending.is_set()
+
+    def settled(self) -> None:
+        """Faust's recovery ended and it resumes the streams (``on_rebalance_complete``), unless it was
+        ``superseded``."""
+        if not self.superseded():
+            self.settling = False
 
     def watched(self) -> set[TP]:
         """Between rebalances: the assigned input partitions that should be fetched (not paused by us, not held

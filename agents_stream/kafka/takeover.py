@@ -54,21 +54,47 @@ class Takeover:
         self.alert = alert
         #: rebalances seen: an answer about the group's members counts only for the latest
         self.rebalances = 0
+        #: the partitions this worker claimed since they were last assigned to it (``claim_epochs``): their table
+        #: partitions are recovered, so the ledger may apply their records (``admit``)
+        self.claimed: set[int] = set()
+        self._refused: set[int] = set()  # partitions whose early records were logged since the last revoke
 
     async def claim_epochs(self) -> None:
         """``_claim_epochs``, never raising: it runs in Faust's rebalance signal, where an exception crashes the
         worker."""
+        mine = self.partitions()
         try:
-            await self._claim_epochs()
+            await self._claim_epochs(mine)
         except Exception as exc:
             log.exception("Claiming the owner epochs after a rebalance failed (%r): a record a former owner writes "
                           "late may be read as current by a later recovery. Report it with this log", exc)
+        self.claimed = set(mine)  # a claim the brokers did not confirm is logged; the partitions go on as before
 
-    async def _claim_epochs(self) -> None:
+    def revoked(self, partitions: set[int]) -> None:
+        self.claimed -= partitions
+        self._refused -= partitions
+
+    def admit(self, topic: str, partition: int, offset: int) -> bool:
+        """Whether the ledger may apply this record of an input topic: its partition was claimed since it was
+        assigned here. Faust holds the input partitions until their tables are recovered; a record that arrives
+        before that (a partition resumed too early) would meet a table partition still being rebuilt, where a task
+        another worker finished has no record yet and would run again. Not applied, it is read again from the
+        group's commit when Faust resumes the streams after the claim (every input topic is copartitioned)."""
+        if partition in self.claimed:
+            return True
+        if partition not in self._refused:
+            self._refused.add(partition)
+            log.warning(
+                "A record of %s[%d]@%d arrived before this worker claimed the partition (its table partition may "
+                "still be recovering): not applied here; it is read again from the group's commit once the claim "
+                "is done. If this repeats, report it with this log", topic, partition, offset,
+            )
+        return False
+
+    async def _claim_epochs(self, mine: list[int]) -> None:
         """Every table partition this worker now owns gets a higher owner epoch, confirmed by the broker before the
         ledger reads any record of it (the streams resume after this): from then on, a record a former owner writes
         there is skipped by every later recovery (tables/epochs.py)."""
-        mine = self.partitions()
         claims = []
         for table in self.tables.all():
             for partition in mine:

@@ -8,8 +8,10 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any
 
+import faust
 from faust.types import TP
 
+from agents_stream.kafka.consumer import WatermarkConsumer
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.watermark import Watermark
 
@@ -69,3 +71,44 @@ async def test_the_end_of_a_stale_recovery_does_not_end_a_newer_rebalance() -> N
     flow.settled()
     flow.check()
     assert consumer.resumed == []
+
+
+async def test_an_agent_unblocked_during_a_recovery_is_not_resumed_before_the_recovery_ends() -> None:
+    """The chaos run's case: the breaker half-opened while a table partition was being rebuilt, the intake resumed
+    the task partitions, and the ledger answered three tasks another worker had finished."""
+    flow, _, consumer = _flow()
+    blocked = {"a"}
+    flow.blocked = lambda agent: agent in blocked
+    flow.settled()
+    consumer.active = {TASKS}
+    flow.update()
+    assert consumer.active == set(), "a blocked agent's partitions are paused"
+    flow.assigned()  # a rebalance: Faust pauses every assigned partition until its recovery ends
+    blocked.clear()  # the provider answers again mid-recovery
+    flow.update()
+    assert consumer.resumed == [], "resumed while its table partition was still being recovered"
+    flow.settled()
+    consumer.resume_partitions({TASKS})  # Faust resumes the streams once the recovery ended
+    assert consumer.active == {TASKS}
+
+
+def test_faust_resuming_the_streams_after_a_recovery_leaves_the_intakes_partitions_paused() -> None:
+    app = faust.App("test-flow-held", broker="kafka://127.0.0.1:1")  # never started: no connection
+    consumer = WatermarkConsumer(
+        app.transport, callback=_ignore, on_partitions_revoked=_ignore, on_partitions_assigned=_ignore,
+    )
+    held, free = TP("agent.tasks.a", 0), TP("agent.tasks.a", 1)
+    consumer.pause_partitions({held, free})
+    consumer.held = frozenset({held})  # the intake holds it: its agent's provider is down
+
+    consumer.resume_partitions({held, free})  # Faust's resume at the end of a recovery
+
+    assert consumer.active_partitions() == {free}
+    assert consumer.paused_partitions() == {held}
+    consumer.held = frozenset()
+    consumer.resume_partitions({held})
+    assert consumer.active_partitions() == {held, free}
+
+
+async def _ignore(*args: object) -> None:
+    return None
