@@ -126,6 +126,8 @@ class Takeover:
             if mine != self.rebalances:
                 return  # a later rebalance reads them
             if found is not None:
+                log.info("The group has %d members after this rebalance; leases held by workers outside it are "
+                         "taken over now", len(found))
                 self.learned(found)
                 self.take_over()
                 return

@@ -15,7 +15,8 @@ from .test_failures import assert_one_distinct_success, calls_per_task
 
 LEASE_S = 30.0
 #: the lines of a worker's log that say how a takeover went (printed when it was slow)
-WHAT_TAKEOVER_LOGS = ("Joined group", "members", "dispatching it here", "Heartbeat failed", "Revoking", "Worker ready")
+WHAT_TAKEOVER_LOGS = ("Joined group", "members", "dispatching it here", "Heartbeat failed", "Revoking", "Worker ready",
+                      "arrived again", "before this worker claimed")
 
 
 async def _calls_in_flight(cluster_factory, fake_llm, n: int, **settings: str):
