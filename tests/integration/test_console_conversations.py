@@ -1,6 +1,7 @@
 """The console's conversation view, driven in a real headless Chromium against a real worker running the support
 agent (the fake LLM, the example services over HTTP, the broker): a conversation's message, its reply and its
-round's tool calls shown, then the next message, its tool call and its reply arriving live on the event stream."""
+round's tool calls shown; the worker killed and back, the view resumes its event stream after the last event it
+showed, and the next message, its tool call and its reply arrive live on it."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ async def test_the_console_shows_a_conversation_its_tool_calls_and_the_next_mess
     cluster_factory, fake_llm, tmp_path,
 ):
     async with FakeServices() as services:
-        _, worker, (agent,) = await start_support(cluster_factory, fake_llm, services)
+        c, worker, (agent,) = await start_support(cluster_factory, fake_llm, services)
         url = f"http://127.0.0.1:{worker.web_port}"
         cid, order = unique("conv"), unique("o")
         fake_llm.enqueue(*support_script(order))
@@ -65,6 +66,19 @@ async def test_the_console_shows_a_conversation_its_tool_calls_and_the_next_mess
                 before = await page.run(_thread, driver)
                 assert await page.js("return document.querySelectorAll('img').length") == 0
                 assert await page.js("return document.title") == "agents-stream console"
+                assert await page.errors() == [], "no script errors or CSP violations in the console"
+
+                # The worker serving the stream is killed and comes back at its address: the view reconnects
+                # with Last-Event-ID, the last event it showed.
+                await page.js("const real = window.fetch; window.resumedAfter = []; window.fetch = (url, init) => {"
+                              " if (String(url).endsWith('/events')) window.resumedAfter.push("
+                              "   (init.headers || {})['Last-Event-ID'] ?? null);"
+                              " return real(url, init); };")
+                worker.kill()
+                await page.wait("the view reconnecting", lambda d: _thread(d)["live"] == "reconnecting", timeout=30)
+                worker = await c.started("a", WEB_PORT=str(worker.web_port))
+                await page.wait("the stream resumed", lambda d: _thread(d)["live"] == "live", timeout=60)
+                resumed = await page.js("return window.resumedAfter")
 
                 # The next message, its tool call and its reply arrive on the event stream (the view never polls).
                 fake_llm.enqueue(tool_calls(call("lookup_order", {"order_id": order})),
@@ -77,7 +91,9 @@ async def test_the_console_shows_a_conversation_its_tool_calls_and_the_next_mess
                 after = await page.run(_thread, driver)
                 await page.js("document.getElementById('conversations').scrollIntoView()")
                 await page.screenshot(SCREENSHOTS / "console-conversation.png")
-                assert await page.errors() == [], "no script errors or CSP violations in the console"
+                # While the worker was down (and starting: /readyz 503) requests failed; nothing else went wrong.
+                errors = [e for e in await page.errors() if "Failed to load resource" not in e]
+                assert errors == [], "no script errors or CSP violations in the console"
             finally:
                 await asyncio.to_thread(driver.quit)
 
@@ -86,5 +102,8 @@ async def test_the_console_shows_a_conversation_its_tool_calls_and_the_next_mess
     assert names == ["lookup_order", "create_label", "refund", "notify_customer"], before["calls"]
     assert f'"order_id":"{order}"' in before["calls"]["1"][2][1] and '"amount":42.5' in before["calls"]["1"][2][1]
     assert before["status"] == "idle" and before["live"] == "live", before
+    assert resumed and set(resumed) == {before["last"]}, ("every reconnect resumed after the last event", resumed)
     assert after["live"] == "live" and int(after["last"]) > int(before["last"]), (before["last"], after["last"])
+    assert after["messages"][first.message_id] == text and after["replies"]["1"] == reply1["text"]
+    assert after["calls"]["1"] == before["calls"]["1"], "the resumed stream showed nothing twice"
     assert after["calls"]["2"][0][2] == "ok" and after["status"] == "idle", after
