@@ -19,21 +19,23 @@ from .test_conversations import TOKEN, start_support
 
 
 def _thread(d: Any) -> dict[str, Any]:
-    """What the view shows: messages by id, replies by round, tool calls by round, the live badge."""
-    return d.execute_script("""
+    """What the view shows, in its order: messages by id, replies by round, tool calls by round, the live badge."""
+    shown = d.execute_script("""
         const text = (n, css) => { const x = n.querySelector(css); return x ? x.textContent : null; };
         const view = document.getElementById('conv-view');
         return {
           shown: !view.hidden, live: document.getElementById('conv-live').textContent,
           status: document.getElementById('conv-status').textContent, last: view.dataset.lastEventId,
-          messages: Object.fromEntries([...document.querySelectorAll('#conv-thread li.customer')]
-            .map(li => [li.dataset.messageId, text(li, '.text')])),
-          replies: Object.fromEntries([...document.querySelectorAll('#conv-thread li.agent')]
-            .map(li => [li.dataset.round, text(li, '.text')])),
-          calls: Object.fromEntries([...document.querySelectorAll('#conv-thread li.round')]
+          messages: [...document.querySelectorAll('#conv-thread li.customer')]
+            .map(li => [li.dataset.messageId, text(li, '.text')]),
+          replies: [...document.querySelectorAll('#conv-thread li.agent')]
+            .map(li => [li.dataset.round, text(li, '.text')]),
+          calls: [...document.querySelectorAll('#conv-thread li.round')]
             .map(li => [li.dataset.round, [...li.querySelectorAll('li.call')]
-              .map(c => [text(c, '.name'), text(c, '.args'), c.dataset.status])])),
+              .map(c => [text(c, '.name'), text(c, '.args'), c.dataset.status])]),
         };""")
+    # Lists of pairs from the page: the driver does not keep an object's key order.
+    return {**shown, **{k: dict(shown[k]) for k in ("messages", "replies", "calls")}}
 
 
 async def test_the_console_shows_a_conversation_its_tool_calls_and_the_next_message_live(
@@ -107,3 +109,43 @@ async def test_the_console_shows_a_conversation_its_tool_calls_and_the_next_mess
     assert after["messages"][first.message_id] == text and after["replies"]["1"] == reply1["text"]
     assert after["calls"]["1"] == before["calls"]["1"], "the resumed stream showed nothing twice"
     assert after["calls"]["2"][0][2] == "ok" and after["status"] == "idle", after
+
+
+async def test_a_long_conversation_shows_its_last_page_and_pages_back_on_request(cluster_factory, tmp_path):
+    """26 messages and replies (52 history items, a page holds 50): the view shows the last page, and the event
+    stream, which starts at the conversation's first event, does not draw the round before it; "Earlier history"
+    does."""
+    agent = unique("plain")
+    c = cluster_factory([agent], None, AGENTS_STREAM_API_TOKEN=TOKEN)
+    worker = await c.started("a")
+    url = f"http://127.0.0.1:{worker.web_port}"
+    cid = unique("conv")
+    async with Client(url, TOKEN) as client:
+        sent = []
+        for i in range(26):
+            sent.append(await client.send(cid, agent, f"message {i}"))
+            await client.reply(cid, sent[-1].message_id, timeout=60)
+    driver = await asyncio.to_thread(chromium, tmp_path / "chromium-profile")
+    try:
+        page = Page(driver)
+        await page.run(driver.get, url + "/")
+        await page.type("#token", TOKEN)
+        await page.click("#token-save")
+        await page.type("#conv-id", cid)
+        await page.click("#conv-form button[type=submit]")
+        await page.wait("the last page, followed live", lambda d: (
+            (t := _thread(d))["live"] == "live" and len(t["replies"]) == 25 and t["last"] != ""), timeout=30)
+        await asyncio.sleep(2)  # the stream's replay of the first round would be drawn by now
+        last_page = await page.run(_thread, driver)
+        older = await page.js("return !document.getElementById('conv-older').hidden")
+        await page.click("#conv-older")
+        await page.wait("the first round", lambda d: "1" in _thread(d)["replies"], timeout=30)
+        whole = await page.run(_thread, driver)
+        assert await page.js("return document.getElementById('conv-older').hidden") is True
+        assert await page.errors() == []
+    finally:
+        await asyncio.to_thread(driver.quit)
+    assert older is True
+    assert list(last_page["messages"]) == [s.message_id for s in sent[1:]], "round 1 is not on the last page"
+    assert sorted(map(int, last_page["replies"])) == list(range(2, 27))
+    assert list(whole["messages"]) == [s.message_id for s in sent] and len(whole["replies"]) == 26
