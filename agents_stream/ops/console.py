@@ -17,6 +17,7 @@ ASSETS = {
     "console.css": "text/css; charset=utf-8",
     "charts.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
+    "conversations.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
 

@@ -9,6 +9,7 @@ import aiohttp
 from faust.web import Request, Response, View
 
 from agents_stream.contract import topics
+from agents_stream.ops.access import Refused
 
 #: set on a forwarded or gathering request: the worker asked answers itself, never forwards again
 ROUTED_HEADER = "X-Agents-Stream-Routed"
@@ -56,25 +57,49 @@ def owner_of(app: Any, table: Any, key: str, partitions: int) -> str | None:
     return None
 
 
+def owner_elsewhere(app: Any, table: Any, key: str, partitions: int, request: Any) -> str | None:
+    """The web URL of the worker to ask about ``key``, or None when this worker answers itself: it owns the key,
+    or another worker forwarded the request here (a forwarded request is never forwarded again). Refused (503)
+    during a rebalance, when no worker owns the key's partition."""
+    owner = owner_of(app, table, key, partitions)
+    if owner is None:
+        raise Refused(503, "partitions are being reassigned; retry in a few seconds")
+    if owner.rstrip("/") == str(app.conf.canonical_url).rstrip("/") or request.headers.get(ROUTED_HEADER):
+        return None
+    return owner
+
+
+async def ask_owner(
+    app: Any, owner: str, request: Any, *, path: str | None = None, json: Any = None, timeout_s: float = 10.0,
+    unanswered: str = "",
+) -> tuple[int, str, bytes]:
+    """The owner's answer to the request (its status, content type and body), forwarded with the caller's own
+    credential: the same method and path unless ``path`` names another (a GET then), ``json`` as its body.
+    Refused (502) when the owner does not answer; ``unanswered`` says what the caller should do then."""
+    method = "GET" if path is not None else request.method
+    url = owner.rstrip("/") + (path if path is not None else request.rel_url.raw_path_qs)
+    try:
+        async with app.http_client.request(method, url, json=json, headers=forwarded_headers(request),
+                                           timeout=aiohttp.ClientTimeout(total=timeout_s)) as resp:
+            return resp.status, resp.content_type, await resp.read()
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        raise Refused(502, f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"
+                           + (f"; {unanswered}" if unanswered else "")) from None
+
+
 def routed(app: Any, table: Any, param: str, partitions: int) -> Any:
     """Answer a read on the worker that owns the key, forwarding the request there when that is another worker."""
 
     def decorate(handler: Any) -> Any:
         async def view(self: View, request: Request, **kwargs: Any) -> Response:
-            owner = owner_of(app, table, kwargs[param], partitions)
-            here = str(app.conf.canonical_url).rstrip("/")
-            if owner is None:
-                return self.json({"error": "partitions are being reassigned; retry in a few seconds"}, status=503)
-            if owner.rstrip("/") == here or request.headers.get(ROUTED_HEADER):
-                return await handler(self, request, **kwargs)
-            url = owner.rstrip("/") + request.rel_url.raw_path_qs
             try:
-                timeout = aiohttp.ClientTimeout(total=10)
-                async with app.http_client.get(url, headers=forwarded_headers(request), timeout=timeout) as resp:
-                    return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
-            except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                error = f"the worker owning this key ({owner}) did not answer: {type(exc).__name__}"
-                return self.json({"error": error}, status=502)
+                owner = owner_elsewhere(app, table, kwargs[param], partitions, request)
+                if owner is not None:
+                    status, content_type, body = await ask_owner(app, owner, request)
+                    return self.bytes(body, content_type=content_type, status=status)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
+            return await handler(self, request, **kwargs)
 
         return view
 

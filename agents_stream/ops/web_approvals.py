@@ -16,7 +16,6 @@ import html
 import time
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
@@ -26,7 +25,7 @@ from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.notify import LINK_FIELDS, LinkClaim, LinkError, verify, with_signature
 from agents_stream.ops.pages import APPROVALS_LIMIT, limit_of, merge_approvals, page_approvals, parse_after
-from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather, owner_of, routed
+from agents_stream.ops.routing import ROUTED_HEADER, ask_owner, forwarded_headers, gather, owner_elsewhere, routed
 from agents_stream.tables import approvals
 from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
 
@@ -147,22 +146,16 @@ def register_approval_views(app: Any, runtime: Worker) -> None:
             """The owner's answer when another worker owns the task (the request forwarded there), a refusal when
             the decision does not decide the task, or the decision (its agent filled in from the record when the
             body named none) that this worker, the owner, publishes."""
-            owner = owner_of(app, table, task_id, settings.partitions)
-            if owner is None:
-                return self.json({"error": "partitions are being reassigned; retry in a few seconds"}, status=503)
-            here = str(app.conf.canonical_url).rstrip("/")
-            if owner.rstrip("/") != here and not request.headers.get(ROUTED_HEADER):
-                url = owner.rstrip("/") + request.rel_url.raw_path_qs
-                try:
-                    timeout = aiohttp.ClientTimeout(total=20)  # the owner's own send waits up to 15 s
-                    async with app.http_client.post(
-                        url, json=body, headers=forwarded_headers(request), timeout=timeout,
-                    ) as resp:
-                        return self.bytes(await resp.read(), content_type=resp.content_type, status=resp.status)
-                except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-                    error = (f"the worker owning this task ({owner}) did not answer ({type(exc).__name__}); the "
-                             "decision may have been sent: retry (it names its parking, so it decides that one only)")
-                    return self.json({"error": error}, status=502)
+            try:
+                owner = owner_elsewhere(app, table, task_id, settings.partitions, request)
+                if owner is not None:  # the owner's own send waits up to 15 s
+                    status, content_type, answer = await ask_owner(
+                        app, owner, request, json=body, timeout_s=20, unanswered=(
+                            "the decision may have been sent: retry (it names its parking, so it decides that one "
+                            "only)"))
+                    return self.bytes(answer, content_type=content_type, status=status)
+            except Refused as exc:
+                return self.json({"error": str(exc)}, status=exc.status)
             data = table.get(task_id)
             if decision.agent is None and data:  # optional in the body: the task's own, from the record
                 decision = decision.model_copy(update={"agent": TaskRecord.from_json(data).agent})

@@ -5,12 +5,12 @@ docs/conversations.md, "HTTP"."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-import aiohttp
 from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 from pydantic import ValidationError
@@ -20,7 +20,7 @@ from agents_stream.contract.conversations import ConversationDelete, Conversatio
 from agents_stream.ops import conversation_tokens
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
-from agents_stream.ops.routing import forwarded_headers, owner_of, routed
+from agents_stream.ops.routing import ask_owner, owner_elsewhere, routed
 from agents_stream.tables import conversations as machine
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord
@@ -168,23 +168,19 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
 
 async def _agent_of(app: Any, request: Request, table: Any, cid: str, partitions: int) -> str | None:
     """The conversation's agent, read where the conversation is (this worker or its owner); None if unknown."""
-    owner = owner_of(app, table, cid, partitions)
+    owner = owner_elsewhere(app, table, cid, partitions, request)
     if owner is None:
-        raise Refused(503, "partitions are being reassigned; retry in a few seconds")
-    if owner.rstrip("/") == str(app.conf.canonical_url).rstrip("/"):
         data = table.get(cid)
         return ConversationRecord.from_json(data).agent if data else None
-    url = f"{owner.rstrip('/')}/conversations/{quote(cid, safe='')}?limit=1"
+    status, _, body = await ask_owner(app, owner, request, path=f"/conversations/{quote(cid, safe='')}?limit=1")
+    if status == 404:
+        return None
     try:
-        async with app.http_client.get(url, headers=forwarded_headers(request),
-                                       timeout=aiohttp.ClientTimeout(total=10)) as resp:
-            if resp.status == 404:
-                return None
-            resp.raise_for_status()
-            return str((await resp.json())["agent"])
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-        raise Refused(502, f"the worker owning this conversation ({owner}) did not answer: {type(exc).__name__}",
-                      ) from None
+        if status != 200:
+            raise ValueError(f"HTTP {status}")
+        return str(json.loads(body)["agent"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Refused(502, f"the worker owning this conversation ({owner}) answered {exc}") from None
 
 
 async def _send(app: Any, message: ConversationMessage) -> tuple[int, int]:

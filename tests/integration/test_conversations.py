@@ -12,7 +12,7 @@ import select
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import quote
 
 import aiohttp
@@ -28,6 +28,27 @@ from .harness import PARTITIONS, eventually, read_topic, unique
 from .test_agents import SUPPORT, agent_toml, providers_toml, support_script, turn_of, turns_asked
 
 TOKEN = "conversations-write-token"
+
+
+class Support(NamedTuple):
+    cluster: Any
+    worker: Any
+    agents: list[str]
+
+
+async def start_support(cluster_factory: Any, fake_llm: Any, services: Any, *double_texting: str | None) -> Support:
+    """One worker (named "a") running a support agent per ``double_texting`` mode given (None: the agent's default;
+    none given: one agent) against the fake LLM's OpenAI API and the example ``services``, with the write token."""
+    modes = double_texting or (None,)
+    agents = [unique("support") for _ in modes]
+    toml = providers_toml(fake_llm.url, ("openai",))
+    for agent, mode in zip(agents, modes, strict=True):
+        section = agent_toml(agent, ["p_openai"])
+        toml += section if mode is None else section.replace(
+            f'agent = "{SUPPORT}"\n', f'agent = "{SUPPORT}"\ndouble_texting = "{mode}"\n')
+    c = cluster_factory(agents, None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
+                        AGENTS_STREAM_API_TOKEN=TOKEN)
+    return Support(c, await c.started("a"), agents)
 
 
 def _worker_url(worker: Any) -> str:
@@ -62,11 +83,7 @@ async def test_a_customer_conversation_one_reply_per_message_and_a_follow_up_tha
     cluster_factory, fake_llm,
 ):
     async with FakeServices() as services:
-        agent = unique("support")
-        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
-        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
-                            AGENTS_STREAM_API_TOKEN=TOKEN)
-        worker = await c.started("a")
+        _, worker, (agent,) = await start_support(cluster_factory, fake_llm, services)
         cid, order = unique("conv"), unique("o")
         fake_llm.enqueue(*support_script(order))
         text = f"My package {order} never came, give me my money back"
@@ -101,11 +118,7 @@ async def test_a_kill_between_the_refund_and_the_reply_leaves_one_refund_and_one
     sends the same message again after the restart (it never saw an answer): one refund, one reply. An event
     stream cut by the kill resumes from its last event on the restarted worker and sees every event once."""
     async with FakeServices() as services:
-        agent = unique("support")
-        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
-        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
-                            AGENTS_STREAM_API_TOKEN=TOKEN)
-        worker = await c.started("a")
+        c, worker, (agent,) = await start_support(cluster_factory, fake_llm, services)
         cid, order = unique("conv"), unique("o")
         script = support_script(order)
         fake_llm.enqueue(script[0], script[1], hang(60))
@@ -163,13 +176,7 @@ async def test_a_message_during_a_tool_call_waits_for_the_next_round_or_is_rejec
     """The second message lands while the first round's refund is in flight. `enqueue`: the next round answers it,
     after the first reply, which it sees; `reject`: answered at once with a refusal while the round goes on."""
     async with FakeServices() as services:
-        queued, rejecting = unique("support"), unique("support")
-        toml = (providers_toml(fake_llm.url, ("openai",)) + agent_toml(queued, ["p_openai"])
-                + agent_toml(rejecting, ["p_openai"]).replace(f'agent = "{SUPPORT}"\n',
-                                                              f'agent = "{SUPPORT}"\ndouble_texting = "reject"\n'))
-        c = cluster_factory([queued, rejecting], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
-                            AGENTS_STREAM_API_TOKEN=TOKEN)
-        worker = await c.started("a")
+        _, worker, (queued, rejecting) = await start_support(cluster_factory, fake_llm, services, None, "reject")
         async with Client(_worker_url(worker), TOKEN) as client:
             for agent in (queued, rejecting):
                 cid, order = unique("conv"), unique("o")
@@ -209,11 +216,7 @@ async def test_the_chat_command_in_a_terminal(cluster_factory, fake_llm):
     """`agents-stream chat` on a real pty: a message typed, the agent's tool calls and its reply printed as they
     come, a follow-up in the same conversation, Ctrl-D ends it with exit code 0."""
     async with FakeServices() as services:
-        agent = unique("support")
-        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
-        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
-                            AGENTS_STREAM_API_TOKEN=TOKEN)
-        worker = await c.started("a")
+        _, worker, (agent,) = await start_support(cluster_factory, fake_llm, services)
         order = unique("o")
         fake_llm.enqueue(*support_script(order), ok("You are welcome.\nAnything else?"))
         env = {**os.environ, "AGENTS_STREAM_PUBLIC_URL": _worker_url(worker), "AGENTS_STREAM_API_TOKEN": TOKEN}
@@ -385,13 +388,7 @@ async def test_an_interrupting_message_during_a_refund_is_answered_by_the_same_r
     stopped between the effect and its entry), the round stops at that safe point, and goes on with the message in
     its conversation: one round, one reply answering both, one refund, no model turn asked twice."""
     async with FakeServices() as services:
-        agent = unique("support")
-        toml = (providers_toml(fake_llm.url, ("openai",))
-                + agent_toml(agent, ["p_openai"]).replace(f'agent = "{SUPPORT}"\n',
-                                                          f'agent = "{SUPPORT}"\ndouble_texting = "interrupt"\n'))
-        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
-                            AGENTS_STREAM_API_TOKEN=TOKEN)
-        worker = await c.started("a")
+        _, worker, (agent,) = await start_support(cluster_factory, fake_llm, services, "interrupt")
         cid, order = unique("conv"), unique("o")
         script = support_script(order)
         fake_llm.enqueue(script[0], script[1], script[2], ok("Refunded, and your address is changed too."))

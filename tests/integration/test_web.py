@@ -142,3 +142,33 @@ async def test_any_worker_lists_every_workers_approvals(cluster_factory, fake_ll
         "both workers hold some of the parked tasks"
     )
     assert not [r for r in fake_llm.requests if r.task_id in ids], "nothing parked reached the provider"
+
+
+async def test_a_conversation_is_deleted_through_the_worker_that_does_not_own_it(cluster_factory):
+    """A delete names the conversation's agent, read where the conversation is: asked of the other worker, that
+    worker asks the owner (routing.ask_owner, with the caller's token) and sends the delete; an unknown
+    conversation is 404 from both workers."""
+    from agents_stream.client import Client
+
+    agent = unique("web")
+    c = cluster_factory([agent], None, AGENTS_STREAM_API_TOKEN=TOKEN)
+    workers = [await c.started("w0"), await c.started("w1")]
+    by_id = {(await w.get("/healthz"))["worker"]: w for w in workers}
+    async with Client(f"http://127.0.0.1:{workers[0].web_port}", TOKEN) as client:
+        cids = [unique("conv") for _ in range(4)]
+        sent = [await client.send(cid, agent, "hello") for cid in cids]
+        rounds = [(await client.reply(cid, s.message_id, timeout=60))["task_id"] for cid, s in zip(cids, sent,
+                                                                                                  strict=True)]
+        for cid, round_id in zip(cids, rounds, strict=True):
+            owner = (await workers[0].get(f"/tasks/{quote(round_id, safe='')}"))["owner"]
+            (other,) = [w for worker_id, w in by_id.items() if worker_id != owner]
+            assert await post(other, f"/conversations/{quote(cid, safe='')}/delete", {"by": "web-test"}) == (
+                202, {"accepted": True, "conversation_id": cid, "by": "web-test"})
+            await eventually(lambda cid=cid: _gone(client, cid), timeout=30, what=f"{cid} deleted")
+    for w in workers:
+        status_code, body = await post(w, f"/conversations/{unique('none')}/delete", {"by": "web-test"})
+        assert status_code == 404 and "unknown conversation_id" in body["error"], body
+
+
+async def _gone(client: Any, cid: str) -> bool:
+    return await client.conversation(cid) is None

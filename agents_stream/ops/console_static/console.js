@@ -102,6 +102,7 @@
     refreshBreakers();
     refreshCharts();
     refreshRecent();
+    document.dispatchEvent(new CustomEvent("agents-stream:token"));
   }
 
   function forgetToken() {
@@ -426,6 +427,8 @@
     show(error, unreachable.length > 0);
     lastRecent = r.data;
     drawRecent();
+    // The conversation view (conversations.js) lists the conversations whose rounds are among these tasks.
+    document.dispatchEvent(new CustomEvent("agents-stream:recent", { detail: r.data }));
   }
 
   // -- approvals inbox -------------------------------------------------------------------------------------------------
@@ -805,6 +808,11 @@
   }
 
   // -- start -----------------------------------------------------------------------------------------------------------
+
+  // What conversations.js (loaded after this file) shares: the text-only DOM helpers, the API call with the token,
+  // how a failure is said, and the task look-up.
+  window.AgentsStreamConsole = { el, show, clip, when, ago, token, api, problem, refused, stateBadge, openTask,
+    TASK_STATE };
 
   function start() {
     const op = $("operator");
