@@ -16,6 +16,7 @@ from agents_stream.contract.conversations import round_task_id
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.chunks import Chunks
 from agents_stream.execution.tools import ToolContext, tool
+from agents_stream.ops.cli_chat import _render, _Text
 from agents_stream.testing.fakellm import FakeLLM, call, ok, status, tool_calls
 
 from .fake_worker import Worker, worker
@@ -156,3 +157,25 @@ def test_a_later_call_supersedes_an_earlier_ones_text() -> None:
     assert streamed.add(chunk(2, 1, 0, "Hey")).restart  # type: ignore[union-attr]  # a takeover's dispatch
     assert streamed.add(chunk(1, 5, 0, "stale")) is None
     assert streamed.text(1, 0) == "Hey" and streamed.add(Event(9, "turn", {"data": {}})) is None
+
+
+def test_the_chat_prints_streamed_text_once_and_marks_a_superseded_call() -> None:
+    printed: list[str] = []
+
+    def say(text: str, end: str = "\n") -> None:
+        printed.append(text + end)
+
+    def chunk(attempt: int, seq: int, text: str) -> Event:
+        data = {"turn": 0, "dispatch": 1, "attempt": attempt, "seq": seq, "text": text, "cut": False}
+        return Event(seq, "chunk", {"id": f"round:1:chunk:1:{attempt}:{seq}", "kind": "chunk", "round": 1,
+                                    "data": data})
+
+    shown = _Text(say)
+    for event in (chunk(1, 0, "Hel"), chunk(2, 0, "Hello,\n"), chunk(1, 1, "lo"), chunk(2, 1, "you\x1b[2J")):
+        assert shown.chunk(event)
+    reply = Event(9, "reply", {"id": "reply:1", "kind": "reply", "round": 1,
+                               "data": {"status": "succeeded", "text": "Hello,\nyou\x1b[2J"}})
+    assert not shown.chunk(reply) and shown.shown(reply) and _render(reply)
+    shown.end()
+    screen = "".join(printed)
+    assert screen == "agent> Hel\n  (that call failed; the agent writes again)\nagent> Hello,\nyou\\x1b[2J\n", screen
