@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
-from agents_stream.contract.errors import TaskError
+from agents_stream.contract.errors import PermanentError, TaskError
 from agents_stream.providers.base import Completion, Prompt, TextSink, Usage, render_prompt
 from agents_stream.providers.conversation import (
     AssistantTurn,
@@ -22,11 +23,15 @@ from agents_stream.providers.sse import SSEEvent
 
 __all__ = ["OpenAIProvider"]
 
+log = logging.getLogger(__name__)
+
 
 class OpenAIProvider(HTTPProvider):
     """``POST {base_url}/chat/completions``; ``base_url`` includes the version, e.g. ``.../v1``."""
 
     default_base_url = "https://api.openai.com/v1"
+    #: the server refused a streamed request (it knows no ``stream_options``): ask it whole
+    _unstreamed = False
 
     async def complete(self, prompt: Prompt) -> Completion:
         data = await self._post_json(f"{self.base_url}/chat/completions", self._body(prompt), self._headers())
@@ -48,11 +53,26 @@ class OpenAIProvider(HTTPProvider):
     async def _streamed(self, body: dict[str, Any], on_text: TextSink) -> dict[str, Any]:
         """``stream: true``: the chunks' deltas as the body the non-streaming call answers (a gateway that answers
         whole instead: that body, its text given at once)."""
-        assembly = ChatStream(on_text, self._malformed)
-        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        data = await self._post_stream(f"{self.base_url}/chat/completions", body, self._headers(), assembly)
-        if data is None:
-            return assembly.body()
+        url = f"{self.base_url}/chat/completions"
+        data: dict[str, Any] | None
+        if self._unstreamed:
+            data = await self._post_json(url, body, self._headers())
+        else:
+            assembly = ChatStream(on_text, self._malformed)
+            streamed = {**body, "stream": True, "stream_options": {"include_usage": True}}
+            try:
+                data = await self._post_stream(url, streamed, self._headers(), assembly)
+            except PermanentError as exc:
+                prefix = f"{self.name} answered 400"
+                if not str(exc).startswith(prefix) or "stream" not in str(exc).removeprefix(prefix).lower():
+                    raise
+                # a compatible server that does not take stream or stream_options: asked whole, now and from now on
+                log.warning("%s refused a streamed request (%s); its calls are made unstreamed from now on",
+                            self.name, exc)
+                self._unstreamed = True
+                data = await self._post_json(url, body, self._headers())
+            if data is None:
+                return assembly.body()
         text = _text(self._message(data).get("content"))
         if text:
             on_text(text)

@@ -188,6 +188,37 @@ async def test_a_gateway_that_answers_whole_is_read_whole(serve: Callable[[Handl
     assert completion.text == "all at once" and got == ["all at once"] and completion.usage.output_tokens == 3
 
 
+async def test_a_server_that_refuses_stream_options_is_asked_whole_from_then_on(
+    serve: Callable[[Handler], Awaitable[str]],
+) -> None:
+    asked: list[dict[str, object]] = []
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        asked.append(body)
+        if "stream_options" in body:
+            return web.json_response({"error": {"message": "Unrecognized request argument supplied: stream_options"}},
+                                     status=400)
+        return web.json_response({"choices": [{"message": {"content": "whole"}, "finish_reason": "stop"}]})
+
+    provider = build_provider(config("openai", await serve(handler), api_key_env=None))
+    strict = build_provider(config("openai", await serve(_bad_request), api_key_env=None))
+    got: list[str] = []
+    try:
+        assert (await provider.complete_stream(PROMPT, got.append)).text == "whole"
+        assert (await provider.complete_stream(PROMPT, got.append)).text == "whole"
+        with pytest.raises(PermanentError):  # any other 400 is the task's fault, as unstreamed
+            await strict.complete_stream(PROMPT, got.append)
+    finally:
+        await provider.close()
+        await strict.close()
+    assert ["stream" in body for body in asked] == [True, False, False] and got == ["whole", "whole"]
+
+
+async def _bad_request(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"error": {"message": "the prompt is too long"}}, status=400)
+
+
 async def test_an_openai_stream_without_done_is_malformed(serve: Callable[[Handler], Awaitable[str]]) -> None:
     async def handler(request: web.Request) -> web.StreamResponse:
         return await _sse(request, b'data: {"choices":[{"index":0,"delta":{"content":"half"}}]}\n\n')
