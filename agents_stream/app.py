@@ -84,6 +84,7 @@ class Runtime(Service):
         self.answers = app.topic(topics.answers_topic(settings.app_id), key_serializer="raw", value_serializer="raw")
         self.job_events = app.topic(topics.JOB_EVENTS, key_serializer="raw", value_serializer="raw")
         self.circuits_topic = app.topic(topics.CIRCUITS, key_serializer="raw", value_serializer="raw")
+        self.events_topic = app.topic(topics.CONVERSATION_EVENTS, key_serializer="raw", value_serializer="raw")
         self._build_parts(app, settings, config, agents, tables, watermark)
         self.flow = Flow(
             app, watermark, frozenset(app.input_topics), agents,
@@ -152,6 +153,7 @@ class Runtime(Service):
             on_flow_change=self.update_flow,
             worker_id=self.worker_id,
             cache_lookup=self.cache_lookup,
+            send_event=self.send_event,
         )
         self.outbox = Outbox(
             lambda name: app.topic(name, key_serializer="raw", value_serializer="raw"), watermark, self.worker_id,
@@ -247,6 +249,10 @@ class Runtime(Service):
             return False
         consumer: Any = self.app.consumer
         return bool(consumer.member_since(self.settings.session_timeout_s / 2))
+
+    def send_event(self, key: bytes, value: bytes, partition: int) -> Any:
+        """One ephemeral record on agent.conversation.events (a chunk of streamed text): sent once, not held."""
+        return self.events_topic.send_soon(key=key, value=value, partition=partition)
 
     def send_control(self, event: str, subject: str, agent: str | None, details: dict[str, Any]) -> None:
         self.outbox.control(event, subject, agent, details)

@@ -6,8 +6,9 @@
         print(reply["text"])
 
 Every call has a timeout. ``send`` returns once the broker has the message; sending it again with the same
-``message_id`` (a retry after a timeout or a 503) is the same message and gets the same one reply.
-Schemas: docs/conversations.md.
+``message_id`` (a retry after a timeout or a 503) is the same message and gets the same one reply. ``events``
+follows the conversation live, the model's text included as it writes it (``chunk`` events); ``StreamedText``
+puts those together, dropping the text of a call that a later one replaced. Schemas: docs/conversations.md.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from urllib.parse import quote
 
 import aiohttp
 
-__all__ = ["Client", "ClientError", "Event", "Sent"]
+__all__ = ["Client", "ClientError", "Event", "Sent", "StreamedText", "Streamed"]
 
 
 class ClientError(Exception):
@@ -52,6 +53,56 @@ class Event:
     offset: int
     kind: str
     data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """What a chunk event changes: ``restart`` — a new call's text begins (what was shown of this turn before is
+    superseded), then ``text`` is its first piece; else ``text`` follows what was shown."""
+
+    round: int
+    turn: int
+    restart: bool
+    text: str
+
+
+class StreamedText:
+    """The text each model turn of a conversation is being written, folded from its ``chunk`` events.
+
+    Per round and turn, only the latest call counts (its ``dispatch`` and ``attempt``, compared in that order): a
+    chunk of an earlier call comes from one that failed or was replaced (a retry, a fallback, a takeover) and is
+    dropped; the first chunk of a later call starts the turn's text over. The durable ``turn`` and ``reply`` events
+    carry the whole text; a chunk may be lost (chunks are not journaled), so they are what to keep.
+    """
+
+    def __init__(self) -> None:
+        self._calls: dict[tuple[int, int], tuple[tuple[int, int], list[str]]] = {}
+
+    def add(self, event: Event) -> Streamed | None:
+        """The change a chunk event makes; None for any other event, or a chunk of a superseded call."""
+        data = event.data.get("data") if event.kind == "chunk" else None
+        if not isinstance(data, dict):
+            return None
+        try:
+            key = (int(event.data["round"]), int(data["turn"]))
+            call = (int(data["dispatch"]), int(data["attempt"]))
+            text = str(data["text"])
+        except (KeyError, TypeError, ValueError):
+            return None
+        current = self._calls.get(key)
+        if current is not None and call < current[0]:
+            return None
+        restart = current is None or call > current[0]
+        if restart:
+            self._calls[key] = (call, [text])
+        else:
+            self._calls[key][1].append(text)
+        return Streamed(key[0], key[1], restart, text)
+
+    def text(self, round: int, turn: int) -> str:
+        """What the latest call of a round's turn wrote so far."""
+        current = self._calls.get((round, turn))
+        return "".join(current[1]) if current is not None else ""
 
 
 class Client:

@@ -172,6 +172,11 @@ class Settings:
         "max_request_size; every topic's max.message.bytes must be at least this (checked at start). A task whose "
         "record would pass it ends failed with result_too_large.",
     )
+    stream_text: bool = _setting(
+        "AGENTS_STREAM_STREAM_TEXT", True,
+        "Stream the model's text of conversation rounds to agent.conversation.events as chunk events while the "
+        "provider writes it (its streaming API); off: the text arrives with the turn and the reply only.",
+    )
     answer_max_bytes: int = _setting(
         "AGENTS_STREAM_ANSWER_MAX_BYTES", 262144,
         "Largest answer (UTF-8 bytes) one provider call may give; a larger one fails the task with result_too_large.",

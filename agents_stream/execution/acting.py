@@ -102,12 +102,13 @@ class AgentRunner:
 
     async def _turn(self, run: Run, plan: AgentPlan, conversation: Conversation) -> TurnAnswer | Unavailable | Rejected:
         """The next turn from the first rung that answers (a simplified light tier cannot carry a conversation)."""
+        number = len(journal.replay(run.steps_done).turns)  # the turn asked for (its text streams under it)
         earliest: float | None = None
         why = "the agent has no rung that can carry a conversation"
         for tier in plan.tiers:
             if tier.simplified:
                 continue
-            answer = await self.caller.converse_tier(run, tier, conversation)
+            answer = await self.caller.converse_tier(run, tier, conversation, number)
             if not isinstance(answer, Unavailable):
                 return answer
             why = answer.why

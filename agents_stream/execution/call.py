@@ -15,6 +15,7 @@ from agents_stream.config import CONFIDENCE_ORDER, AppConfig
 from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLarge, TransientError, classify
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
+from agents_stream.execution.chunks import Chunks
 from agents_stream.execution.history import with_history
 from agents_stream.execution.outputs import (
     CheckAborted,
@@ -28,7 +29,7 @@ from agents_stream.execution.outputs import (
 from agents_stream.execution.plan import AgentPlan, Tier
 from agents_stream.execution.run import Answer, Rejected, Run, TurnAnswer, Unavailable
 from agents_stream.ops import metrics, tracing
-from agents_stream.providers.base import Completion, Prompt, Provider
+from agents_stream.providers.base import Completion, Prompt, Provider, TextSink
 from agents_stream.providers.conversation import Conversation, Turn
 from agents_stream.resilience.backoff import backoff
 from agents_stream.resilience.circuits import Circuits, Permit
@@ -51,8 +52,11 @@ class Caller:
         circuits: Circuits,
         send_control: SendControl,
         rng: random.Random,
+        chunks: Chunks | None = None,
     ) -> None:
         self.settings = settings
+        #: where a round's calls stream their text (None: no call streams)
+        self.chunks = chunks
         self.config = config
         self.circuits = circuits
         self._send_control = send_control
@@ -78,7 +82,10 @@ class Caller:
         retries = [0]  # transient retries, counted across the format retries of this rung
         format_retries = 0
         while True:
-            completion = await self._answered(run, task, tier, partial(provider.complete, prompt), retries)
+            send: Callable[[], Awaitable[Completion | Turn]] = partial(provider.complete, prompt)
+            if task is run.task and self._streams(run):  # a round's own answer (not one step of it)
+                send = partial(self._streamed, run, 0, partial(provider.complete_stream, prompt))
+            completion = await self._answered(run, task, tier, send, retries)
             if not isinstance(completion, Completion):
                 assert not isinstance(completion, Turn)
                 return completion
@@ -161,12 +168,16 @@ class Caller:
         await asyncio.sleep(delay)
 
     async def converse_tier(
-        self, run: Run, tier: Tier, conversation: Conversation,
+        self, run: Run, tier: Tier, conversation: Conversation, number: int = 0,
     ) -> TurnAnswer | Unavailable | Rejected:
-        """One turn of an agent loop on one rung: transient errors retry with backoff, as ``call_tier``'s do."""
+        """Turn ``number`` of an agent loop on one rung: transient errors retry with backoff, as ``call_tier``'s
+        do."""
         provider = tier.provider
         calls, cost = run.calls, run.cost or 0.0
-        turn = await self._answered(run, run.task, tier, lambda: provider.converse(conversation), [0])
+        send: Callable[[], Awaitable[Completion | Turn]] = partial(provider.converse, conversation)
+        if self._streams(run):
+            send = partial(self._streamed, run, number, partial(provider.converse_stream, conversation))
+        turn = await self._answered(run, run.task, tier, send, [0])
         if not isinstance(turn, Turn):
             assert not isinstance(turn, Completion)
             return turn
@@ -177,6 +188,22 @@ class Caller:
             return Rejected(error, error, f"{tier.role}:{provider.name}")
         spent = None if run.cost is None else run.cost - cost
         return TurnAnswer(turn, f"{tier.role}:{provider.name}:{turn.model}", tier.confidence, run.calls - calls, spent)
+
+    def _streams(self, run: Run) -> bool:
+        return self.chunks is not None and self.chunks.streams(run.task.task_id)
+
+    async def _streamed(
+        self, run: Run, number: int, call: Callable[[TextSink], Awaitable[Completion | Turn]],
+    ) -> Completion | Turn:
+        """One admitted call streaming its text as the chunks of call ``run.calls`` of turn ``number``."""
+        assert self.chunks is not None
+        stream = self.chunks.open(run.task.task_id, run.dispatch, run.calls, number)
+        if stream is None:
+            return await call(lambda text: None)
+        try:
+            return await call(stream.write)
+        finally:
+            stream.close()  # what a failed call said is sent too: the next attempt's chunks supersede it
 
     async def _answered(
         self, run: Run, task: TaskPayload, tier: Tier, send: Callable[[], Awaitable[Completion | Turn]],

@@ -34,6 +34,7 @@ from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
 from agents_stream.execution.call import Caller, SendControl
+from agents_stream.execution.chunks import Chunks, SendEvent
 from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.mcp_servers import McpServers, ensure_sdk
 from agents_stream.execution.plan import AgentPlan, mcp_servers
@@ -71,6 +72,7 @@ class Executor(Service):
         cache_lookup: LookupFn | None = None,
         rng: random.Random | None = None,
         grace_s: float | None = None,
+        send_event: SendEvent | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -83,7 +85,9 @@ class Executor(Service):
         self._send_outcome = send_outcome
         self._on_flow_change = on_flow_change
         rng = rng or random.Random()
-        self.caller = Caller(settings, config, circuits, send_control, rng)
+        # a round's text streams to agent.conversation.events as the model writes it (execution/chunks.py)
+        chunks = Chunks(send_event, settings.partitions) if send_event is not None and settings.stream_text else None
+        self.caller = Caller(settings, config, circuits, send_control, rng, chunks)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
         self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, send_control, rng)

@@ -1,5 +1,6 @@
 """``agents-stream chat <agent>``: a conversation in the terminal. Each line typed is a message; what the agent does
-(its tool calls, results, waits for approval) is printed as it happens, then its reply. Ctrl-D ends the chat.
+(its text as the model writes it, its tool calls, results, waits for approval) is printed as it happens, then its
+reply. Ctrl-D ends the chat.
 
 It talks to a worker's conversation API (agents_stream.client) at AGENTS_STREAM_PUBLIC_URL, else WEB_HOST and
 WEB_PORT, with AGENTS_STREAM_API_TOKEN. Every text that came from the model, a tool or another person is printed
@@ -16,7 +17,7 @@ import threading
 import uuid
 from typing import Any, TextIO
 
-from agents_stream.client import Client, ClientError, Event
+from agents_stream.client import Client, ClientError, Event, StreamedText
 from agents_stream.ops.cli_common import AddParser, printable
 from agents_stream.settings import Settings
 
@@ -74,15 +75,22 @@ async def _follow(
 ) -> int | None:
     """Print the events that follow the message until its reply; the last event's offset (to resume after)."""
     mine = after is not None  # a stream from the start shows earlier rounds too: print from this message on
+    text = _Text(say)
     async for event in client.events(conversation_id, after=after, timeout=timeout):
         after = event.offset
         if not mine:
             mine = event.data.get("id") == f"message:{message_id}"
             continue
+        if text.chunk(event):
+            continue
         line = _render(event)
+        reply = event.kind == "reply"
+        if reply and text.shown(event):  # its text was printed as it was written: the line just ends
+            line = None if event.data["data"].get("status") == "succeeded" else line
+        text.end()
         if line:
             say(line)
-        if event.kind == "reply" and message_id in event.data["data"].get("message_ids", []):
+        if reply and message_id in event.data["data"].get("message_ids", []):
             return after
     raise ClientError(0, f"no reply within {timeout:g}s; it comes later: go on with --conversation "
                          f"{conversation_id}")
@@ -107,8 +115,51 @@ def _render(event: Event) -> str | None:
         case "reply":
             status = data.get("status")
             prefix = "agent> " if status == "succeeded" else f"agent ({printable(str(status))})> "
-            return prefix + "\n".join(printable(line) for line in str(data.get("text")).split("\n"))
+            return prefix + _printable_lines(str(data.get("text")))
     return None
+
+
+class _Text:
+    """The model's text printed as its chunks come: one open line per call, begun again when a later call (a retry,
+    a fallback, a takeover) supersedes what was printed."""
+
+    def __init__(self, say: Any) -> None:
+        self._say = say
+        self._streamed = StreamedText()
+        self._open = False
+        self._last: tuple[int, int] | None = None  # the round and turn printed last
+
+    def chunk(self, event: Event) -> bool:
+        if event.kind != "chunk":
+            return False
+        change = self._streamed.add(event)
+        if change is None:
+            return True
+        if change.restart:
+            if self._open and self._last == (change.round, change.turn):
+                self._say("\n  (that call failed; the agent writes again)")
+            elif self._open:
+                self._say("")
+            self._say("agent> ", end="")
+            self._open, self._last = True, (change.round, change.turn)
+        self._say(_printable_lines(change.text), end="")
+        return True
+
+    def shown(self, reply: Event) -> bool:
+        """The reply's text is what was printed last as it was written."""
+        if self._last is None or reply.data.get("round") != self._last[0]:
+            return False
+        return bool(self._streamed.text(*self._last)) and self._streamed.text(*self._last) == str(
+            (reply.data.get("data") or {}).get("text"))
+
+    def end(self) -> None:
+        if self._open:
+            self._say("")
+            self._open = False
+
+
+def _printable_lines(text: str) -> str:
+    return "\n".join(printable(line) for line in text.split("\n"))
 
 
 def _printer(out: TextIO) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -11,6 +12,10 @@ from agents_stream.config import ProviderConfig
 
 if TYPE_CHECKING:
     from agents_stream.providers.conversation import Conversation, Turn
+
+
+#: where a streamed call's text goes, a piece at a time as the model writes it (must not raise: execution/chunks.py)
+TextSink = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,22 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def converse(self, conversation: Conversation) -> Turn:
         """One turn of a tool-calling conversation (the history translated to this API); raises as ``complete``."""
+
+    async def complete_stream(self, prompt: Prompt, on_text: TextSink) -> Completion:
+        """``complete`` with its text given to ``on_text`` as the model writes it; the Completion is the one
+        ``complete`` returns. A provider without a streaming API gives the whole text once, at the end."""
+        completion = await self.complete(prompt)
+        if completion.text:
+            on_text(completion.text)
+        return completion
+
+    async def converse_stream(self, conversation: Conversation, on_text: TextSink) -> Turn:
+        """``converse`` with the turn's text given to ``on_text`` as the model writes it; the Turn (text, tool
+        calls, usage) is the one ``converse`` returns."""
+        turn = await self.converse(conversation)
+        if turn.text:
+            on_text(turn.text)
+        return turn
 
     async def probe(self) -> bool:
         """True when the endpoint answers at all (any HTTP answer, even a 503: reachability, not health)."""

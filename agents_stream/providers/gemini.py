@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote
 
-from agents_stream.providers.base import Completion, Prompt, Usage, render_prompt
+from agents_stream.contract.errors import TaskError
+from agents_stream.providers.base import Completion, Prompt, TextSink, Usage, render_prompt
 from agents_stream.providers.conversation import (
     AssistantTurn,
     Conversation,
@@ -16,6 +19,7 @@ from agents_stream.providers.conversation import (
     parse_arguments,
 )
 from agents_stream.providers.http import HTTPProvider
+from agents_stream.providers.sse import SSEEvent
 
 __all__ = ["GeminiProvider"]
 
@@ -34,7 +38,29 @@ class GeminiProvider(HTTPProvider):
         return Completion(text=text, usage=usage, provider=self.name, model=self.model)
 
     async def converse(self, conversation: Conversation) -> Turn:
-        data = await self._generate(self._contents(conversation))
+        return self._turn(await self._generate(self._contents(conversation)))
+
+    async def complete_stream(self, prompt: Prompt, on_text: TextSink) -> Completion:
+        text, usage = self._parse(await self._streamed(self._body(prompt), on_text))
+        return Completion(text=text, usage=usage, provider=self.name, model=self.model)
+
+    async def converse_stream(self, conversation: Conversation, on_text: TextSink) -> Turn:
+        return self._turn(await self._streamed(self._contents(conversation), on_text))
+
+    async def _streamed(self, body: dict[str, Any], on_text: TextSink) -> dict[str, Any]:
+        """``:streamGenerateContent?alt=sse``: the partial responses as the one ``generateContent`` answers (a
+        gateway that answers whole instead: that response, its text given at once)."""
+        assembly = ContentStream(on_text, self._malformed)
+        data = await self._post_stream(self._url("streamGenerateContent") + "?alt=sse", body, self._headers(),
+                                       assembly)
+        if data is None:
+            return assembly.body()
+        text = "".join(_texts(self._parts(data)))
+        if text:
+            on_text(text)
+        return data
+
+    def _turn(self, data: dict[str, Any]) -> Turn:
         parts = self._parts(data)
         calls = []
         for part in parts:
@@ -54,11 +80,16 @@ class GeminiProvider(HTTPProvider):
         return Turn("".join(texts), tuple(calls), _usage(data), self.name, self.model)
 
     async def _generate(self, body: dict[str, Any]) -> dict[str, Any]:
+        return await self._post_json(self._url("generateContent"), body, self._headers())
+
+    def _url(self, method: str) -> str:
+        model = quote(self.model.removeprefix("models/"), safe="")
+        return f"{self.base_url}/v1beta/models/{model}:{method}"
+
+    def _headers(self) -> dict[str, str]:
         key = self._key()
         # the header, never ?key=: URLs end up in logs, proxies and exception messages
-        headers = {"x-goog-api-key": key} if key else {}
-        model = quote(self.model.removeprefix("models/"), safe="")
-        return await self._post_json(f"{self.base_url}/v1beta/models/{model}:generateContent", body, headers)
+        return {"x-goog-api-key": key} if key else {}
 
     def _contents(self, conversation: Conversation) -> dict[str, Any]:
         contents: list[dict[str, Any]] = []
@@ -126,6 +157,59 @@ class GeminiProvider(HTTPProvider):
         if not isinstance(parts, list):
             raise self._malformed("candidate without content.parts")
         return [p for p in parts if isinstance(p, dict)]
+
+
+class ContentStream:
+    """Partial GenerateContentResponses (each with the next parts of candidate 0; the last with its finishReason
+    and the usage) put back together as one response. The stream has no closing event: it is complete once a
+    candidate said why it finished (or the prompt was blocked)."""
+
+    def __init__(self, on_text: TextSink, malformed: Callable[[str], TaskError]) -> None:
+        self._on_text = on_text
+        self._malformed = malformed
+        self._parts: list[dict[str, Any]] = []
+        self._candidate: dict[str, Any] = {}
+        self._rest: dict[str, Any] = {}  # usageMetadata, promptFeedback, modelVersion: the last one given
+        self._seen = False
+
+    def feed(self, event: SSEEvent) -> bool:
+        try:
+            data = json.loads(event.data)
+        except ValueError:
+            raise self._malformed("a stream chunk that is not JSON") from None
+        if not isinstance(data, dict):
+            raise self._malformed("a stream chunk that is not a JSON object")
+        if isinstance(data.get("error"), dict):
+            raise self._malformed(f"the stream reported an error: {str(data['error'].get('message'))[:200]}")
+        self._seen = True
+        self._rest.update({k: v for k, v in data.items() if k != "candidates"})
+        candidates = data.get("candidates")
+        candidate = candidates[0] if isinstance(candidates, list) and candidates else None
+        if not isinstance(candidate, dict):
+            return False
+        self._candidate.update({k: v for k, v in candidate.items() if k != "content"})
+        content = candidate.get("content")
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            if not isinstance(part, dict):
+                continue
+            self._parts.append(part)
+            if isinstance(part.get("text"), str) and not part.get("thought") and part["text"]:
+                self._on_text(part["text"])
+        return False
+
+    def complete(self) -> bool:
+        feedback = self._rest.get("promptFeedback")
+        blocked = isinstance(feedback, dict) and bool(feedback.get("blockReason"))
+        return self._seen and (blocked or bool(self._candidate.get("finishReason")))
+
+    def body(self) -> dict[str, Any]:
+        if not self._candidate and not self._parts:
+            return dict(self._rest)
+        candidate = {**self._candidate, "content": {"role": "model", "parts": self._parts}}
+        if not self._parts and self._candidate.get("finishReason") in _REFUSALS:
+            del candidate["content"]
+        return {**self._rest, "candidates": [candidate]}
 
 
 def _texts(parts: list[dict[str, Any]]) -> list[str]:

@@ -22,6 +22,7 @@ from agents_stream.contract.errors import (
     TransientError,
 )
 from agents_stream.providers.base import Provider
+from agents_stream.providers.sse import Assembly, SSEError, SSEParser
 
 __all__ = ["GATEWAY_RETRY_AFTER", "HTTPProvider", "error_for", "parse_retry_after"]
 
@@ -241,6 +242,58 @@ class HTTPProvider(Provider):
         if not isinstance(data, dict):
             raise self._malformed("body is not a JSON object")
         return data
+
+    async def _post_stream(
+        self, url: str, body: dict[str, Any], headers: Mapping[str, str], assembly: Assembly,
+    ) -> dict[str, Any] | None:
+        """POST once asking for a streamed answer: each Server-Sent Event goes to ``assembly`` as it arrives (its
+        ``feed`` says True: the stream is complete, nothing more is read). None once streamed; the parsed JSON
+        object when a 2xx answer came whole instead (a gateway that does not stream). Errors as ``_post_json``'s; a
+        stream that ends before ``assembly`` is complete is a malformed answer (TransientError: retried). The
+        whole stream is bounded by ``timeout_s`` and ``max_body_bytes``."""
+        started = time.monotonic()
+        try:
+            async with self._client().post(url, json=body, headers=dict(headers)) as resp:
+                status, resp_headers = resp.status, resp.headers
+                if not 200 <= status < 300 or resp.content_type != "text/event-stream":
+                    text = _decoded(await self._read_capped(resp), resp)
+                else:
+                    await self._read_events(resp, assembly)
+                    log.debug("%s POST %s streamed in %.3fs", self.name, url, time.monotonic() - started)
+                    return None
+        except TimeoutError as exc:
+            log.debug("%s POST %s timed out after %.3fs", self.name, url, time.monotonic() - started)
+            raise error_for(self.config, exc=exc) from exc
+        except aiohttp.ClientError as exc:
+            log.debug("%s POST %s failed: %s", self.name, url, type(exc).__name__)
+            raise error_for(self.config, exc=exc) from exc
+        if not 200 <= status < 300:
+            raise error_for(self.config, status=status, headers=resp_headers, detail=_excerpt(text))
+        try:
+            data = json.loads(text)
+        except ValueError:
+            raise self._malformed("a streamed answer that is neither an event stream nor JSON") from None
+        if not isinstance(data, dict):
+            raise self._malformed("body is not a JSON object")
+        return data
+
+    async def _read_events(self, resp: aiohttp.ClientResponse, assembly: Assembly) -> None:
+        cap = self.config.max_body_bytes
+        parser = SSEParser(max_line=cap)
+        size = 0
+        async for piece in resp.content.iter_any():
+            size += len(piece)
+            if size > cap:
+                raise self._too_large(size)
+            try:
+                events = parser.feed(piece)
+            except SSEError as exc:
+                raise self._malformed(f"not an event stream: {exc}") from None
+            for event in events:
+                if assembly.feed(event):
+                    return
+        if not assembly.complete():
+            raise self._malformed("the event stream ended before the answer did")
 
     async def _read_capped(self, resp: aiohttp.ClientResponse) -> bytes:
         """The body, read up to ``max_body_bytes``: a larger one is never held in memory whole (ResultTooLarge)."""

@@ -1,4 +1,5 @@
-"""The fake LLM's script: scripted replies (``ok``, ``status``, ``malformed``, ``hang``, ``refusal``) and modes."""
+"""The fake LLM's script: scripted replies (``ok``, ``status``, ``malformed``, ``hang``, ``refusal``; streamed when
+asked: ``chunk_delay``, ``cut_after``) and modes."""
 
 from __future__ import annotations
 
@@ -27,6 +28,10 @@ class Reply:
     output_tokens: int | None = None
     #: tool calls the answer asks for, each {"name", "arguments", optional "id"}, in the API's own format
     calls: tuple[dict[str, Any], ...] = ()
+    #: a streamed answer (the client asked for one): seconds between its events
+    chunk_delay: float = 0.0
+    #: a streamed answer: the connection is cut after this many pieces of its text (None: the stream ends well)
+    cut_after: int | None = None
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Reply:
@@ -50,9 +55,14 @@ def ok(
     latency: float = 0.0,
     input_tokens: int | None = None,
     output_tokens: int | None = None,
+    chunk_delay: float = 0.0,
+    cut_after: int | None = None,
 ) -> Reply:
-    """A normal answer; ``text=None`` echoes the prompt, token counts default to word counts."""
-    return Reply("ok", text=text, latency=latency, input_tokens=input_tokens, output_tokens=output_tokens)
+    """A normal answer; ``text=None`` echoes the prompt, token counts default to word counts. Streamed (when the
+    client asks for a stream): ``chunk_delay`` seconds between events, the connection cut after ``cut_after``
+    pieces of the text."""
+    return Reply("ok", text=text, latency=latency, input_tokens=input_tokens, output_tokens=output_tokens,
+                 chunk_delay=chunk_delay, cut_after=cut_after)
 
 
 def call(name: str, arguments: dict[str, Any] | str | None = None, *, id: str | None = None) -> dict[str, Any]:
@@ -63,9 +73,9 @@ def call(name: str, arguments: dict[str, Any] | str | None = None, *, id: str | 
     return made
 
 
-def tool_calls(*calls: dict[str, Any], text: str = "", latency: float = 0.0) -> Reply:
+def tool_calls(*calls: dict[str, Any], text: str = "", latency: float = 0.0, chunk_delay: float = 0.0) -> Reply:
     """An answer that asks for tool calls (``call(...)`` each), with optional text, in the API's own format."""
-    return Reply("ok", text=text, latency=latency, calls=tuple(calls))
+    return Reply("ok", text=text, latency=latency, calls=tuple(calls), chunk_delay=chunk_delay)
 
 
 def status(code: int, *, retry_after: float | str | None = None, body: Any = None, latency: float = 0.0) -> Reply:

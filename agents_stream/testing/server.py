@@ -18,7 +18,8 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from agents_stream.testing.script import ECHO, SCRIPT_RAN_OUT, Mode, Reply, call, status, tool_calls, validate_mode
-from agents_stream.testing.wire import KEY_HEADERS, error_body, model_turns, prompt_text, render
+from agents_stream.testing.wire import KEY_HEADERS, answer_body, error_body, model_turns, prompt_text, render
+from agents_stream.testing.wire_stream import StreamEvent, stream_events, wants_stream
 
 __all__ = ["FakeLLM", "RecordedRequest"]
 
@@ -252,9 +253,11 @@ class FakeLLM:
 
     async def _gemini(self, request: web.Request) -> web.StreamResponse:
         target = request.match_info["target"]
-        if not target.endswith(":generateContent"):
-            raise web.HTTPNotFound(text=f"fake LLM speaks only :generateContent, not {target!r}")
-        return await self._api(request, "gemini", model=target.removesuffix(":generateContent"))
+        model, _, method = target.rpartition(":")
+        if method not in ("generateContent", "streamGenerateContent"):
+            raise web.HTTPNotFound(text=f"fake LLM speaks only :generateContent and :streamGenerateContent, not "
+                                        f"{target!r}")
+        return await self._api(request, "gemini", model=model, target=target)
 
     async def _openai(self, request: web.Request) -> web.StreamResponse:
         return await self._api(request, "openai")
@@ -262,7 +265,7 @@ class FakeLLM:
     async def _anthropic(self, request: web.Request) -> web.StreamResponse:
         return await self._api(request, "anthropic")
 
-    async def _api(self, request: web.Request, api: str, model: str = "") -> web.StreamResponse:
+    async def _api(self, request: web.Request, api: str, model: str = "", target: str = "") -> web.StreamResponse:
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
         try:
@@ -278,11 +281,34 @@ class FakeLLM:
                 await self._sleep(delay)
             if self._stopping.is_set():
                 reply = status(503, body=error_body(api, 503, "fake LLM is stopping"))
+            if reply.kind in ("ok", "refusal") and wants_stream(api, target, body):
+                record.status = 200
+                answer = answer_body(api, reply, model=record.model, system=record.system,
+                                     instruction=record.instruction)
+                return await self._stream(request, stream_events(api, answer, body), reply)
             response = render(api, reply, model=record.model, system=record.system, instruction=record.instruction)
             record.status = response.status
             return response
         finally:
             self.in_flight -= 1
+
+    async def _stream(self, request: web.Request, events: list[StreamEvent], reply: Reply) -> web.StreamResponse:
+        """A streamed answer, an event at a time (``chunk_delay`` apart); cut after ``cut_after`` text pieces."""
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await response.prepare(request)
+        said = 0
+        for name, data, text in events:
+            if reply.cut_after is not None and text and said >= reply.cut_after:
+                log.info("fake LLM: the stream is cut after %d pieces of text (cut_after)", said)
+                if request.transport is not None:
+                    request.transport.close()  # no last chunk: the client sees the body end early
+                return response
+            said += text
+            await response.write((f"event: {name}\n" if name else "").encode() + f"data: {data}\n\n".encode())
+            if reply.chunk_delay > 0:
+                await self._sleep(reply.chunk_delay)
+        await response.write_eof()
+        return response
 
     def _choose(self, record: RecordedRequest, body: Any, key: str | None) -> Reply:
         """Modes first (outage, auth, rate limit, error rate), then the responder, the script, the default."""

@@ -11,7 +11,7 @@ from aiohttp import web
 
 from agents_stream.testing.script import Reply
 
-__all__ = ["KEY_HEADERS", "error_body", "model_turns", "prompt_text", "render"]
+__all__ = ["KEY_HEADERS", "answer_body", "error_body", "model_turns", "prompt_text", "render"]
 
 #: where each API expects its key; the fake checks only there, as the real service would
 KEY_HEADERS = {"gemini": "x-goog-api-key", "openai": "authorization", "anthropic": "x-api-key"}
@@ -103,16 +103,21 @@ def render(api: str, reply: Reply, *, model: str, system: str, instruction: str)
         return web.json_response(body, status=reply.code, headers=headers)
     if reply.kind == "malformed":
         return web.json_response({"fake": "malformed", "note": "not the shape of any LLM API"})
+    return web.json_response(answer_body(api, reply, model=model, system=system, instruction=instruction))
+
+
+def answer_body(api: str, reply: Reply, *, model: str, system: str, instruction: str) -> dict[str, Any]:
+    """The JSON body of an ``ok`` or ``refusal`` reply (what a streamed answer adds up to as well)."""
     prompt_words = len(f"{system}\n{instruction}".split())
     if reply.kind == "refusal":
-        return web.json_response(_refusal_body(api, model, prompt_words))
+        return _refusal_body(api, model, prompt_words)
     text = reply.text if reply.text is not None else f"[fake:{api}] {instruction[:200]}"
     used_in = reply.input_tokens if reply.input_tokens is not None else prompt_words
     used_out = reply.output_tokens if reply.output_tokens is not None else len(text.split())
     body = _ok_body(api, model, text, used_in, used_out)
     if reply.calls:
         _add_calls(api, body, reply)
-    return web.json_response(body)
+    return body
 
 
 def _add_calls(api: str, body: dict[str, Any], reply: Reply) -> None:

@@ -16,7 +16,7 @@ from agents_stream.contract.events import OutcomeEvent, encode
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.executor import Executor
-from agents_stream.execution.plan import AgentPlan
+from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
@@ -48,6 +48,8 @@ class Worker:
     controls: list[Control] = field(default_factory=list)
     lookups: list[tuple[str, str, int]] = field(default_factory=list)
     flow_changes: int = 0
+    #: the ephemeral records it sent to agent.conversation.events (chunks of streamed text), as (key, value, partition)
+    sent_events: list[tuple[bytes, bytes, int]] = field(default_factory=list)
 
     def dispatch(self, task_id: str, instruction: str = "Summarise the report.", dispatch: int = 1,
                  **fields: Any) -> TaskPayload:
@@ -118,8 +120,9 @@ async def worker(
     plans = {AGENT: AgentPlan.build(config, AGENT, provider)}
     day = pricing.day_key(time.time())
     log = MemoryCircuitsLog()
+    circuits_config, tools = with_tool_circuits(config, plans)  # an agent's tools have breakers too (app.py)
     circuits = Circuits(
-        config, list(built), "w1", send=log.send, on_transition=lambda *t: None, on_change=lambda: None,
+        circuits_config, [*built, *tools], "w1", send=log.send, on_transition=lambda *t: None, on_change=lambda: None,
         spend_report=lambda: {AGENT: {day: {"0": spent_usd}}} if spent_usd else {}, app_id="app",
     )
     log.attach(circuits)
@@ -137,10 +140,13 @@ async def worker(
     def cache_lookup(task_id: str, fp: str, dispatch: int) -> None:
         holder[0].lookups.append((task_id, fp, dispatch))
 
+    def send_event(key: bytes, value: bytes, partition: int) -> None:
+        holder[0].sent_events.append((key, value, partition))
+
     executor = Executor(
         Settings(**{**FAST, **(settings or {})}), config, plans, circuits,
         send_outcome=send_outcome, send_control=send_control, on_flow_change=flow_changed, worker_id="w1",
-        cache_lookup=cache_lookup, rng=random.Random(7),
+        cache_lookup=cache_lookup, rng=random.Random(7), send_event=send_event,
     )
     w = Worker(executor, circuits, log)
     holder.append(w)
