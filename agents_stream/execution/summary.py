@@ -26,6 +26,7 @@ from agents_stream.execution.history import journaled
 from agents_stream.execution.plan import AgentPlan, Tier
 from agents_stream.execution.run import Run, Unavailable
 from agents_stream.execution.steps import SendOutcome
+from agents_stream.ops import metrics
 from agents_stream.providers.base import Completion, Prompt
 
 __all__ = ["Summariser", "summary_prompt", "usage"]
@@ -100,6 +101,7 @@ class Summariser:
             entry.update(text=text, source=f"summary:{provider.name}:{answer.model}", usage={
                 "input_tokens": answer.usage.input_tokens, "output_tokens": answer.usage.output_tokens,
                 "cost": None if run.cost is None else run.cost - cost})
+            metrics.summaries.labels(run.task.agent_name, "written").inc()
             log.info("Round %s: %d older item(s) folded into the conversation's summary by %s (%d characters)",
                      run.task.task_id, len(given.items), provider.name, len(text))
             return entry
@@ -107,6 +109,7 @@ class Summariser:
             why = "it answered with no text"
         else:
             why = answer.why if isinstance(answer, Unavailable) else answer.error
+        metrics.summaries.labels(run.task.agent_name, "failed").inc()
         entry["error"] = f"the summary provider {provider.name} gave no summary: {why}"
         log.warning("Round %s: %s; the round goes on with the summary it had and its window (the next round tries "
                     "again with the items since the last summary). If this repeats, check provider %s (its breaker "

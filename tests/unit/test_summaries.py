@@ -21,6 +21,7 @@ from agents_stream.contract.models import ConversationContext, HistoryItem, Summ
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.history import HEADER, earlier_turns, shown, with_history
 from agents_stream.execution.tools import ToolContext, tool
+from agents_stream.ops import metrics
 from agents_stream.providers.conversation import AssistantTurn, UserText
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok, status
@@ -255,7 +256,13 @@ def _agent(**summary: Any) -> dict[str, Any]:
             "summary": {"provider": "cheap", **summary}}
 
 
+def _counted(outcome: str) -> float:
+    return metrics.REGISTRY.get_sample_value(
+        "agents_stream_conversation_summaries_total", {"agent": WORKER_AGENT, "outcome": outcome}) or 0.0
+
+
 async def test_a_round_summarises_once_and_a_replay_on_its_journal_never_asks_the_summariser_again() -> None:
+    written = _counted("written")
     async with FakeLLM(default=ok("Ordered o-7, lost, refunded; thanked us.", input_tokens=50, output_tokens=9)
                        ) as cheap, FakeLLM(default=ok("It ships tomorrow.")) as p:
         async with worker({"p": p, "cheap": cheap}, _agent()) as w:
@@ -280,12 +287,14 @@ async def test_a_round_summarises_once_and_a_replay_on_its_journal_never_asks_th
             again = await w.outcome(task.task_id)
         assert again["status"] == "succeeded"
         assert len(cheap.requests) == 1, "a replay on the journal asks the summariser again"
+        assert _counted("written") == written + 1
         assert w.events(task.task_id, "step")[0]["output"]["kind"] == "turn"  # no second summary entry
         said = [m["content"] for m in p.requests[1].body["messages"] if m["role"] != "system"]
         assert said[0] == f"{HEADER}\nOrdered o-7, lost, refunded; thanked us."
 
 
 async def test_a_summariser_that_fails_is_journaled_and_the_round_answers_with_the_summary_it_had() -> None:
+    failed = _counted("failed")
     async with FakeLLM(default=status(400)) as cheap, FakeLLM(default=ok("It ships tomorrow.")) as p:
         async with worker({"p": p, "cheap": cheap}, _agent()) as w:
             task = _summarised_round()
@@ -298,6 +307,7 @@ async def test_a_summariser_that_fails_is_journaled_and_the_round_answers_with_t
     assert out["status"] == "succeeded" and out["output"] == "It ships tomorrow."
     assert entry["kind"] == "summary" and entry["text"] is None and "cheap" in entry["error"]
     assert len(cheap.requests) == 1, "a failed summary is not asked again by a replay either"
+    assert _counted("failed") == failed + 1
     said = [m["content"] for m in p.requests[0].body["messages"] if m["role"] != "system"]
     assert said[0] == f"{HEADER}\nThe customer ordered o-7."  # the summary it had, then its window
 
