@@ -308,7 +308,7 @@ class Executor(Service):
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
-        if plan.summarizer is not None and run.task.conversation is not None:  # a round: its summary first, once
+        if plan.config.summary is not None and run.task.conversation is not None:  # a round: its summary first
             await self.summariser.ensure(run, plan)
         if plan.agent is not None:
             agent = self.mcp.agent_for(plan) if self.mcp is not None and plan.mcp else plan.agent

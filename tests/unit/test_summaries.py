@@ -336,3 +336,18 @@ async def test_an_agent_without_tools_reads_the_summary_in_its_prompt_and_a_repl
     assert len(cheap.requests) == 1 and len(p.requests) == 2
     for request in p.requests:
         assert f"{HEADER}\nOrdered o-7; refunded.\n\nThe conversation so far:\nCustomer: thanks" in request.instruction
+
+
+async def test_a_summary_provider_without_its_key_makes_no_summary_and_the_round_answers(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.delenv("CHEAP_KEY_FOR_TESTS", raising=False)
+    async with FakeLLM(default=ok("never asked")) as cheap, FakeLLM(default=ok("fine")) as p:
+        extra = {"cheap": {"api_key_env": "CHEAP_KEY_FOR_TESTS"}}
+        async with worker({"p": p, "cheap": cheap}, _agent(), providers=extra) as w:
+            task = _summarised_round()
+            w.executor.dispatch(task, 1)
+            out = await w.outcome(task.task_id)
+    assert out["status"] == "succeeded" and cheap.requests == []
+    assert [e["output"]["kind"] for e in w.events(task.task_id, "step")] == ["turn"]  # no summary entry
+    assert "summary provider cheap is not usable" in caplog.text
