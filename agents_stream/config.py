@@ -191,6 +191,28 @@ class McpServerConfig(BaseModel):
         return self
 
 
+class SummaryConfig(BaseModel):
+    """Summaries of a conversation's older history (``[agents.<name>.summary]``, docs/conversations.md)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    #: the provider (``[providers.<name>]``, a cheap model) that writes the summaries
+    provider: str
+    #: a new summary is written once at least this many items fell out of the window since the last one
+    min_items: int = Field(default=1, ge=1, le=200)
+    #: the summary's cap in characters (a longer answer is cut), shown to the model besides ``history_chars``
+    max_chars: int = Field(default=2_000, ge=100, le=20_000)
+    #: what the summariser is sent at most: the previous summary and the newest of the items to fold into it
+    input_chars: int = Field(default=16_000, ge=1_000, le=200_000)
+
+    @model_validator(mode="after")
+    def _input_holds_the_summary(self) -> SummaryConfig:
+        if self.max_chars * 2 > self.input_chars:
+            raise ValueError(f"summary: input_chars ({self.input_chars}) must be at least twice max_chars "
+                             f"({self.max_chars}): the previous summary is part of the input")
+        return self
+
+
 class AgentConfig(BaseModel):
     """A sub-agent: its task topic is ``agent.tasks.<name>``."""
 
@@ -245,6 +267,8 @@ class AgentConfig(BaseModel):
     #: (0: none), and at most how many characters of their text (about four per token)
     history_messages: int = Field(default=20, ge=0, le=200)
     history_chars: int = Field(default=32_000, ge=0, le=200_000)
+    #: a summary of the history older than that window, written by a cheap model; None: older items are not shown
+    summary: SummaryConfig | None = None
 
 
 class AppConfig(BaseModel):
@@ -279,6 +303,8 @@ class AppConfig(BaseModel):
             for role, name in (("light", agent.light), ("classifier", agent.classifier)):
                 if name is not None and name not in self.providers:
                     raise ValueError(f"agent {agent.name!r} names unknown {role} provider {name!r}")
+            if agent.summary is not None and agent.summary.provider not in self.providers:
+                raise ValueError(f"agent {agent.name!r} names unknown summary provider {agent.summary.provider!r}")
             if agent.router == "classifier" and agent.classifier is None:
                 raise ValueError(f"agent {agent.name!r}: router = \"classifier\" needs classifier = \"<provider>\"")
             if agent.output_schema is not None and agent.output_model is not None:

@@ -55,6 +55,9 @@ def _journal_event(number: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
     if kind == "decision":
         data = {"turn": turn, "call_id": entry.get("id"), "decision": entry.get("decision"), "by": entry.get("by")}
         return [_event(f"round:{number}:decision:{turn}:{entry.get('id')}", "decision", number, data)]
+    if kind == "summary":
+        data = {"until": entry.get("until"), "error": entry.get("error"), "chars": len(entry.get("text") or "")}
+        return [_event(f"round:{number}:summary", "summary", number, data)]
     if kind == "subresult":
         status = (entry.get("result") or {}).get("status")
         data = {"turn": turn, "call_id": entry.get("id"), "agent": entry.get("agent"), "status": status}

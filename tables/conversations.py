@@ -49,6 +49,11 @@ def item_key(cid: str, i: int) -> str:
     return f"{cid}{SEP}i{SEP}{i}"
 
 
+def summary_key(cid: str) -> str:
+    """The conversation's summary of its older history: text, and the item index it covers up to (summaries.py)."""
+    return f"{cid}{SEP}s"
+
+
 def conversation_id_of(key: str) -> str:
     """The conversation a key of the conversations table belongs to."""
     return key.split(SEP, 1)[0]
@@ -300,19 +305,29 @@ def history(
     head: ConversationRecord, read: Read, cid: str, number: int, limit: int, chars: int,
 ) -> list[dict[str, str]]:
     """What came before round ``number``, oldest first: at most the last ``limit`` items and ``chars`` of text."""
+    return window(head, read, cid, number, limit, chars)[0]
+
+
+def window(
+    head: ConversationRecord, read: Read, cid: str, number: int, limit: int, chars: int,
+) -> tuple[list[dict[str, str]], int]:
+    """``history``, and the index of its first item (where the older history, a summary's part, ends)."""
     mine = [m["item"] for m in round_messages(head, number) if "item" in m]
     first = min(mine) if mine else head.items
     kept: list[dict[str, str]] = []
     total = 0
+    start = first
     for i in range(first - 1, max(first - limit, 0) - 1, -1):
         item = read(item_key(cid, i))
         if not item:
+            start = i
             continue
         total += len(item["text"])
         if total > chars:
             break
         kept.append({"role": item["role"], "text": item["text"]})
-    return kept[::-1]
+        start = i
+    return kept[::-1], start
 
 
 def page(head: ConversationRecord, read: Read, cid: str, *, before: int | None, limit: int) -> list[dict[str, Any]]:
@@ -334,6 +349,8 @@ def delete(
     if head.answering is not None:
         return Change(head=replace(head, deleting=by, updated_at=now)) if head.deleting is None else Change()
     writes: dict[str, Any] = {cid: None}
+    if read(summary_key(cid)):
+        writes[summary_key(cid)] = None
     for i in range(head.items):
         item = read(item_key(cid, i))
         writes[item_key(cid, i)] = None

@@ -23,6 +23,9 @@ Entries (dicts, so they are stored and shipped as they are):
                                                    (a human's decision on a parked call, appended by the ledger)
     {"kind": "subresult", "turn": 1, "id": "call_3", "agent": "analyzer", "result": {...the TaskResult...}}
                                                    (a delegated sub-task's result, appended by the ledger)
+    {"kind": "summary", "turn": -1, "text": "...", "until": 12, "error": null, "source": "summary:cheap:m",
+     "provider_calls": 1, "usage": {...}}        (a conversation's round: its older history summarised before
+                                                   its first turn, execution/summary.py; the loop's steps ignore it)
 
 The journal outlives the code that wrote it (a rolling restart onto new agent
 code, docs/upgrades.md): ``next_action`` given the running ``Code`` refuses to

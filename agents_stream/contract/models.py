@@ -67,6 +67,22 @@ class HistoryItem(BaseModel):
     text: str
 
 
+class SummaryInput(BaseModel):
+    """A round's summary of its conversation's older history (docs/conversations.md, "Summaries"): the summary so
+    far, and the items that fell out of the window since, to fold into it before the round's first model turn."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
+
+    #: the last summary stored with the conversation (None: none yet); it covers the items before ``upto``
+    text: str | None = None
+    upto: int = Field(default=0, ge=0)
+    #: items of [upto, until) to fold into it, the newest of them within the agent's ``input_chars`` (none: the
+    #: summary so far is shown as it is)
+    items: list[HistoryItem] = Field(default_factory=list)
+    #: the window's first item: what the new summary covers, items before it
+    until: int = Field(default=0, ge=0)
+
+
 class ConversationContext(BaseModel):
     """What a round's task carries of its conversation: whose it is, which messages it answers, the history before."""
 
@@ -75,6 +91,8 @@ class ConversationContext(BaseModel):
     conversation_id: str
     message_ids: list[str] = Field(min_length=1)
     history: list[HistoryItem] = Field(default_factory=list)
+    #: the agent summarises older history (``[agents.<name>.summary]``): what its round starts from
+    summary: SummaryInput | None = None
 
 
 class TaskPayload(BaseModel):

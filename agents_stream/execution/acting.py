@@ -25,6 +25,7 @@ from agents_stream.contract.events import (
 )
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
+from agents_stream.execution import summary
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked, transcript
 from agents_stream.execution.call import Caller, SendControl
@@ -124,12 +125,13 @@ class AgentRunner:
         """The loop's end as an outcome: calls, usage and cost summed over every turn the journal holds."""
         entries = run.steps_done
         turns = journal.replay(entries).turns
+        calls, tokens_in, tokens_out, cost = summary.usage(entries)  # a conversation's summary, if it has one
         usage = Usage(
-            input_tokens=sum(t["usage"]["input_tokens"] for t in turns),
-            output_tokens=sum(t["usage"]["output_tokens"] for t in turns),
-            cost=_sum(t["usage"]["cost"] for t in turns),
+            input_tokens=tokens_in + sum(t["usage"]["input_tokens"] for t in turns),
+            output_tokens=tokens_out + sum(t["usage"]["output_tokens"] for t in turns),
+            cost=_sum([cost, *(t["usage"]["cost"] for t in turns)]),
         )
-        common = {**outcome.common(run), "calls": sum(t["provider_calls"] for t in turns), "usage": usage,
+        common = {**outcome.common(run), "calls": calls + sum(t["provider_calls"] for t in turns), "usage": usage,
                   "transcript": transcript(entries)}
         if isinstance(end, Done):
             return TaskSucceeded(**common, status="succeeded", partial=False, output=end.output,

@@ -27,7 +27,7 @@ from typing import Any, Awaitable, Callable
 from agents_stream.contract.errors import Fenced, Interrupted
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.history import earlier_turns
+from agents_stream.execution.history import earlier_turns, shown
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
 from agents_stream.execution.tool_calls import Admission, ToolCaller
@@ -340,7 +340,7 @@ def conversation(
         instruction += "\n\nContext (JSON):\n" + result_text(task.context_data)
     if spec is not None:
         instruction += f"\n\nThe final answer: only JSON matching this JSON Schema: {spec.describe()}"
-    messages: list[Message] = [*earlier_turns(task), UserText(instruction)]
+    messages: list[Message] = [*earlier_turns(task, shown(task, entries)), UserText(instruction)]
     messages += [UserText(text) for text in state.messages.get(-1, [])]  # messages that came before any turn
     for t in state.turns:
         n = t["turn"]

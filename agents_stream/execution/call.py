@@ -16,7 +16,7 @@ from agents_stream.contract.errors import CircuitOpen, RateLimited, ResultTooLar
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.chunks import Chunks
-from agents_stream.execution.history import with_history
+from agents_stream.execution.history import shown, with_history
 from agents_stream.execution.outputs import (
     CheckAborted,
     FormatError,
@@ -69,7 +69,7 @@ class Caller:
         """Ask one rung for ``task`` (the run's task or one step of it): transient errors retry with backoff,
         an off-format answer retries with the corrective instruction."""
         provider = tier.provider
-        instruction, context = with_history(task, task.instruction), task.context_data
+        instruction, context = with_history(task, task.instruction, shown(task, run.steps_done)), task.context_data
         max_tokens = None
         if tier.simplified:
             instruction, context = simplify(instruction, context)
@@ -166,6 +166,13 @@ class Caller:
             task.task_id, provider.name, exc, retries, settings.max_retries, delay,
         )
         await asyncio.sleep(delay)
+
+    async def complete(self, run: Run, tier: Tier, prompt: Prompt) -> Completion | Unavailable | Rejected:
+        """One completion of ``prompt`` from one rung, taken as it is (a conversation's summary): through the
+        circuits, transient errors retried with backoff as ``call_tier``'s are."""
+        answer = await self._answered(run, run.task, tier, partial(tier.provider.complete, prompt), [0])
+        assert not isinstance(answer, Turn)
+        return answer
 
     async def converse_tier(
         self, run: Run, tier: Tier, conversation: Conversation, number: int = 0,

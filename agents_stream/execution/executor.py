@@ -41,6 +41,7 @@ from agents_stream.execution.plan import AgentPlan, mcp_servers
 from agents_stream.execution.prober import Prober
 from agents_stream.execution.run import Run
 from agents_stream.execution.steps import SendOutcome, StepRunner
+from agents_stream.execution.summary import Summariser
 from agents_stream.ops import metrics
 from agents_stream.providers.base import Provider
 from agents_stream.resilience.circuits import Circuits
@@ -91,6 +92,7 @@ class Executor(Service):
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
         self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, send_control, rng)
+        self.summariser = Summariser(self.caller, send_outcome)
         self.prober = Prober(circuits, self._providers())
         servers = mcp_servers(plans)
         if servers:
@@ -217,7 +219,7 @@ class Executor(Service):
         """Every provider of this worker's plans, by name."""
         plans = self.plans.values()
         providers: dict[str, Provider] = {t.provider.name: t.provider for plan in plans for t in plan.tiers}
-        providers.update({p.name: p for plan in plans for p in (plan.light, plan.classifier) if p})
+        providers.update({p.name: p for plan in plans for p in (plan.light, plan.classifier, plan.summarizer) if p})
         return providers
 
     async def _close_providers(self) -> None:
@@ -310,6 +312,8 @@ class Executor(Service):
         plan = self.plans[run.task.agent_name]
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
+        if plan.config.summary is not None and run.task.conversation is not None:  # a round: its summary first
+            await self.summariser.ensure(run, plan)
         if plan.agent is not None:
             agent = self.mcp.agent_for(plan) if self.mcp is not None and plan.mcp else plan.agent
             if isinstance(agent, str):  # its MCP tools are not known yet: hold, as with no provider available

@@ -42,6 +42,9 @@ class AgentPlan:
     agent: Agent | None = None  # every task of the agent runs as this tool-calling loop
     #: the MCP servers whose tools the loop offers besides the agent's own (listed at start: execution/mcp_servers.py)
     mcp: tuple[McpServerConfig, ...] = ()
+    #: writes the summaries of a conversation's older history (``[agents.<name>.summary]``; None: none, or its
+    #: provider is not usable)
+    summarizer: Provider | None = None
 
     @classmethod
     def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
@@ -59,6 +62,8 @@ class AgentPlan:
         classifier = (
             provider(cfg.classifier) if cfg.classifier and config.providers[cfg.classifier].usable() else None
         )
+        summary = cfg.summary.provider if cfg.summary is not None else None
+        summarizer = provider(summary) if summary and config.providers[summary].usable() else None
         # A bad agent-level schema or model is configuration: fail at start, not task by task.
         try:
             if cfg.output_schema is not None:
@@ -90,6 +95,7 @@ class AgentPlan:
             tiers=tiers,
             light=light,
             classifier=classifier,
+            summarizer=summarizer,
             cache=cfg.cache_max_age_s > 0 and allowed >= CONFIDENCE_ORDER.index("low"),
             partial=cfg.lowest == "failed",
         )

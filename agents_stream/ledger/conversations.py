@@ -33,6 +33,7 @@ from agents_stream.contract.models import (
     SCHEMA_VERSION,
     ConversationContext,
     HistoryItem,
+    SummaryInput,
     TaskPayload,
     iso_utc,
     utcnow_iso,
@@ -41,6 +42,7 @@ from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
+from agents_stream.tables import summaries
 from agents_stream.tables.conversation_events import round_events
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord, completed_steps
@@ -53,6 +55,9 @@ log = logging.getLogger(__name__)
 NOT_RUN = "Not run: the customer wrote again before this call ran. Read their new message, then decide again."
 #: the reply text of a round that failed (its ``error`` says why): the customer is told, never left waiting
 FAILED_TEXT = "I am sorry: I could not answer this message. A person will look at it."
+
+#: how a summary entry reads in a journal's compact JSON (never inside a string of it: those quotes are escaped)
+_SUMMARY = '"kind":"summary"'
 
 #: ``start(tp, offset, task)``: make the round's task and dispatch it (Ledger.start_round)
 MakeRound = Callable[[TP, int, TaskPayload], None]
@@ -143,9 +148,31 @@ class Conversations:
         events = round_events(number, old, new)
         if events:
             self.outbox.deliver(tp, offset, [self._event(cid, e) for e in events])
+        self._keep_summary(tp, offset, task_id, old, new)
         record = new or old
         if record is not None and record.terminal:
             self.round_ended(tp, offset, task_id, record)
+
+    def _keep_summary(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
+        """A round journaled its summary (execution/summary.py): stored with its conversation, where the next round
+        starts from it (tables/summaries.py). A string test first: most transitions journal no summary."""
+        if new is None or not new.steps_done or _SUMMARY not in new.steps_done:
+            return
+        if old is not None and old.steps_done and _SUMMARY in old.steps_done:
+            return  # journaled before this transition: stored then
+        parsed = round_of(task_id)
+        entry = next((e for e in completed_steps(new) if isinstance(e, dict) and e.get("kind") == "summary"), None)
+        if parsed is None or entry is None:
+            return
+        cid, since, number = parsed
+        head = conversation_record(self.table, cid)
+        if head is None or head.since != since:
+            return  # a round of a conversation since deleted
+        key = machine.summary_key(cid)
+        stored = summaries.to_store(self.table.get(key), entry, round_number=number, now=time.time())
+        if stored is not None:
+            self.table[key] = stored
+            self.outbox.deliver(tp, offset, [self.outbox.changelog(self.table, tp.partition, key)])
 
     def round_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
         """The round of task ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next
@@ -208,14 +235,19 @@ class Conversations:
         config = self.agents.get(head.agent)
         limit, chars = (config.history_messages, config.history_chars) if config is not None else (20, 32_000)
         messages = machine.round_messages(head, start.round)
-        earlier = machine.history(head, self.table.get, cid, start.round, limit, chars)
+        earlier, first = machine.window(head, self.table.get, cid, start.round, limit, chars)
         history = [HistoryItem(**item) for item in earlier]
+        given = None
+        if config is not None and config.summary is not None:  # the older history: the summary and its overflow
+            given = summaries.summary_input(self.table.get, cid, first, min_items=config.summary.min_items,
+                                            input_chars=config.summary.input_chars)
         return TaskPayload(
             task_id=round_task_id(cid, start.round, self.partitions, head.since),
             agent_name=head.agent,
             instruction="\n\n".join(m["text"] for m in messages),
             context_data=messages[-1]["context"] if messages else {},
-            conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history),
+            conversation=ConversationContext(conversation_id=cid, message_ids=list(start.message_ids), history=history,
+                                             summary=SummaryInput.model_validate(given) if given else None),
         )
 
     def join(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, record: TaskRecord | None,

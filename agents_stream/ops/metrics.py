@@ -66,6 +66,11 @@ format_retries = Counter(
     "agents_stream_format_retries_total", "Corrective retries of answers that did not match the output schema.",
     ["agent"], registry=REGISTRY,
 )
+summaries = Counter(
+    "agents_stream_conversation_summaries_total",
+    "Summaries of a conversation's older history asked for by a round, by outcome (written, failed).",
+    ["agent", "outcome"], registry=REGISTRY,
+)
 held = Gauge(
     "agents_stream_tasks_held", "Tasks held on this worker because no provider they may use is available.",
     registry=REGISTRY,
