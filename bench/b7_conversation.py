@@ -8,6 +8,8 @@ answered (every topic: changelogs, outcomes, replies, events), and the worker's 
 length costs nothing per message.
 (b) Throughput, model 200 ms: N conversations of one message each, all sent at once, against the same agent's
 work sent as N tasks in the same run (the baseline): messages/s and tasks/s, and the CPU per message and task.
+(c) Overhead, model 200 ms: 50 messages of one conversation one after another, then 50 tasks: each one's latency
+less its model time (two calls of 200 ms), p50 and p99, a message beside a task.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ LOG_DIRS = ROOT / ".data" / "kafka" / "data"  # the local broker's (scripts/brok
 TOOL_KB = 100
 LATENCY_S = 0.2
 POINTS = (1, 100, 1000)
+OVERHEAD_N = 50  # messages, then tasks, one at a time with the model at 200 ms
 
 
 def _answer(record: Any, turns: int) -> Reply:
@@ -169,6 +172,36 @@ async def _burst(flow: Any, producer: AIOKafkaProducer, replies: Replies, n: int
     return {"conversations": conv, "tasks": tasks}
 
 
+async def _overhead(flow: Any, producer: AIOKafkaProducer, replies: Replies, n: int) -> dict[str, Any]:
+    """One at a time, model 200 ms: a message's latency less its model time (two calls), in one conversation, and
+    the same agent's work sent as tasks (the baseline): what a message costs over its model, beside a task."""
+    model_s = 2 * LATENCY_S
+    cid = f"b7o-{uuid.uuid4().hex[:8]}"
+    conv: list[float] = []
+    for i in range(n):
+        key, value = _message(flow.agent, cid, f"{cid}-m{i}", "how was the service?")
+        started = time.monotonic()
+        await (await producer.send(flow.topic, value=value, key=key))
+        if not await replies.wait([f"{cid}-m{i}"], timeout=60):
+            raise RuntimeError(f"message {i} of the overhead series unanswered in 60 s:\n{flow.worker.tail()}")
+        conv.append(replies.seen[f"{cid}-m{i}"] - started - model_s)
+    tasks: list[float] = []
+    for i in range(n):
+        task_id = f"b7o-task-{uuid.uuid4().hex[:10]}"
+        started = time.monotonic()
+        await (await producer.send(flow.topic, value=common.task_body(flow.agent, task_id, i), key=task_id.encode()))
+        if not await flow.out.wait_all([task_id], timeout=60):
+            raise RuntimeError(f"task {i} of the overhead series unanswered in 60 s:\n{flow.worker.tail()}")
+        tasks.append(flow.out.seen[task_id] - started - model_s)
+
+    def pct(xs: list[float], q: float) -> float:
+        return sorted(xs)[int(q * (len(xs) - 1))] * 1000
+
+    return {"n": n, "model_ms": model_s * 1000,
+            "message_p50_ms": pct(conv, 0.5), "message_p99_ms": pct(conv, 0.99),
+            "task_p50_ms": pct(tasks, 0.5), "task_p99_ms": pct(tasks, 0.99)}
+
+
 async def run(tmp: Path, n_long: int, n_burst: int) -> tuple[list[Row], dict[str, Any]]:
     async with FakeLLM(responder=_answer) as fake:
         async with common.one_worker(tmp, "b7", fake.url, toml=_toml(fake.url)) as flow:
@@ -179,6 +212,7 @@ async def run(tmp: Path, n_long: int, n_burst: int) -> tuple[list[Row], dict[str
                     long = await _long(flow, producer, replies, n_long)
                     await fake.set_mode(latency=LATENCY_S)
                     burst = await _burst(flow, producer, replies, n_burst)
+                    overhead = await _overhead(flow, producer, replies, OVERHEAD_N)
             finally:
                 await asyncio.wait_for(producer.stop(), 30)
     points = long["points"]
@@ -201,7 +235,11 @@ async def run(tmp: Path, n_long: int, n_burst: int) -> tuple[list[Row], dict[str
                     f"{conv['rate']:.0f} messages/s vs {tasks['rate']:.0f} tasks/s "
                     f"(x{conv['rate'] / tasks['rate']:.2f}); CPU {conv['cpu_ms']:.1f} vs {tasks['cpu_ms']:.1f} ms",
                     "≥ 0.8x the tasks' rate", conv["rate"] >= 0.8 * tasks["rate"]))
-    return rows, {"long": long, "burst": burst}
+    rows.append(Row("B7", f"overhead over the model time ({overhead['model_ms']:.0f} ms), {OVERHEAD_N} one at a time: "
+                          "a message p50 / p99 vs a task",
+                    f"{overhead['message_p50_ms']:.0f} / {overhead['message_p99_ms']:.0f} ms vs "
+                    f"{overhead['task_p50_ms']:.0f} / {overhead['task_p99_ms']:.0f} ms"))
+    return rows, {"long": long, "burst": burst, "overhead": overhead}
 
 
 if __name__ == "__main__":  # a run of its own: python -m bench.b7_conversation [N_LONG] [N_BURST]
