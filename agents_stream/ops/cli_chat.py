@@ -110,6 +110,11 @@ def _render(event: Event) -> str | None:
             return "  … waiting for a person to approve"
         case "decision":
             return f"  {printable(str(data.get('decision')))} by {printable(str(data.get('by')))}"
+        case "summary" if data.get("error"):
+            return f"  (the earlier messages could not be summarised: {printable(str(data['error']))[:200]})"
+        case "summary":
+            return (f"  (earlier messages summarised: {data.get('chars')} characters, covering the first "
+                    f"{data.get('until')} history items)")
         case "dispatched" if data.get("attempt", 1) > 1:
             return f"  (taken over: attempt {data['attempt']})"
         case "reply":

@@ -22,7 +22,7 @@ from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.routing import ask_owner, owner_elsewhere, routed
 from agents_stream.tables import conversations as machine
-from agents_stream.tables.conversations import ConversationRecord
+from agents_stream.tables.conversations import ConversationRecord, summary_key
 from agents_stream.tables.leases import TaskRecord
 
 if TYPE_CHECKING:
@@ -59,6 +59,7 @@ def describe(
         "next": items[0]["i"] if items and items[0]["i"] > 0 else None,
         "waiting": [{k: m.get(k) for k in ("id", "text", "user", "at", "round")} for m in head.waiting_list()],
         "round": None,
+        "summary": _summary(read(summary_key(cid))),
     }
     if head.answering is not None:
         task_id = round_task_id(cid, head.answering, partitions, head.since)
@@ -70,6 +71,14 @@ def describe(
         elif state == "awaiting_subtasks":
             body["status"] = "waiting_for_subagents"
     return body
+
+
+def _summary(stored: Any) -> dict[str, Any] | None:
+    """The summary of the conversation's older history as the model is shown it (``[agents.<name>.summary]``):
+    its text, the first history item it does not cover (``upto``), and the round that wrote it."""
+    if not stored:
+        return None
+    return {k: stored.get(k) for k in ("text", "upto", "round", "at")}
 
 
 def register_conversation_views(app: Any, runtime: Worker) -> None:

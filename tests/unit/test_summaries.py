@@ -351,3 +351,28 @@ async def test_a_summary_provider_without_its_key_makes_no_summary_and_the_round
     assert out["status"] == "succeeded" and cheap.requests == []
     assert [e["output"]["kind"] for e in w.events(task.task_id, "step")] == ["turn"]  # no summary entry
     assert "summary provider cheap is not usable" in caplog.text
+
+
+def test_the_conversation_view_shows_the_summary_the_model_is_shown() -> None:
+    from agents_stream.ops.web_conversations import describe
+
+    store: dict[str, Any] = {}
+    _items(store, ["where is my parcel?", "it left on monday", "and the refund?"])
+    head = machine.ConversationRecord(agent=AGENT, since=0, rounds=2, items=3, messages=2).to_json()
+    without = describe(CID, head, store.get, {}, 6, before=None, limit=50)
+    assert without["summary"] is None and len(without["history"]) == 3
+    store[machine.summary_key(CID)] = {"text": "the parcel left on monday", "upto": 2, "round": 2, "at": 1.0}
+    shown_ = describe(CID, head, store.get, {}, 6, before=None, limit=50)["summary"]
+    assert shown_ == {"text": "the parcel left on monday", "upto": 2, "round": 2, "at": 1.0}
+
+
+def test_the_chat_says_when_earlier_messages_were_summarised_or_could_not_be() -> None:
+    from agents_stream.client import Event
+    from agents_stream.ops.cli_chat import _render
+
+    done = Event(3, "summary", {"id": "round:3:summary", "kind": "summary", "round": 3,
+                                "data": {"until": 4, "error": None, "chars": 120}})
+    failed = Event(4, "summary", {"id": "round:4:summary", "kind": "summary", "round": 4,
+                                  "data": {"until": 4, "error": "breaker open\x1b[2J", "chars": 0}})
+    assert _render(done) == "  (earlier messages summarised: 120 characters, covering the first 4 history items)"
+    assert "could not be summarised" in str(_render(failed)) and "\x1b" not in str(_render(failed))
