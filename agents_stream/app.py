@@ -115,7 +115,7 @@ class Runtime(Service):
         watermark: Watermark,
     ) -> None:
         # ---- the parts: circuits, executor, ledger (its outbox and notifier), orchestrator -------------------
-        # (merge point: the Outbox/Executor/Circuits branches change only the lines of this block)
+        # (each part is built here and handed what it uses; nothing reaches into another part)
         built: dict[str, Provider] = {}
 
         def provider(name: str) -> Provider:

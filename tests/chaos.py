@@ -1,4 +1,4 @@
-"""The chaos run (issue 6): worker SIGKILLs, a broker restart, a flaky provider with an outage and poison pills, \
+"""The chaos run: worker SIGKILLs, a broker restart, a flaky provider with an outage and poison pills, \
 then checks.
 
     .venv/bin/python -m tests.chaos --tasks 5000          # what `make chaos` runs (needs a broker: make broker)

@@ -312,7 +312,7 @@ class JobTaskResult(_Versioned):
     kind: Literal["result"] = "result"
     result: FannedInResult
     #: who the ledger recorded the task for, and its task's digest (contract.models.task_digest): the job counts
-    #: the result only for the task it dispatched. None from workers before issue 15 (then not checked).
+    #: the result only for the task it dispatched. None from workers that predate the digest (then not checked).
     agent_name: str | None = None
     task_digest: str | None = None
 

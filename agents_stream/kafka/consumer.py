@@ -3,7 +3,7 @@
 docs/faust.md: ``Consumer._new_offset`` is the one place Faust turns acked
 offsets into the offset it commits, and at 0.15.3 it commits past un-acked
 and in-flight messages; a failed broker commit still advances its in-memory
-committed offset (#316). For the partitions the ledger manages we commit
+committed offset (faust-streaming/faust#316). For the partitions the ledger manages we commit
 ``Watermark.commit_offset`` instead, and a failed commit is retried next time
 and reported as an alert. Other partitions keep Faust's behaviour.
 """
@@ -192,7 +192,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
         did_commit = await super()._commit_offsets(offsets, start_new_transaction=start_new_transaction)
         error = cast("BaseException | None", self._last_commit_error)  # set by the thread's _commit, meanwhile
         if error is not None:
-            # Faust marks the offsets committed even when the broker refused (#316):
+            # Faust marks the offsets committed even when the broker refused (faust-streaming/faust#316):
             # undo that so the same watermark is committed again on the next round.
             for tp, offset in before.items():
                 self._committed_offset[tp] = offset
@@ -233,8 +233,9 @@ def _drop_records(records: Any, drops: dict[str, int]) -> Any:
 
 
 #: how many records Faust's producer buffer holds before the conductor stops delivering records until it drained
-#: (Faust: 100). A table flush puts a record per key into it at once. B1 alternating 100 and 2,000 (4,000 tasks, a
-#: loaded machine): 210, 204, 399 against 461, 410, 579 tasks/s (docs/decisions.md, issue 17 item 2).
+#: (Faust: 100). A table flush puts a record per key into it at once. B1 with 100 and with 2,000, runs alternated
+#: (4,000 tasks, a loaded machine): 210, 204, 399 against 461, 410, 579 tasks/s (docs/decisions.md, "Coalesced
+#: table writes").
 PRODUCER_BUFFER_MESSAGES = 2000
 
 

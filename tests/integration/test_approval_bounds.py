@@ -1,4 +1,4 @@
-"""Bounded parking and approvals that say who and where, through real workers (issue 15, items 6 and 7): the
+"""Bounded parking and approvals that say who and where, through real workers: the
 per-agent cap, links bound to one parking, signed and unsigned decisions, control characters, the secret's minimum
 length, and webhooks paced from a bounded queue (received by a real HTTP server)."""
 

@@ -16,7 +16,7 @@ def run_audit(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_audit_fails_on_a_vulnerable_pin(tmp_path: Path) -> None:
-    """The issue's floor aiohttp==3.14.1 still has a high advisory: the audit names it and exits 1."""
+    """The old floor aiohttp==3.14.1 still has a high advisory: the audit names it and exits 1."""
     pins = tmp_path / "pins.txt"
     pins.write_text("aiohttp==3.14.1\njsonschema==4.26.0\n")
     done = run_audit("-r", str(pins))

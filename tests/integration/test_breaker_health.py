@@ -1,5 +1,5 @@
 """The breaker tells a degraded provider from a dead one, and a recovered provider gets its traffic back without
-waiting for traffic (issue 15, items 11 and 12): two worker processes, fake LLM servers over HTTP, the real broker.
+waiting for traffic: two worker processes, fake LLM servers over HTTP, the real broker.
 
 The counts are printed (run with ``-s`` to see them).
 """
@@ -80,7 +80,7 @@ async def _all_state(workers: list[Worker], state: str) -> bool:
 async def test_a_provider_failing_one_call_in_ten_stays_closed_and_its_errors_are_retried(cluster_factory):
     """A primary with 100 ms latency, 1,000 tasks through two workers with the default breaker, healthy and then
     answering 10% of calls with a 500: the breaker never opens, every task is answered by the primary (the
-    issue measured 964 of 1,000 in 300 s before, with 10 opens); both rates are printed."""
+    breaker before the failure-rate rule answered 964 of 1,000 in 300 s, with 10 opens); both rates are printed."""
     async with FakeLLM() as flaky, FakeLLM() as alternate:
         await flaky.set_mode(latency=0.1, seed=15)
         agent = unique("flaky")

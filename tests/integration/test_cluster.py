@@ -1,4 +1,4 @@
-"""Issue 15, item 10: a three-broker cluster, leaders SIGKILLed under load (docs/cluster.md).
+"""A three-broker cluster, leaders SIGKILLed under load (docs/cluster.md).
 
 The test starts its own KRaft cluster (scripts/cluster.sh: three nodes, 256 MB heaps, its own ports and data
 dir; the shared broker on 9092 is not used), two workers, and a steady stream of tasks. It SIGKILLs the broker

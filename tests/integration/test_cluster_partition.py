@@ -1,4 +1,4 @@
-"""Issue 27, item 5: the three-broker cluster with a real network partition that isolates the leader of task
+"""The three-broker cluster with a real network partition that isolates the leader of task
 partitions (docs/cluster.md).
 
 Node 1 of scripts/cluster.sh runs in its own network namespace (tests/integration/netpart.py; CLUSTER_NODE_1_PREFIX):

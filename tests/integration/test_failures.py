@@ -79,7 +79,7 @@ async def test_transient_failures_are_retried_with_growing_delays(cluster_factor
 
 
 async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(cluster_factory, fake_llm):
-    """Scenario C: the breaker opens → tasks held (no DLQ, no failed result), lag visible;
+    """All providers down: the breaker opens → tasks held (no DLQ, no failed result), lag visible;
     provider back → all complete."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url, extra="[breaker]\nopen_timeout_s = 3\n", AGENTS_STREAM_MAX_RETRIES="3")
@@ -99,7 +99,7 @@ async def test_provider_outage_holds_tasks_as_lag_and_they_resume_by_themselves(
     assert ready["providers_down"] == ["fake"]
     await asyncio.sleep(3)  # a few commit intervals: nothing may be committed past the held tasks
     lag = await asyncio.to_thread(group_lag, c.app_id, topics.task_topic(agent))
-    print(f"\nscenario C: lag while held = {lag} (kafka-consumer-groups)")
+    print(f"\nall providers down: lag while held = {lag} (kafka-consumer-groups)")
     assert lag == len(ts)
     early = await read_topic("agent.results", until=lambda s: False, timeout=2,
                              keep=lambda m: m.key and m.key.decode() in ids)

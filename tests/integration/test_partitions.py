@@ -117,7 +117,7 @@ def _toml(agent: str, llm_url: str) -> str:
     provider = unique("llm")
     return ('[breaker]\nfailure_threshold = 100000\nfailure_rate_threshold = 1.0\nminimum_calls = 100000\n\n'
             f'[providers.{provider}]\nkind = "openai"\nbase_url = "{llm_url}/v1"\nmodel = "fake-model"\n'
-            # longer than any cut here: the answer W1 was waiting for reaches it when the link heals, as in the issue
+            # longer than any cut here: the answer W1 was waiting for reaches it when the link heals
             f'timeout_s = 45\n\n[agents.{agent}]\nproviders = ["{provider}"]\nagent = "{BILLING}"\n')
 
 
@@ -207,7 +207,7 @@ async def test_a_worker_cut_off_while_the_model_decides_a_charge_never_charges(c
 
 
 async def test_a_worker_paused_while_the_model_decides_a_charge_never_charges(cluster_factory):
-    """(b) The issue's reproduction: W1 is stopped (SIGSTOP) while the model decides the charges, past the session
+    """(b) A paused worker: W1 is stopped (SIGSTOP) while the model decides the charges, past the session
     timeout and the lease; W2 starts, takes the tasks over and finishes them; then W1 continues (SIGCONT)."""
     async with scenario(cluster_factory, {1: CHARGE_DECISION_S}) as s:
         w1 = await s.cluster.started("w1")

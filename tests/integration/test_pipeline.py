@@ -1,4 +1,5 @@
-"""Scenarios A and B of the seed, dedupe, and routing, on the real broker with real worker processes."""
+"""A task in and its result out, poison messages dead-lettered, dedupe, and routing, on the real broker with real
+worker processes."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ from .harness import (
 
 
 async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluster_factory, fake_llm):
-    """Scenario A: a task in → one `succeeded` result out; the group's committed offset moves past it."""
+    """A task in → one `succeeded` result out; the group's committed offset moves past it."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await c.started()
@@ -47,7 +48,7 @@ async def test_valid_task_gets_exactly_one_result_and_the_offset_advances(cluste
 
 
 async def test_a_worker_finishes_the_tasks_it_holds_without_the_outcomes_topic(cluster_factory, fake_llm):
-    """Issue 17's short path: once the worker is a confirmed member of its group (a commit accepted), the outcome
+    """The short path: once the worker is a confirmed member of its group (a commit accepted), the outcome
     of a task it leased and ran is applied by its own ledger; every task still has exactly one result, and no
     final outcome record crosses agent.outcomes.<app> (docs/decisions.md, "Outcomes applied where they ran")."""
     agent = unique("analyzer")
@@ -70,7 +71,7 @@ async def test_a_worker_finishes_the_tasks_it_holds_without_the_outcomes_topic(c
 
 
 async def test_keyless_task_is_routed_to_its_partition_and_answered_once(cluster_factory, fake_llm):
-    """Scenario A with the console producer's keyless messages: routed home, one result, offsets committed."""
+    """A task in, with the console producer's keyless messages: routed home, one result, offsets committed."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await create_topics([topics.task_topic(agent)])
@@ -111,7 +112,7 @@ async def test_same_task_three_times_calls_the_provider_once_and_reemits_the_sto
 
 
 async def test_poison_messages_are_dead_lettered_with_headers_and_valid_tasks_still_flow(cluster_factory, fake_llm):
-    """Scenario B: each poison kind → one DLQ record with every header and the original bytes; neighbours succeed."""
+    """Each poison kind → one DLQ record with every header and the original bytes; neighbours succeed."""
     agent = unique("analyzer")
     c = cluster_factory([agent], fake_llm.url)
     await c.started()

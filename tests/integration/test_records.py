@@ -1,4 +1,4 @@
-"""Records too large never crash a worker nor strand a partition (issue 15, item 2): a real worker, the broker and
+"""Records too large never crash a worker nor strand a partition: a real worker, the broker and
 a fake LLM whose answers make a multi-step task's record grow past Kafka's record limit."""
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ async def test_a_send_too_large_for_the_producer_fails_its_own_future_and_the_pr
 
     import faust
 
-    from agents_stream.kafka.delivery import GuardedTopic, RecordTooLarge  # new in issue 15
+    from agents_stream.kafka.delivery import GuardedTopic, RecordTooLarge
 
     from .harness import BOOTSTRAP, create_topics
 

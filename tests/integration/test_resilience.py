@@ -1,7 +1,7 @@
 """Shared breakers, Retry-After, the fallback ladder, format retries, routing and cost on the real broker.
 
 Each test runs real worker processes against fake LLM servers over HTTP; the
-counts the issue asks for are printed (run with ``-s`` to see them).
+counts that matter are printed (run with ``-s`` to see them).
 """
 
 from __future__ import annotations

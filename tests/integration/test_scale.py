@@ -1,4 +1,4 @@
-"""Scaling out and back in while 100 long provider calls are in flight (issue 6, item 2), on the real broker.
+"""Scaling out and back in while 100 long provider calls are in flight, on the real broker.
 
 Faust's rebalance waits for every in-flight *event* (docs/faust.md: a 40 s call
 stalled a group for 65 s). Here the ledger hands a task to the executor and the

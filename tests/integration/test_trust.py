@@ -128,9 +128,9 @@ async def test_a_forged_sub_task_naming_a_victims_call_does_not_answer_it(cluste
 async def test_a_sub_result_too_large_for_the_callers_record_fails_that_call_and_the_caller_goes_on(
     cluster_factory, fake_llm, tmp_path,
 ):
-    """Finding 5: the caller's app keeps records under 60 kB; its callee (another app id, default limits) answers
-    58 kB. That result would push the caller's record past its limit, so the call reads result_too_large and the
-    caller resumes once and ends with its own answer (before the fix the changelog refused the record)."""
+    """A sub-result too large for its caller: the caller's app keeps records under 60 kB; its callee (another app id,
+    default limits) answers 58 kB. That result would push the caller's record past its limit, so the call reads
+    result_too_large and the caller resumes once and ends with its own answer (the changelog refuses such a record)."""
     analyzer, lead = unique("analyzer"), unique("lead")
     module = _lead_module(tmp_path, analyzer)
     async with FakeLLM() as callee_llm:

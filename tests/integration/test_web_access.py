@@ -1,5 +1,5 @@
 """Who may read what over the web, on a real worker: tokens for task data, the Host check, the open mode's bind,
-and the list views that page instead of loading everything (issue 15, item 5)."""
+and the list views that page instead of loading everything."""
 
 from __future__ import annotations
 

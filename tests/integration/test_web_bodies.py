@@ -1,5 +1,5 @@
 """Request bodies over a raw socket, on a real worker: a body split across TCP segments or sent chunked is read
-whole up to the cap, refused past it, and JSON nested too deeply is a 400 (issue 15, item 8)."""
+whole up to the cap, refused past it, and JSON nested too deeply is a 400."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ def test_a_record_without_ranges_is_refused(tmp_path: Path) -> None:
 
 
 def test_the_vulnerable_aiohttp_of_the_issue_is_matched() -> None:
-    """aiohttp 3.14.1 (the issue's floor) still has GHSA-cq5v-8q36-5273; 3.14.3 has none of ours."""
+    """aiohttp 3.14.1 (the old floor) still has GHSA-cq5v-8q36-5273; 3.14.3 has none of ours."""
     assert "GHSA-cq5v-8q36-5273" in {r["id"] for r in matching(RECORDS, "aiohttp", "3.14.1")}
     assert matching(RECORDS, "aiohttp", "3.14.3") == []
 

@@ -1,4 +1,4 @@
-"""Bounded parking and approvals that say who and where (issue 15, items 6 and 7), without a broker: links bound
+"""Bounded parking and approvals that say who and where, without a broker: links bound
 to one parking at one level, signed decisions, the secret's minimum length, the per-agent cap, the due-time index,
 the webhook pacer, control characters, and where a requeue may send."""
 

@@ -66,7 +66,7 @@ def test_policy_rules_each_match_and_name_themselves():
 
 
 def test_a_task_without_the_amount_needs_a_human():
-    """A refund whose context has no amount is not waved through (issue 15): the amount rule asks for approval,
+    """A refund whose context has no amount is not waved through: the amount rule asks for approval,
     alone or beside the other rules that match."""
     assert policy(amount_field="amount", amount_above=100, context_data={}) == "amount is missing"
     assert policy(amount_field="amount", amount_above=100, context_data={"total": 5000}) == "amount is missing"

@@ -71,7 +71,7 @@ def test_a_failure_exactly_window_s_old_is_out_of_the_window() -> None:
 
 
 def test_a_success_ends_the_run_of_failures() -> None:
-    """Failures open it only in a row: a success between failures starts the run again (issue 15, item 11)."""
+    """Failures open it only in a row: a success between failures starts the run again."""
     b, moved = fold([Failure(1.0), Success(1.5), Failure(2.0), Success(2.5), Failure(3.0)])
     assert b.state == CLOSED
     assert b.failures == (3.0,)

@@ -1,4 +1,4 @@
-"""The breaker tells a degraded provider from a dead one (issue 15, item 11): failures in a row or a failure rate
+"""The breaker tells a degraded provider from a dead one: failures in a row or a failure rate
 over the window open it; a provider that fails one call in ten never does."""
 
 from __future__ import annotations

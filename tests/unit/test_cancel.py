@@ -264,8 +264,8 @@ class StalledTable(Table):
 
 
 async def test_a_dispatch_confirmed_after_a_cancel_of_its_task_does_not_start_the_run() -> None:
-    """Finding 4: the task's lease write and a later cancel both wait on a stalled broker; the lease write is
-    confirmed last (an outbox re-send). The run must not start: the record, cancelled, decides."""
+    """A dispatch confirmed after a cancel: the task's lease write and a later cancel both wait on a stalled broker;
+    the lease write is confirmed last (an outbox re-send). The run must not start: the record, cancelled, decides."""
     tasks = StalledTable()
     tasks.stalled = []
     f = _ledger(agents={"lead"}, tasks=tasks)

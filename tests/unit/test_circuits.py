@@ -148,7 +148,7 @@ async def test_calls_to_a_dead_provider_are_bounded_across_workers(max_concurren
 
 async def test_half_open_admits_one_probe_cluster_wide_and_the_others_wait_for_its_verdict() -> None:
     """In half-open exactly one probe is admitted among all workers; the refused ones ask no more while they wait
-    for its verdict (issue 15, item 12), and are admitted once it closes instead of falling down the ladder."""
+    for its verdict, and are admitted once it closes instead of falling down the ladder."""
     cl = Cluster(3, paused=False)  # every worker folds each record on the loop turn after its send
     cid = circuit_id(config().providers["p"])
     for _ in range(3):
@@ -216,7 +216,7 @@ async def test_a_call_waits_for_a_probe_verdict_at_most_the_providers_timeout() 
 async def test_successes_are_shared_in_counts_and_a_one_in_ten_failing_provider_stays_closed() -> None:
     """Two workers, 2,000 calls, every tenth fails: the successes reach the log as counts (with each failure and
     every report interval), every worker folds the same closed breaker, and the log holds a record per failure,
-    not per call (issue 15, item 11)."""
+    not per call."""
     cl = Cluster(2, config(minimum_calls=20), paused=False)
     for n in range(2000):
         w = cl.workers[n % 2]

@@ -257,7 +257,7 @@ def test_agent_filter_splits_and_trims() -> None:
     assert Settings().agent_filter() == set()
 
 
-# -- resilience settings (issue 3) ------------------------------------------------------
+# -- resilience settings --------------------------------------------------------------
 
 
 def test_breaker_defaults_and_per_provider_overrides() -> None:
@@ -302,7 +302,7 @@ def test_prices_by_model() -> None:
     assert cfg.price_of("m2") is None
 
 
-# -- inf and NaN (issue 15, item 8) ---------------------------------------------------------
+# -- inf and NaN ---------------------------------------------------------------------------
 
 LEVEL = {"name": "lead", "timeout_s": 5}
 #: a valid instance of every config model with a float field, to put one bad float into

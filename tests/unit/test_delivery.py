@@ -78,7 +78,7 @@ async def test_only_a_send_the_broker_answered_without_error_is_confirmed():
 async def test_a_record_too_large_is_not_sent_again():
     """MessageSizeTooLarge can never go away by retrying: until_confirmed gives up after the first attempt
     (RecordTooLarge), instead of looping and holding the slot and the partition's commit forever."""
-    from agents_stream.kafka.delivery import RecordTooLarge  # new in issue 15
+    from agents_stream.kafka.delivery import RecordTooLarge
 
     send, attempts = scripted([MessageSizeTooLargeError("1500000 bytes")] + [None] * 5)
     with pytest.raises(RecordTooLarge):

@@ -427,7 +427,7 @@ def test_random_dags_finish_with_every_step_final_and_dependencies_respected(cas
     assert list(body["steps"]) == [t["id"] for t in p["tasks"]]
 
 
-# -- issue 15, item 3: a step's result only from the step's own agent and task --------------------------------
+# -- a step's result only from the step's own agent and task --------------------------------
 
 
 def test_a_result_from_another_agent_than_the_steps_is_refused_with_an_alert() -> None:

@@ -221,7 +221,7 @@ async def test_over_budget_hold_holds_tasks_until_the_day_turns(agent: dict) -> 
 async def test_a_task_held_by_an_open_breaker_is_released_when_a_probe_succeeds() -> None:
     """The primary's failure opens its breaker (folded from the circuits log): the task is held, pauses intake,
     and is released by the half-open probe's answer (its own call, or the breaker's one-token probe that may come
-    first, issue 15 item 12): task.held then task.released, one result."""
+    first): task.held then task.released, one result."""
     async with FakeLLM([status(503)], default=ok("back")) as p:
         breaker = {"failure_threshold": 1, "open_timeout_s": 0.5, "success_threshold": 1}
         async with worker({"p": p}, {"providers": ["p"]}, breaker=breaker, settings={"probe_interval_s": 5.0}) as w:

@@ -1,4 +1,4 @@
-"""The ledger keeps a task's record one Kafka record, and one task id one task (issue 15, items 2 and 3).
+"""The ledger keeps a task's record one Kafka record, and one task id one task.
 
 Without a broker: the ledger's sends are recorded and confirmed at once; asserted on the stored record, the
 result and dead letters it sends, and the alerts.
@@ -44,7 +44,7 @@ def _succeeded(output: Any) -> bytes:
     ))
 
 
-# -- item 2: records too large -------------------------------------------------------------------------------
+# -- records too large --------------------------------------------------------------------------------------
 
 
 async def test_a_result_too_large_for_one_record_is_stored_and_sent_as_failed_result_too_large() -> None:
@@ -77,7 +77,7 @@ async def test_a_checkpoint_that_would_outgrow_the_record_ends_the_task_failed()
     assert len(world.on(topics.RESULTS)) == 1 and len(world.on(topics.dlq_topic("a"))) == 1
 
 
-# -- item 3: one task id, one task ---------------------------------------------------------------------------
+# -- one task id, one task ----------------------------------------------------------------------------------
 
 
 async def _answered_world() -> World:

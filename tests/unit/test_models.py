@@ -203,7 +203,7 @@ def test_a_task_with_more_steps_than_the_limit_is_poison():
 def test_the_task_digest_is_of_the_task_not_of_its_bytes():
     """Two messages are the same task when their canonical fields agree (key order, whitespace, unknown fields
     and defaults spelled out do not count); any field that differs makes another task."""
-    from agents_stream.contract.models import task_digest  # new in issue 15
+    from agents_stream.contract.models import task_digest
 
     one = TaskPayload.model_validate_json('{"task_id": "t", "agent_name": "a", "instruction": "i"}')
     same = TaskPayload.model_validate_json(

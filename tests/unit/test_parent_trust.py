@@ -77,8 +77,8 @@ def test_a_result_counts_only_from_the_calls_own_sub_task() -> None:
 
 
 def test_a_sub_result_too_large_for_the_callers_record_is_journaled_as_failed() -> None:
-    """Finding 5: the caller's record stays one Kafka record; the call reads result_too_large, and the loop goes
-    on (the last result still dispatches it)."""
+    """A sub-result too large for its caller: the caller's record stays one Kafka record; the call reads
+    result_too_large, and the loop goes on (the last result still dispatches it)."""
     parked = _parked()
     limit = 64_000
     big = {"status": "succeeded", "output": "x" * 100_000}

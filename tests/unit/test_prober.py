@@ -1,4 +1,4 @@
-"""The breakers' own probes (issue 15, item 12): past the open timeout one cheap call, cluster-wide, over real HTTP
+"""The breakers' own probes: past the open timeout one cheap call, cluster-wide, over real HTTP
 to a fake LLM server, decides the breaker without waiting for a task."""
 
 from __future__ import annotations

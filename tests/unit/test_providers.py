@@ -458,7 +458,7 @@ def test_render_prompt_appends_context_as_json() -> None:
 async def test_a_body_over_max_body_bytes_is_result_too_large(fake: FakeLLM, make: MakeProvider) -> None:
     """A body larger than the provider's max_body_bytes is never read whole: the call fails for good
     (ResultTooLarge, a PermanentError), so the task ends failed with result_too_large instead of growing."""
-    from agents_stream.contract.errors import ResultTooLarge  # new in issue 15
+    from agents_stream.contract.errors import ResultTooLarge
 
     fake.enqueue(ok("x" * 20_000), ok("short"))
     provider = make(max_body_bytes=10_000)

@@ -1,4 +1,4 @@
-"""Issue 15, item 10: how the app's topics are replicated (agents_stream.kafka.admin.replication_for)."""
+"""How the app's topics are replicated (agents_stream.kafka.admin.replication_for)."""
 
 from __future__ import annotations
 
