@@ -179,7 +179,8 @@ def receive(
         # (docs/decisions.md, "Holds and take-overs in the lease machine"). Settle releases every hold of the task.
         return record, [Track()]
     # Another owner's lease (or ours before a restart): hold and wait for its outcome. Never take over here, even
-    # if the lease looks lapsed: only the scanner's `expired` event does (``expire``; docs/decisions.md, Delivery).
+    # if the lease looks lapsed: only the scanner's `expired` event does (``expire``; docs/decisions.md, "Leases and
+    # takeover").
     return record, [Track()]
 
 

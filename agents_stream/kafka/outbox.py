@@ -89,7 +89,7 @@ class Outbox(mode.Service):
 
     So the committed offset never passes an outcome that is not durable. The common case costs no task (a
     callback per send); a send that failed or had no answer in time is retried by a task. A dead letter that may
-    be on its topic already is looked for there before it is sent again (docs/decisions.md, Delivery, "One dead
+    be on its topic already is looked for there before it is sent again (docs/decisions.md, "One dead
     letter per poison message").
 
     ``channel(topic)`` gives the producer of a topic; ``find_dead_letter`` looks on a dead-letter topic

@@ -134,7 +134,7 @@ class Ledger:
         gap = self.watermark.gap(tp, message.offset)
         if gap is not None:
             # Not applied now: it comes again, in order, once the partition is read from the gap
-            # (docs/decisions.md, Delivery, "Each partition is applied in order").
+            # (docs/decisions.md, "Each partition is applied in order").
             if self.on_gap(tp, gap):
                 log.warning(
                     "Offsets %d..%d of %s[%d] never reached the ledger (dropped by the consumer); nothing is committed "

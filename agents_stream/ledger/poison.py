@@ -85,7 +85,7 @@ class Poison:
 
     The dead letter is asked for through the app's outcomes topic, on the message's partition; the marker then
     says ``sending`` (in the changelog before the dead letter goes) and, once it is confirmed, ``done`` (from the
-    ``dead_lettered`` event). docs/decisions.md (Delivery, "One dead letter per poison message") tells why.
+    ``dead_lettered`` event). docs/decisions.md ("One dead letter per poison message") tells why.
     """
 
     def __init__(self, table: LedgerTable, outbox: Outbox, outcomes: str, worker_id: str) -> None:

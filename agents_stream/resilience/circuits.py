@@ -2,7 +2,8 @@
 
 Every worker appends what it learns about a provider to the single-partition topic ``agent.circuits`` and folds
 that whole log, in one order, through ``breaker`` and ``ratelimit`` (the decisions live there; waiting lives here).
-Why, and the two rules that bound the calls a failing provider receives: docs/decisions.md, "Breakers".
+Why: docs/decisions.md, "One breaker log, folded by every worker"; the calls a failing provider receives are bounded
+by its "Two rules bound the calls a failing provider receives".
 """
 
 from __future__ import annotations
