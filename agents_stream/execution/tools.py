@@ -55,8 +55,8 @@ class ToolContext:
     deadline: float
     log: logging.LoggerAdapter[logging.Logger]
     #: the fencing token: the task's dispatch number, higher for each worker that takes the task over. A service
-    #: that refuses a token lower than the highest it has seen for the task (docs/security.md, "Fencing: for
-    #: service authors") also refuses a worker that was cut off and woke up after its task moved on
+    #: that refuses a token lower than the highest it has seen for the task (docs/security.md, Fencing,
+    #: "For service authors") also refuses a worker that was cut off and woke up after its task moved on
     fencing_token: int = 0
 
 

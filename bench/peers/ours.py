@@ -2,7 +2,8 @@
 start it; tasks published to its task topic, results read off ``agent.results``. The SIGKILL restarts the worker
 as a StatefulSet restarts a pod: the same name, data dir and address, and the same static membership id
 (AGENTS_STREAM_INSTANCE_ID), so the new process takes the killed one's place in the group at once instead of
-waiting for its session to expire (docs/security.md, "Takeover in seconds").
+waiting for its session to expire (docs/security.md, "Fencing": its
+"Takeover in seconds").
 """
 
 from __future__ import annotations
