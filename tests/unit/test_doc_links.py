@@ -1,6 +1,7 @@
 """Every link of the documentation resolves: README.md and docs/**/*.md are a path a reader can follow.
 
-- a relative markdown link names a file that exists, and its ``#anchor`` a heading of that file (GitHub's slugs);
+- a relative markdown link names a file of the repository that exists, and its ``#anchor`` a heading of that file
+  (GitHub's slugs);
 - a backticked doc reference (`docs/x.md`, `README.md`) names a file that exists;
 - a reference by heading text anywhere in the repository (``docs/decisions.md, "Outcomes applied where they ran"``,
   in docs, comments and tests) names a heading of that file.
@@ -73,7 +74,9 @@ def test_every_relative_link_names_a_file_and_a_heading_that_exist() -> None:
                 continue
             file, _, anchor = target.partition("#")
             dest = (doc.parent / file).resolve() if file else doc
-            if not dest.exists():
+            if not dest.is_relative_to(ROOT):
+                broken.append(f"{rel(doc)}: {target} (outside the repository)")
+            elif not dest.exists():
                 broken.append(f"{rel(doc)}: {target} (no such file)")
             elif anchor and dest.suffix == ".md" and anchor.lower() not in anchors(dest):
                 broken.append(f"{rel(doc)}: {target} (no heading #{anchor} in {rel(dest)})")
