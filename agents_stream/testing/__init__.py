@@ -21,6 +21,7 @@ if TYPE_CHECKING:
         ModelReply,
         ModelRequest,
         ModelTurn,
+        ProviderModel,
         ScriptedModel,
         ScriptExhausted,
         ToolCallRecord,
@@ -34,9 +35,9 @@ if TYPE_CHECKING:
 _REPLAY = {"Divergence", "Replay", "ReplayDivergence", "replay"}
 
 __all__ = [
-    "AgentRun", "Call", "Divergence", "FunctionModel", "Model", "ModelReply", "ModelRequest", "ModelTurn", "Replay",
-    "ReplayDivergence", "ScriptExhausted", "ScriptedModel", "ToolCallRecord", "answer", "call", "replay", "run_agent",
-    "turn",
+    "AgentRun", "Call", "Divergence", "FunctionModel", "Model", "ModelReply", "ModelRequest", "ModelTurn",
+    "ProviderModel", "Replay", "ReplayDivergence", "ScriptExhausted", "ScriptedModel", "ToolCallRecord", "answer",
+    "call", "replay", "run_agent", "turn",
 ]
 
 if not TYPE_CHECKING:

@@ -15,8 +15,10 @@ It is the worker's own loop (``execution/agent_loop.py``) and tool calls (``exec
 conversation each turn, the same argument checks, retries, limits, output-model corrections, upgrade rules and
 journal entries; only the model is yours and the journal a list. A ``ScriptedModel`` answers from a list of turns,
 a ``FunctionModel`` from a function of each request (``ModelRequest``: the turn, the conversation, the results the
-model reads). A call that waits for a human is decided by ``approve``; an agent tool's sub-task is answered by
-``agents``; without them the run ends ``parked`` or ``delegated``, as the task would in a worker.
+model reads), a ``ProviderModel`` over a provider's wire format (the fake LLM server, or a real API). A call that
+waits for a human is decided by ``approve``; an agent tool's sub-task is answered by ``agents``; without them the
+run ends ``parked`` or ``delegated``, as the task would in a worker. What differs from a worker: no breakers (no
+shared circuits), no journal size bound, no hold (a test model is always there), backoff of 10-50 ms.
 """
 
 from __future__ import annotations
@@ -46,8 +48,8 @@ from agents_stream.providers.conversation import (
 from agents_stream.tables import journal
 
 __all__ = [
-    "AgentRun", "Call", "FunctionModel", "Model", "ModelReply", "ModelRequest", "ModelTurn", "ScriptExhausted",
-    "ScriptedModel", "ToolCallRecord", "answer", "call", "run_agent", "turn",
+    "AgentRun", "Call", "FunctionModel", "Model", "ModelReply", "ModelRequest", "ModelTurn", "ProviderModel",
+    "ScriptExhausted", "ScriptedModel", "ToolCallRecord", "answer", "call", "run_agent", "turn",
 ]
 
 
@@ -200,6 +202,22 @@ class FunctionModel:
         return as_turn(reply)
 
 
+class ProviderModel:
+    """A provider's client as the model (``agents_stream.providers.build_provider``: one pointed at the fake LLM
+    server, or a real API): each turn goes over the wire in the provider's own format."""
+
+    def __init__(self, provider: Any, *, name: str | None = None) -> None:
+        self.provider = provider
+        self.name = name or getattr(provider, "model", None) or "provider"
+        self.requests: list[ModelRequest] = []
+
+    async def __call__(self, request: ModelRequest) -> ModelTurn:
+        self.requests.append(request)
+        got: Turn = await self.provider.converse(request.conversation)
+        calls = tuple(Call(c.name, c.arguments, c.id) for c in got.calls)
+        return ModelTurn(got.text, calls, got.usage.input_tokens, got.usage.output_tokens)
+
+
 @dataclass(frozen=True)
 class ToolCallRecord:
     """One tool call as the journal has it: what the model asked and what it read back."""
@@ -310,7 +328,7 @@ async def run_agent(
 
 
 def _model(model: Model | Callable[[ModelRequest], Any] | Iterable[ModelReply]) -> Model:
-    if isinstance(model, (ScriptedModel, FunctionModel)):
+    if isinstance(model, (ScriptedModel, FunctionModel, ProviderModel)):
         return model
     if callable(model):
         return model if hasattr(model, "requests") else FunctionModel(model)  # type: ignore[return-value]

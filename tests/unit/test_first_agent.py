@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from agents_stream import Agent, FatalToolError, ToolContext, ToolError, TransientError, tool
+from agents_stream import Agent, FatalToolError, ToolContext, ToolError, TransientError, agent_tool, tool
 from agents_stream.testing import FunctionModel, ModelRequest, ScriptedModel, answer, call, run_agent, turn
 
 STOCK = {"apple": 3, "pear": 0}
@@ -98,3 +98,30 @@ async def test_transient_errors_are_retried_under_one_key_and_fatal_ones_end_the
     run = await run_agent(agent, "go", model=[call("flaky"), call("explode")])
     assert attempts == [1, 2] and run.tool_calls[0].attempts == 2
     assert run.status == "failed" and run.reason == "tool_failed" and "the shop is closed" in (run.error or "")
+
+
+@tool(approval=lambda args: f"{args.count} is many" if args.count > 10 else None)
+async def order(ctx: ToolContext, item: str, count: int) -> str:
+    """Order more of an item."""
+    return f"ordered {count} {item}"
+
+
+async def test_a_call_that_needs_approval_parks_or_is_decided() -> None:
+    agent = Agent("shop", instructions=".", tools=[order])
+    script = [call("order", item="pear", count=50), "done"]
+    parked = await run_agent(agent, "restock", model=script)
+    assert parked.status == "parked" and parked.waiting == (0, "call_0_0", "order", "tool order: 50 is many")
+    assert parked.tool_calls == []  # nothing ran
+    approved = await run_agent(agent, "restock", model=script, approve=True)
+    assert approved.status == "succeeded" and approved.tool_calls[0].content == "ordered 50 pear"
+    rejected = await run_agent(agent, "restock", model=script, approve=lambda tool, args: args["count"] < 20)
+    assert rejected.tool_calls[0].content == "rejected by test" and rejected.tool_calls[0].error
+
+
+async def test_an_agent_tool_is_answered_by_a_test_sub_agent() -> None:
+    lead = Agent("lead", instructions=".", tools=[agent_tool("analyzer", "Ask the analyst.")])
+    script = [call("analyzer", instruction="sum it", context={"a": 1}), "the analyst says 1"]
+    waiting = await run_agent(lead, "report", model=script)
+    assert waiting.status == "delegated" and waiting.waiting[0]["agent"] == "analyzer"
+    run = await run_agent(lead, "report", model=script, agents={"analyzer": lambda instruction, context: context})
+    assert run.status == "succeeded" and run.tool_calls[0].content == '{"a": 1}'
