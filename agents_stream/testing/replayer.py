@@ -105,7 +105,9 @@ async def replay(agent: Agent, recording: Any, *, system: str = "", task: TaskPa
         if n >= len(state.turns):
             now = journal.replay(entries)
             after = f" (it told the model: {now.notes[n - 1][-1][:200]})" if now.notes.get(n - 1) else ""
-            stop(Divergence(n, f"this code asks the model for turn {n}{after}; the recording ends after turn {n - 1}"))
+            ended = " (it failed there)" if status == "failed" else ""
+            stop(Divergence(n, f"this code asks the model for turn {n}{after}; the recording ends after turn "
+                               f"{n - 1}{ended}"))
             return Rejected("replay", "diverged", "replay")
         if n < len(requests):
             differs = _compare(requests[n], ModelRequest(n, task, conversation).as_json())

@@ -113,3 +113,21 @@ async def test_a_transcript_from_a_result_replays_by_tool_names() -> None:
     shown = {"task_id": "test-1", "result": result}  # `agents-stream tasks show test-1 --json`
     report = await replay(Agent("support", instructions=INSTRUCTIONS, tools=[lookup_order, refund]), shown)
     assert str(report.first).startswith("turn 1, call call_1_1 (notify): calls tool 'notify'")
+
+
+async def test_an_output_model_dropped_or_added_diverges_at_the_answer() -> None:
+    from pydantic import BaseModel
+
+    class Refunded(BaseModel):
+        amount: float
+
+    strict = Agent("support", instructions=INSTRUCTIONS, tools=[lookup_order], output_model=Refunded)
+    run = await run_agent(strict, "Refund", model=["42.5", '{"amount": 42.5}'])  # corrected once
+    assert run.status == "succeeded" and not (await replay(strict, run.journal)).diverged
+    loose = Agent("support", instructions=INSTRUCTIONS, tools=[lookup_order])
+    report = await replay(loose, run.journal)
+    assert str(report.first) == "turn 0: this code finishes here; the recording went on to turn 1"
+    plain = await run_agent(loose, "Refund", model=["42.5"])
+    report = await replay(strict, plain.journal)
+    assert report.first is not None and report.first.turn == 1
+    assert "asks the model for turn 1 (it told the model: Your final answer was rejected" in report.first.what
