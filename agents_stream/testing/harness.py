@@ -293,8 +293,9 @@ async def run_agent(
     task_id: str = "test-1", task: TaskPayload | None = None, system: str = "", approve: Approve | None = None,
     agents: Mapping[str, SubAgent] | None = None, entries: list[dict[str, Any]] | None = None,
 ) -> AgentRun:
-    """Run ``agent``'s loop on one task until it ends, with ``model`` answering every turn (a ScriptedModel or a
-    FunctionModel; a list of replies or a plain function is made one) and the agent's real tools running.
+    """Run ``agent``'s loop on one task until it ends, with ``model`` answering every turn (a ScriptedModel, a
+    FunctionModel or a ProviderModel; a list of replies or a plain function is made one) and the agent's real tools
+    running.
 
     ``task`` replaces the one built from ``instruction``, ``context`` and ``task_id``; ``system`` is the config's
     system text put before the agent's instructions; ``entries`` a journal to resume (a worker's ``steps_done``).
@@ -303,6 +304,7 @@ async def run_agent(
     task = task or TaskPayload(task_id=task_id, agent_name=agent.name, instruction=instruction or "test",
                                context_data=context or {})
     the_model = _model(model)
+    asked_before = len(the_model.requests)  # a model used for an earlier run keeps that run's requests too
     spec = (OutputSpec.from_model(agent.output_model) if agent.output_model
             else OutputSpec.from_schema(task.output_schema) if task.output_schema is not None else None)
     entries = list(entries or [])
@@ -324,7 +326,7 @@ async def run_agent(
         end = await loop.run()
         decided = _decide(end, approve, entries) or await _delegate(end, agents, task, entries)
         if not decided:
-            return _ended(end, task, entries, the_model.requests)
+            return _ended(end, task, entries, the_model.requests[asked_before:])
 
 
 def _model(model: Model | Callable[[ModelRequest], Any] | Iterable[ModelReply]) -> Model:
