@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents_stream import Agent, ToolContext, tool
 from agents_stream.examples.services import tool_call
-from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.tools import ToolContext, tool
 
 
 @tool

@@ -7,8 +7,7 @@ runs it; the lead waits without a slot and goes on when both results are back. C
 
 from __future__ import annotations
 
-from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.tools import agent_tool
+from agents_stream import Agent, agent_tool
 
 LEAD = Agent(
     "lead",

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents_stream import SagaDefinition, SagaStep, StepContext
 from agents_stream.examples.services import call_service
-from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
 
 
 async def _call(operation: str, ctx: StepContext, body: dict[str, Any]) -> Any:

@@ -21,8 +21,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from agents_stream.contract.errors import TransientError
-from agents_stream.execution.tools import ToolContext, ToolError
+from agents_stream import ToolContext, ToolError, TransientError
 
 OPERATIONS = (
     "carrier.label", "carrier.cancel_label", "payment.refund", "mail.send", "orders.update", "orders.lookup",

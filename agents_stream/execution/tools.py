@@ -23,7 +23,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Awaitable, Callable, get_type_hints
+from typing import Any, Awaitable, Callable, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -130,12 +130,24 @@ class Tool:
         return await asyncio.wait_for(call, self.timeout_s)
 
 
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
 def tool(
-    fn: Callable[..., Any] | None = None, *, name: str | None = None, description: str | None = None,
+    *, name: str | None = None, description: str | None = None, timeout_s: float = 30.0, retries: int = 2,
+    max_concurrency: int | None = None, breaker: dict[str, Any] | None = None,
+    approval: Callable[[Any], str | None] | bool | None = None, on_reject: str = "tell_model",
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, description: str | None = None,
     timeout_s: float = 30.0, retries: int = 2, max_concurrency: int | None = None,
     breaker: dict[str, Any] | None = None, approval: Callable[[Any], str | None] | bool | None = None,
     on_reject: str = "tell_model",
-) -> Any:
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make ``fn`` a Tool: ``@tool`` or ``@tool(timeout_s=..., retries=..., max_concurrency=..., breaker={...},
     approval=lambda args: "why" or None, on_reject="tell_model" | "fail")``.
 

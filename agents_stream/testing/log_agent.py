@@ -7,8 +7,7 @@ output lands in that round's journal, never in the conversation's own records. C
 
 from __future__ import annotations
 
-from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.tools import ToolContext, tool
+from agents_stream import Agent, ToolContext, tool
 
 #: the most one call returns: the round's journal entry must stay one Kafka record
 MAX_KB = 500

@@ -9,8 +9,11 @@ from typing import Any
 
 import aiohttp
 
+from agents_stream import Agent
 from agents_stream.contract import topics
 from agents_stream.examples.services import FakeServices
+from agents_stream.examples.support import SUPPORT as SUPPORT_AGENT
+from agents_stream.testing import replay
 from agents_stream.testing.fakellm import FakeLLM, call, hang, ok, tool_calls
 
 from .harness import encode, eventually, produce, results_for, task, uncommitted, unique
@@ -93,6 +96,13 @@ async def test_the_support_loop_calls_the_right_tools_in_order_in_each_wire_form
             assert [tt["tool_calls"] for tt in summary["turns"]] == [
                 ["lookup_order"], ["create_label", "refund"], ["notify_customer"], []]
             assert not any(x["error"] for x in summary["tool_calls"]) and result["usage"]["input_tokens"] > 0
+            # the worker's result replays against the agent's code in the test harness, and a tool set without
+            # refund diverges at its call (agents_stream.testing.replay)
+            assert not (await replay(SUPPORT_AGENT, result)).diverged
+            without = Agent("support", instructions=SUPPORT_AGENT.instructions,
+                            tools=[t for t in SUPPORT_AGENT.tools if t.name != "refund"])
+            first = (await replay(without, result)).first
+            assert first is not None and (first.turn, first.tool) == (1, "refund"), first
             assert turns_asked(fake_llm, t["task_id"]) == [0, 1, 2, 3], api
             last = [r for r in fake_llm.requests if r.task_id == t["task_id"]][-1]
             assert "Refunded 42.50" in json.dumps(last.body) and "mail.send" in json.dumps(last.body), (

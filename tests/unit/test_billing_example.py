@@ -1,20 +1,16 @@
 """The billing agent of the partition tests: a loop the fake LLM's responder drives per task (no script), one charge
-per account counted as an effect by the payment service, a repeated key a replay (over HTTP, no broker)."""
+per account counted as an effect by the payment service, a repeated key a replay (over HTTP, no broker; the loop
+through the public harness, agents_stream.testing)."""
 
 from __future__ import annotations
-
-from typing import Any
 
 import pytest
 
 from agents_stream.config import AppConfig
-from agents_stream.contract.models import TaskPayload
+from agents_stream.examples.billing import BILLING
 from agents_stream.examples.services import FakeServices, call_service
-from agents_stream.execution.agent_loop import Done, Loop
-from agents_stream.execution.plan import AgentPlan
-from agents_stream.execution.run import TurnAnswer
 from agents_stream.providers import build_provider
-from agents_stream.providers.conversation import Conversation
+from agents_stream.testing import ProviderModel, run_agent
 from agents_stream.testing.fakellm import FakeLLM, RecordedRequest, Reply, call, ok, tool_calls
 
 
@@ -37,21 +33,10 @@ async def test_the_billing_agent_charges_once_and_the_service_counts_effects_per
             "providers": {"fake": {"kind": "openai", "base_url": f"{fake.url}/v1", "model": "fake-model"}},
             "agents": {"billing": {"providers": ["fake"], "agent": "agents_stream.examples.billing:BILLING"}},
         })
-        plan = AgentPlan.build(config, "billing", lambda name: build_provider(config.provider(name)))
-        assert plan.agent is not None and [t.name for t in plan.agent.tools] == ["lookup_account", "charge"]
+        assert [t.name for t in BILLING.tools] == ["lookup_account", "charge"]
         provider = build_provider(config.provider("fake"))
-
-        async def ask(conv: Conversation) -> TurnAnswer:
-            return TurnAnswer(await provider.converse(conv), "primary:fake:fake-model", "high", 1, None)
-
-        journal: list[Any] = []
-
-        async def record(index: int, entry: dict[str, Any]) -> None:
-            assert index == len(journal)
-
-        task = TaskPayload(task_id="bill-1", agent_name="billing", instruction="Charge account a-1")
         try:
-            end = await Loop(plan.agent, task, journal, ask=ask, record=record).run()
+            run = await run_agent(BILLING, "Charge account a-1", task_id="bill-1", model=ProviderModel(provider))
         finally:
             await provider.close()
         key = services.executed("payment.charge")[0]
@@ -61,7 +46,8 @@ async def test_the_billing_agent_charges_once_and_the_service_counts_effects_per
         assert (await call_service("payment.charge", "other", {"account": "a-1", "amount": 42.5}))[0] == 200
         # the account service answers what any account owes
         assert (await call_service("accounts.lookup", "k", {"account": "a-2"}))[1]["account"]["owes"] == 42.5
-    assert end == Done("Charged a-1 42.50.", "high", "primary:fake:fake-model")
+    assert run.status == "succeeded" and run.output == "Charged a-1 42.50." and run.tool_names == [
+        "lookup_account", "charge"]
     assert key.startswith("bill-1:1:") and [r.task_id for r in fake.requests] == ["bill-1"] * 3
     assert services.effects("payment.charge", "account") == {"a-1": [key, "other"]}
     assert [c.replay for c in services.calls if c.operation == "payment.charge"] == [False, True, False]
