@@ -127,8 +127,12 @@ class Flow:
     def settled(self) -> None:
         """Faust's recovery ended and it resumes the streams (``on_rebalance_complete``), unless it was
         ``superseded``."""
-        if not self.superseded():
-            self.settling = False
+        if self.superseded():
+            return
+        self.settling = False
+        assigned = self._assignment() or set()
+        self.stalls.settled({tp: self.watermark.next_offset(tp) for tp in assigned if tp.topic in self.managed_topics},
+                            time.monotonic())
 
     def watched(self) -> set[TP]:
         """Between rebalances: the assigned input partitions that should be fetched (not paused by us, not held

@@ -8,35 +8,59 @@ commits past them). The runtime feeds ``observe`` with each partition's next
 unhandled offset and its end offset; a partition that has had records waiting
 for ``after_s`` without its position moving is reported once, and reported
 again only after another ``after_s`` without progress.
+
+Right after a rebalance the wait is shorter (``fresh_after_s``): a partition whose reading was just sought to the
+group's commit normally delivers its first waiting record within milliseconds, and one that Faust's fetcher
+skipped there would otherwise hold the tasks on it — among them a dead worker's, to be taken over at once — for
+the whole ``after_s``. It lasts until the partition's position first moves.
 """
 
 from __future__ import annotations
 
 from typing import Hashable, Iterable
 
+#: the wait of a partition whose position has not moved since the rebalance that assigned it (see the module)
+FRESH_AFTER_S = 3.0
+
 
 class StallDetector:
-    def __init__(self, after_s: float) -> None:
+    def __init__(self, after_s: float, fresh_after_s: float = FRESH_AFTER_S) -> None:
         self.after_s = after_s
+        self.fresh_after_s = min(after_s, fresh_after_s)
         self._since: dict[Hashable, tuple[int, float]] = {}
+        self._fresh: set[Hashable] = set()  # assigned by the last rebalance, position not moved since
+
+    def settled(self, positions: dict[Hashable, int | None], now: float) -> None:
+        """A rebalance ended: reading starts at ``positions`` (the group's commits) on these partitions now."""
+        for tp, position in positions.items():
+            if position is None:
+                continue
+            self._since[tp] = (position, now)
+            self._fresh.add(tp)
 
     def observe(self, tp: Hashable, position: int, end: int, now: float) -> bool:
         """True when ``tp`` has had records at or past ``position`` for ``after_s`` and ``position`` has not moved."""
         if end <= position:
             self._since.pop(tp, None)
+            self._fresh.discard(tp)
             return False
         seen = self._since.get(tp)
         if seen is None or seen[0] != position:
             self._since[tp] = (position, now)
+            if seen is not None:
+                self._fresh.discard(tp)
             return False
-        if now - seen[1] < self.after_s:
+        if now - seen[1] < (self.fresh_after_s if tp in self._fresh else self.after_s):
             return False
         self._since[tp] = (position, now)  # the re-read gets a full period before the next report
+        self._fresh.discard(tp)
         return True
 
     def forget(self, tps: Iterable[Hashable]) -> None:
         for tp in tps:
             self._since.pop(tp, None)
+            self._fresh.discard(tp)
 
     def clear(self) -> None:
         self._since.clear()
+        self._fresh.clear()

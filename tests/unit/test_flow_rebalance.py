@@ -112,3 +112,21 @@ def test_faust_resuming_the_streams_after_a_recovery_leaves_the_intakes_partitio
 
 async def _ignore(*args: object) -> None:
     return None
+
+
+def test_a_partition_that_delivers_nothing_after_a_rebalance_is_read_again_within_seconds() -> None:
+    """The takeover test's case: after a SIGKILLed worker's partitions moved, Faust's fetcher delivered nothing of
+    them, and their tasks waited for the progress check's full period (15 s) instead of being taken over."""
+    from agents_stream.kafka.stall import StallDetector
+
+    stalls = StallDetector(after_s=15.0, fresh_after_s=3.0)
+    moved, quiet = TP("agent.tasks.a", 1), TP("agent.tasks.a", 2)
+    stalls.settled({moved: 0, quiet: 4}, now=100.0)
+    assert not stalls.observe(moved, 0, 2, now=102.0)
+    assert stalls.observe(moved, 0, 2, now=103.5), "records waited 3.5 s after the rebalance and nothing arrived"
+    assert not stalls.observe(quiet, 4, 4, now=103.5), "nothing waits there"
+    # once a partition's position moved, the usual period holds again
+    stalls.settled({moved: 0}, now=200.0)
+    assert not stalls.observe(moved, 1, 2, now=201.0)
+    assert not stalls.observe(moved, 1, 2, now=205.0)
+    assert stalls.observe(moved, 1, 2, now=216.5)
