@@ -68,7 +68,8 @@ def show(args: argparse.Namespace, path: str, render: Callable[[Any], str]) -> i
     if args.json:
         print(json.dumps(body, indent=2))  # JSON escapes control characters itself
     elif status == 200:
-        print(render(printable_tree(body)))  # what producers wrote cannot rewrite the terminal
+        # what producers wrote cannot rewrite the terminal; a newline in it prints as an indented line
+        print(render(printable_tree(body, newlines=True)))
     else:
         print(printable(str(body.get("error", f"HTTP {status}"))), file=sys.stderr)
     return 0 if status == 200 else 1
@@ -92,7 +93,8 @@ def _render_task(t: dict[str, Any]) -> str:
     if r:
         lines.append(f"result: {r['status']}  confidence {r['confidence']}  source {r['source'] or '-'}"
                      + (f"  error {r['error']}" if r.get("error") else ""))
-        lines.append(f"output: {json.dumps(r['output'])[:500]}")
+        output = r["output"]  # a text as it reads (its newlines too), anything else as JSON
+        lines.append(f"output: {output[:500] if isinstance(output, str) else json.dumps(output)[:500]}")
     progress = t.get("progress") or {}
     if progress and not r:
         lines.append(f"checkpointed: {progress['steps_done']} step(s) so far")
@@ -116,7 +118,8 @@ def render_transcript(transcript: dict[str, Any]) -> list[str]:
                      f"{u.get('output_tokens', 0)} out{cost}  → {asked}")
         for c in calls.get(turn["turn"], []):
             tries = f"{c['attempts']} attempt{'s' if c['attempts'] != 1 else ''}"
-            lines.append(f"    {c['name']} ({c['id']})  {'error' if c['error'] else 'ok'}  {tries}")
+            said = f": {c['detail']}" if c.get("detail") else ""
+            lines.append(f"    {c['name']} ({c['id']})  {'error' if c['error'] else 'ok'}  {tries}{said}")
     return lines
 
 

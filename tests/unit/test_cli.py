@@ -41,3 +41,17 @@ def test_settings_command_lists_every_environment_name(capsys):
     assert main(["settings"]) == 0
     out = capsys.readouterr().out
     assert all(env in out for _, env, _, _ in Settings.describe())
+
+
+def test_tasks_show_prints_a_newline_as_an_indented_line_and_still_escapes_other_controls() -> None:
+    """A result's text with newlines reads as lines (not ``\\x0a``); an escape sequence stays escaped, and no value
+    can start a line of its own (issue 29 item 4)."""
+    from agents_stream.ops.cli_common import printable_tree
+    from agents_stream.ops.cli_views import _render_task
+
+    body = {"task_id": "t-1", "agent": "analyzer", "state": "done", "dispatch": 1,
+            "result": {"status": "succeeded", "confidence": "high", "source": "local",
+                       "output": "Q3 revenue:\n1200\x1b[2J", "error": None}}
+    shown = _render_task(printable_tree(body, newlines=True))
+    assert "output: Q3 revenue:\n    1200\\x1b[2J" in shown
+    assert "\\x0a" not in shown
