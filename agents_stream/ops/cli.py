@@ -49,7 +49,8 @@ def parser() -> argparse.ArgumentParser:
     cli_jobs.register(sub.add_parser)
     cli_views.register(sub.add_parser)
     fake = sub.add_parser(
-        "fake-llm", help="run the fake LLM server (Gemini, OpenAI and Anthropic APIs)", add_help=False
+        "fake-llm", help="run the fake LLM server (Gemini, OpenAI and Anthropic APIs), scripted through "
+        "POST /_admin/script (fake-llm --help)", add_help=False
     )
     fake.add_argument("rest", nargs=argparse.REMAINDER)
     fake.set_defaults(func=_cmd_fake_llm)
