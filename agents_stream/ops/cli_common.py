@@ -13,7 +13,8 @@ from agents_stream.ops import tracing
 from agents_stream.settings import Settings, bootstrap_servers
 
 __all__ = [
-    "AddParser", "broker_call", "broker_unreachable", "flush_traces", "printable", "printable_tree", "send_one",
+    "AddParser", "broker_call", "broker_unreachable", "flush_traces", "operator_token", "printable", "printable_tree",
+    "send_one",
 ]
 
 #: a command module's ``register(add_parser)`` gets the subparsers' ``add_parser``
@@ -46,6 +47,21 @@ def printable_tree(value: Any, *, newlines: bool = False) -> Any:
     if isinstance(value, list):
         return [printable_tree(v, newlines=newlines) for v in value]
     return value
+
+
+def operator_token(settings: Settings, *, write: bool = False) -> str:
+    """The token a command sends to a worker's web views: AGENTS_STREAM_READ_TOKEN (reads only), else
+    AGENTS_STREAM_API_TOKEN, else, for a worker on this machine (a loopback address), the local operator token
+    that ``agents-stream worker --local-token`` (``make run``) wrote to .data/operator-token; "" for none."""
+    from urllib.parse import urlsplit
+
+    from agents_stream.ops import access
+
+    token = settings.api_token if write else (settings.read_token or settings.api_token)
+    if token:
+        return token
+    host = urlsplit(settings.link_base()).hostname or ""
+    return (access.local_token() or "") if access.is_loopback(host) else ""
 
 
 async def send_one(

@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable
 
 from agents_stream.ops.cli_approvals import cancel_task
-from agents_stream.ops.cli_common import AddParser, printable, printable_tree
+from agents_stream.ops.cli_common import AddParser, operator_token, printable, printable_tree
 from agents_stream.settings import Settings
 
 __all__ = ["get_view", "no_worker", "register", "render_job", "render_transcript", "show"]
@@ -36,12 +36,13 @@ def register(add_parser: AddParser) -> None:
 
 def get_view(settings: Settings, path: str) -> tuple[int, Any]:
     """GET a worker's web view (any worker answers for any key: it forwards to the owner), with the read token
-    (AGENTS_STREAM_READ_TOKEN, else AGENTS_STREAM_API_TOKEN) the workers ask for."""
+    the workers ask for (cli_common.operator_token: AGENTS_STREAM_READ_TOKEN, else AGENTS_STREAM_API_TOKEN, else
+    the local operator token for a worker on this machine)."""
     import urllib.error
     import urllib.request
 
     url = settings.link_base().rstrip("/") + path
-    token = settings.read_token or settings.api_token
+    token = operator_token(settings)
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 (the operator's own worker)
@@ -67,6 +68,10 @@ def show(args: argparse.Namespace, path: str, render: Callable[[Any], str]) -> i
         return no_worker(settings, exc)
     if args.json:
         print(json.dumps(body, indent=2))  # JSON escapes control characters itself
+    elif status == 401:
+        print(f"agents-stream: the worker at {settings.link_base()} refused the read (401): set "
+              "AGENTS_STREAM_READ_TOKEN or AGENTS_STREAM_API_TOKEN to one of its tokens (a worker `make run` started "
+              "on this machine: run the command in its clone, which has .data/operator-token)", file=sys.stderr)
     elif status == 200:
         # what producers wrote cannot rewrite the terminal; a newline in it prints as an indented line
         print(render(printable_tree(body, newlines=True)))
