@@ -9,7 +9,14 @@ from typing import TextIO
 
 from agents_stream.kafka import security as kafka_security
 from agents_stream.ops import (
-    access, cli_approvals, cli_chat, cli_conversations, cli_dlq, cli_jobs, cli_publish, cli_views,
+    access,
+    cli_approvals,
+    cli_chat,
+    cli_conversations,
+    cli_dlq,
+    cli_jobs,
+    cli_publish,
+    cli_views,
 )
 from agents_stream.ops.cli_common import broker_unreachable
 from agents_stream.settings import Settings
@@ -30,8 +37,9 @@ def use_local_token(settings: Settings, out: TextIO = sys.stderr) -> str | None:
     if settings.api_token or settings.read_token or settings.api_open:
         return None
     if not access.is_loopback(access.bind_address(settings)):
-        print(f"agents-stream worker: --local-token ignored: the web views listen on {access.bind_address(settings)!r}, "
-              "which other machines reach; set AGENTS_STREAM_API_TOKEN", file=out)
+        bind = access.bind_address(settings)
+        print(f"agents-stream worker: --local-token ignored: the web views listen on {bind!r}, which other machines "
+              "reach; set AGENTS_STREAM_API_TOKEN", file=out)
         return None
     token = access.local_token(create=True)
     assert token is not None

@@ -7,8 +7,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = [
-    "ECHO", "EXHAUSTED", "SCRIPT_RAN_OUT", "Mode", "Reply", "call", "hang", "malformed", "ok", "refusal", "status", "tool_calls",
-    "validate_mode",
+    "ECHO", "EXHAUSTED", "SCRIPT_RAN_OUT", "Mode", "Reply", "call", "hang", "malformed", "ok", "refusal", "status",
+    "tool_calls", "validate_mode",
 ]
 
 SCRIPT_RAN_OUT = "fake LLM script ran out"

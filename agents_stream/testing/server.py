@@ -18,7 +18,15 @@ from urllib.parse import unquote
 from aiohttp import web
 
 from agents_stream.testing.script import (
-    ECHO, EXHAUSTED, SCRIPT_RAN_OUT, Mode, Reply, call, status, tool_calls, validate_mode,
+    ECHO,
+    EXHAUSTED,
+    SCRIPT_RAN_OUT,
+    Mode,
+    Reply,
+    call,
+    status,
+    tool_calls,
+    validate_mode,
 )
 from agents_stream.testing.wire import KEY_HEADERS, answer_body, error_body, model_turns, prompt_text, render
 from agents_stream.testing.wire_stream import StreamEvent, stream_events, wants_stream
