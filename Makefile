@@ -25,10 +25,12 @@ broker:
 broker-stop:
 	bash scripts/broker.sh stop
 
-# A local broker if KAFKA_BROKER is not set, then one worker with its web views on :$${WEB_PORT:-6066}.
+# A local broker if KAFKA_BROKER is not set, then one worker with its web views on :$${WEB_PORT:-6066}; without
+# AGENTS_STREAM_API_TOKEN, its token is the local operator token in .data/operator-token (docs/security.md).
+# Ctrl-C stops the worker, make broker-stop the broker.
 run: install
 	@if [ -n "$(LOCAL_BROKER)" ]; then bash scripts/broker.sh start; fi
-	$(VENV)/bin/agents-stream worker
+	$(VENV)/bin/agents-stream worker --local-token
 
 worker: install
 	$(VENV)/bin/agents-stream worker

@@ -384,15 +384,18 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
     settings = settings or Settings.from_env()
     if settings.approval_secret_problem():
         raise SystemExit(f"Refusing to start: {settings.approval_secret_problem()}")
-    config = config or load_config(settings.config_path or None)
-    agents = config.selected(settings.agent_filter())
-    watermark = Watermark()
-    app = new_app(settings, input_topics(settings, agents), watermark)
-    tables = define_tables(app, settings)
-    runtime = Runtime(
-        app, settings, config, agents,
-        tables=tables, watermark=watermark, output_topics=output_topics(app, settings, config, agents),
-    )
+    try:
+        config = config or load_config(settings.config_path or None)
+        agents = config.selected(settings.agent_filter())
+        watermark = Watermark()
+        app = new_app(settings, input_topics(settings, agents), watermark)
+        tables = define_tables(app, settings)
+        runtime = Runtime(
+            app, settings, config, agents,
+            tables=tables, watermark=watermark, output_topics=output_topics(app, settings, config, agents),
+        )
+    except ValueError as exc:  # the config (or what it names) is wrong: say what, not where in our code
+        raise SystemExit(f"Refusing to start: {exc}") from None
     app.attach(runtime)
     wire(app, runtime, settings)
     web.register(app, runtime)

@@ -25,7 +25,9 @@ from agents_stream.tables.definitions import PromptTableManager
 if TYPE_CHECKING:
     from agents_stream.app import Runtime
 
-__all__ = ["AgentsStreamApp", "new_app"]
+__all__ = [
+    "BENIGN_FAUST_WARNINGS", "AgentsStreamApp", "BenignFaustWarnings", "new_app", "quiet_benign_faust_warnings",
+]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +35,32 @@ log = logging.getLogger(__name__)
 PRODUCER_REQUEST_TIMEOUT_S = 30.0
 #: how old the clients' view of the partitions' leaders may get
 METADATA_MAX_AGE_MS = 10_000
+
+
+#: Faust's warnings that say nothing is wrong, by the start of their message (docs/faust.md, "Warnings that say
+#: nothing is wrong"). "Missing sensor state for rebalance #n" / "... rebalance end #n": faust's
+#: App.on_rebalance_return and on_rebalance_end warn when the state its sensors returned at the rebalance's start is
+#: empty, which it always is for an app with no sensor (ours: the metrics are our own, agents_stream/ops/metrics.py),
+#: on every worker start and every rebalance. They are logged through the app's own logger (mode names a service's
+#: logger after its class's module: this one's).
+BENIGN_FAUST_WARNINGS: tuple[str, ...] = ("Missing sensor state for rebalance",)
+
+
+class BenignFaustWarnings(logging.Filter):
+    """Turns the warnings of BENIGN_FAUST_WARNINGS into DEBUG lines (shown with ``-l debug``, not at info): a clean
+    start logs no WARNING, so a WARNING in a worker's log means something."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno == logging.WARNING and any(s in str(record.msg) for s in BENIGN_FAUST_WARNINGS):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def quiet_benign_faust_warnings(logger: logging.Logger) -> None:
+    """Install BenignFaustWarnings on ``logger`` (once: a second call changes nothing)."""
+    if not any(isinstance(f, BenignFaustWarnings) for f in logger.filters):
+        logger.addFilter(BenignFaustWarnings())
 
 
 class AgentsStreamApp(faust.App):
@@ -111,6 +139,8 @@ class AgentsStreamApp(faust.App):
 
 
 def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> AgentsStreamApp:
+    quiet_benign_faust_warnings(AgentsStreamApp.logger)  # the logger Faust's App logs through (mode)
+    quiet_benign_faust_warnings(logging.getLogger("faust.app.base"))  # a plain faust.App's, should mode change
     try:
         credentials = kafka_security.broker_credentials(settings)
     except kafka_security.KafkaSecurityError as exc:

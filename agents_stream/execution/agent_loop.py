@@ -31,7 +31,7 @@ from agents_stream.execution.history import earlier_turns, shown
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
 from agents_stream.execution.tool_calls import Admission, ToolCaller
-from agents_stream.execution.tools import ToolError, result_text
+from agents_stream.execution.tools import ToolError, error_detail, result_text
 from agents_stream.providers.conversation import (
     AssistantTurn,
     Conversation,
@@ -260,8 +260,14 @@ class Loop:
             if results[i] is None:
                 results[i] = await self._journal(entry)
             if results[i] is None:
-                self._on_event("agent.tool_call", {"turn": turn, "call_id": entry["id"], "tool": entry["name"],
-                                                   "error": entry["error"], "attempts": entry["attempts"]})
+                details = {"turn": turn, "call_id": entry["id"], "tool": entry["name"], "error": entry["error"],
+                           "attempts": entry["attempts"]}
+                if entry["error"]:  # what went wrong, as the model was told (bounded, secrets redacted)
+                    details["detail"] = error_detail(entry["content"])
+                    log.info("Task %s: tool %s (call %s, turn %d) failed after %d attempt(s), the model is told: %s",
+                             self.task.task_id, entry["name"], entry["id"], turn, entry["attempts"],
+                             details["detail"])
+                self._on_event("agent.tool_call", details)
 
         try:
             async with asyncio.TaskGroup() as group:
@@ -366,7 +372,8 @@ def transcript(entries: list[Any]) -> dict[str, Any]:
         for t in state.turns
     ]
     calls = [
-        {"turn": r["turn"], "id": r["id"], "name": r["name"], "error": r["error"], "attempts": r["attempts"]}
+        {"turn": r["turn"], "id": r["id"], "name": r["name"], "error": r["error"], "attempts": r["attempts"],
+         **({"detail": error_detail(r["content"])} if r["error"] else {})}
         for r in sorted(state.results.values(), key=lambda r: (r["turn"], r["id"]))
     ]
     return {"turns": turns, "tool_calls": calls}

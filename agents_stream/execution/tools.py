@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass, replace
@@ -30,7 +31,31 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 from agents_stream.contract.models import TaskPayload
 from agents_stream.providers.conversation import ToolSpec
 
-__all__ = ["FatalToolError", "Tool", "ToolContext", "ToolError", "agent_tool", "deadline", "result_text", "tool"]
+__all__ = [
+    "FatalToolError", "Tool", "ToolContext", "ToolError", "agent_tool", "deadline", "error_detail", "result_text",
+    "tool",
+]
+
+#: how much of a failed call's text the views, events and log lines show (the model and the journal get it all)
+ERROR_DETAIL_MAX_CHARS = 500
+#: environment variables whose values are secrets: the worker's own (Settings.SECRETS) and, by their names,
+#: provider keys, tokens and passwords; a failed call's text shown anywhere carries ``<redacted>`` instead
+_SECRET_ENV = re.compile(r"(KEY|TOKEN|SECRET|PASSWORD|PASSWD|CREDENTIALS?)$", re.IGNORECASE)
+_SECRET_MIN_CHARS = 8  # shorter values are too likely to be ordinary words
+
+
+def error_detail(text: str, environ: dict[str, str] | None = None) -> str:
+    """A failed tool call's text as views, events and logs show it: every secret of the worker's environment
+    (an ``*_API_KEY``, ``*_TOKEN``, ``*_SECRET``, ``*_PASSWORD`` variable's value) replaced by ``<redacted>`` as
+    provider errors are (docs/security.md), then at most ERROR_DETAIL_MAX_CHARS characters."""
+    env = os.environ if environ is None else environ
+    secrets = sorted((v for k, v in env.items() if _SECRET_ENV.search(k) and len(v) >= _SECRET_MIN_CHARS),
+                     key=len, reverse=True)
+    for secret in secrets:
+        text = text.replace(secret, "<redacted>")
+    if len(text) > ERROR_DETAIL_MAX_CHARS:
+        text = text[: ERROR_DETAIL_MAX_CHARS - 1] + "…"
+    return text
 
 
 class ToolError(Exception):

@@ -17,7 +17,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
+import os
+import secrets
 import time
+from pathlib import Path
 from typing import Any, Awaitable, Callable
 from urllib.parse import urlsplit
 
@@ -27,9 +30,9 @@ from agents_stream.ops import conversation_tokens
 from agents_stream.settings import Settings
 
 __all__ = [
-    "OPEN_ROUTES", "PAGE_ROUTES", "Refused", "allowed_hosts", "check_open_bind", "conversation_access", "guard",
-    "host_allowed",
-    "is_loopback", "may_read", "may_write", "same_origin",
+    "LOCAL_TOKEN_FILE", "OPEN_ROUTES", "PAGE_ROUTES", "Refused", "allowed_hosts", "check_open_bind",
+    "conversation_access", "guard", "host_allowed", "is_loopback", "local_token", "may_read", "may_write",
+    "same_origin",
 ]
 
 #: probes and the Prometheus scrape: no token, any Host (an orchestrator probes a pod by its IP)
@@ -58,6 +61,31 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(name).is_loopback
     except ValueError:
         return False
+
+
+#: the local operator token (``agents-stream worker --local-token``, which ``make run`` uses): the worker's
+#: AGENTS_STREAM_API_TOKEN when none is set and it listens on loopback, kept in a file only its owner reads; the
+#: command line sends it to a worker on this machine when no token is set in its own environment
+LOCAL_TOKEN_FILE = Path(".data") / "operator-token"
+
+
+def local_token(path: Path = LOCAL_TOKEN_FILE, *, create: bool = False) -> str | None:
+    """The local operator token in ``path`` (None: no such file, or empty); ``create``: made first if missing, a
+    random token in a file of mode 0600."""
+    if create:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            pass
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(secrets.token_urlsafe(32) + "\n")
+    try:
+        token = path.read_text(encoding="utf-8").strip()
+    except FileNotFoundError:
+        return None
+    return token or None
 
 
 def bind_address(settings: Settings) -> str:

@@ -18,7 +18,7 @@ import uuid
 from typing import Any, TextIO
 
 from agents_stream.client import Client, ClientError, Event, StreamedText
-from agents_stream.ops.cli_common import AddParser, printable
+from agents_stream.ops.cli_common import AddParser, operator_token, printable
 from agents_stream.settings import Settings
 
 __all__ = ["register"]
@@ -52,7 +52,7 @@ async def chat(
     say(f"conversation {printable(conversation_id)} with {printable(agent)} at {settings.link_base()} "
         "(Ctrl-D ends it)")
     after: int | None = None
-    async with Client(settings.link_base(), settings.api_token or None) as client:
+    async with Client(settings.link_base(), operator_token(settings, write=True) or None) as client:
         while True:
             say("you> ", end="")
             text = await lines.get()

@@ -13,7 +13,8 @@ from agents_stream.ops import tracing
 from agents_stream.settings import Settings, bootstrap_servers
 
 __all__ = [
-    "AddParser", "broker_call", "broker_unreachable", "flush_traces", "printable", "printable_tree", "send_one",
+    "AddParser", "broker_call", "broker_unreachable", "flush_traces", "operator_token", "printable", "printable_tree",
+    "send_one",
 ]
 
 #: a command module's ``register(add_parser)`` gets the subparsers' ``add_parser``
@@ -21,23 +22,46 @@ AddParser = Callable[..., argparse.ArgumentParser]
 
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_CONTROL_BUT_NEWLINE = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+#: how a value's newline prints in a multi-line view: a new line, indented, so no value starts a line of its own
+CONTINUATION = "\n    "
 
 
-def printable(text: str) -> str:
-    """``text`` safe to print on a terminal: every control character (escape sequences, newlines, carriage
-    returns) shown as ``\\xNN``, so a task id, a name or a reason from a producer cannot rewrite the screen."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+def printable(text: str, *, newlines: bool = False) -> str:
+    """``text`` safe to print on a terminal: every control character (escape sequences, carriage returns, and
+    newlines unless ``newlines``) shown as ``\\xNN``, so a task id, a name or a reason from a producer cannot
+    rewrite the screen. With ``newlines`` a newline starts an indented continuation line (CONTINUATION)."""
+    if not newlines:
+        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    escaped = _CONTROL_BUT_NEWLINE.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return escaped.replace("\n", CONTINUATION)
 
 
-def printable_tree(value: Any) -> Any:
-    """A JSON value with every string (keys too) made ``printable``, for views rendered as lines."""
+def printable_tree(value: Any, *, newlines: bool = False) -> Any:
+    """A JSON value with every string (keys too) made ``printable``, for views rendered as lines (``newlines``:
+    a value's newlines print as indented continuation lines; a key's never)."""
     if isinstance(value, str):
-        return printable(value)
+        return printable(value, newlines=newlines)
     if isinstance(value, dict):
-        return {printable(str(k)): printable_tree(v) for k, v in value.items()}
+        return {printable(str(k)): printable_tree(v, newlines=newlines) for k, v in value.items()}
     if isinstance(value, list):
-        return [printable_tree(v) for v in value]
+        return [printable_tree(v, newlines=newlines) for v in value]
     return value
+
+
+def operator_token(settings: Settings, *, write: bool = False) -> str:
+    """The token a command sends to a worker's web views: AGENTS_STREAM_READ_TOKEN (reads only), else
+    AGENTS_STREAM_API_TOKEN, else, for a worker on this machine (a loopback address), the local operator token
+    that ``agents-stream worker --local-token`` (``make run``) wrote to .data/operator-token; "" for none."""
+    from urllib.parse import urlsplit
+
+    from agents_stream.ops import access
+
+    token = settings.api_token if write else (settings.read_token or settings.api_token)
+    if token:
+        return token
+    host = urlsplit(settings.link_base()).hostname or ""
+    return (access.local_token() or "") if access.is_loopback(host) else ""
 
 
 async def send_one(

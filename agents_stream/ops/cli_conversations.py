@@ -11,7 +11,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import quote
 
-from agents_stream.ops.cli_common import AddParser, printable_tree
+from agents_stream.ops.cli_common import AddParser, operator_token, printable_tree
 from agents_stream.ops.cli_views import get_view, no_worker
 from agents_stream.settings import Settings
 
@@ -57,8 +57,9 @@ def _cmd_delete(args: argparse.Namespace) -> int:
 def _post(settings: Settings, path: str, body: dict[str, Any]) -> tuple[int, Any]:
     """POST JSON to a worker's web view with the write token (AGENTS_STREAM_API_TOKEN)."""
     headers = {"Content-Type": "application/json"}
-    if settings.api_token:
-        headers["Authorization"] = f"Bearer {settings.api_token}"
+    token = operator_token(settings, write=True)
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     request = urllib.request.Request(settings.link_base().rstrip("/") + path, data=json.dumps(body).encode(),
                                      headers=headers, method="POST")
     try:

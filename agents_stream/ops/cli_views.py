@@ -10,7 +10,7 @@ import sys
 from typing import Any, Callable
 
 from agents_stream.ops.cli_approvals import cancel_task
-from agents_stream.ops.cli_common import AddParser, printable, printable_tree
+from agents_stream.ops.cli_common import AddParser, operator_token, printable, printable_tree
 from agents_stream.settings import Settings
 
 __all__ = ["get_view", "no_worker", "register", "render_job", "render_transcript", "show"]
@@ -36,12 +36,13 @@ def register(add_parser: AddParser) -> None:
 
 def get_view(settings: Settings, path: str) -> tuple[int, Any]:
     """GET a worker's web view (any worker answers for any key: it forwards to the owner), with the read token
-    (AGENTS_STREAM_READ_TOKEN, else AGENTS_STREAM_API_TOKEN) the workers ask for."""
+    the workers ask for (cli_common.operator_token: AGENTS_STREAM_READ_TOKEN, else AGENTS_STREAM_API_TOKEN, else
+    the local operator token for a worker on this machine)."""
     import urllib.error
     import urllib.request
 
     url = settings.link_base().rstrip("/") + path
-    token = settings.read_token or settings.api_token
+    token = operator_token(settings)
     request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
     try:
         with urllib.request.urlopen(request, timeout=15) as resp:  # noqa: S310 (the operator's own worker)
@@ -67,8 +68,13 @@ def show(args: argparse.Namespace, path: str, render: Callable[[Any], str]) -> i
         return no_worker(settings, exc)
     if args.json:
         print(json.dumps(body, indent=2))  # JSON escapes control characters itself
+    elif status == 401:
+        print(f"agents-stream: the worker at {settings.link_base()} refused the read (401): set "
+              "AGENTS_STREAM_READ_TOKEN or AGENTS_STREAM_API_TOKEN to one of its tokens (a worker `make run` started "
+              "on this machine: run the command in its clone, which has .data/operator-token)", file=sys.stderr)
     elif status == 200:
-        print(render(printable_tree(body)))  # what producers wrote cannot rewrite the terminal
+        # what producers wrote cannot rewrite the terminal; a newline in it prints as an indented line
+        print(render(printable_tree(body, newlines=True)))
     else:
         print(printable(str(body.get("error", f"HTTP {status}"))), file=sys.stderr)
     return 0 if status == 200 else 1
@@ -92,7 +98,8 @@ def _render_task(t: dict[str, Any]) -> str:
     if r:
         lines.append(f"result: {r['status']}  confidence {r['confidence']}  source {r['source'] or '-'}"
                      + (f"  error {r['error']}" if r.get("error") else ""))
-        lines.append(f"output: {json.dumps(r['output'])[:500]}")
+        output = r["output"]  # a text as it reads (its newlines too), anything else as JSON
+        lines.append(f"output: {output[:500] if isinstance(output, str) else json.dumps(output)[:500]}")
     progress = t.get("progress") or {}
     if progress and not r:
         lines.append(f"checkpointed: {progress['steps_done']} step(s) so far")
@@ -116,7 +123,8 @@ def render_transcript(transcript: dict[str, Any]) -> list[str]:
                      f"{u.get('output_tokens', 0)} out{cost}  → {asked}")
         for c in calls.get(turn["turn"], []):
             tries = f"{c['attempts']} attempt{'s' if c['attempts'] != 1 else ''}"
-            lines.append(f"    {c['name']} ({c['id']})  {'error' if c['error'] else 'ok'}  {tries}")
+            said = f": {c['detail']}" if c.get("detail") else ""
+            lines.append(f"    {c['name']} ({c['id']})  {'error' if c['error'] else 'ok'}  {tries}{said}")
     return lines
 
 

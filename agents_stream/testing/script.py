@@ -7,11 +7,13 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 __all__ = [
-    "ECHO", "SCRIPT_RAN_OUT", "Mode", "Reply", "call", "hang", "malformed", "ok", "refusal", "status", "tool_calls",
-    "validate_mode",
+    "ECHO", "EXHAUSTED", "SCRIPT_RAN_OUT", "Mode", "Reply", "call", "hang", "malformed", "ok", "refusal", "status",
+    "tool_calls", "validate_mode",
 ]
 
 SCRIPT_RAN_OUT = "fake LLM script ran out"
+#: what a request gets once a given script is used up (FakeLLM(exhausted=...), fake-llm --exhausted)
+EXHAUSTED = ("fail", "echo")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,17 @@ from urllib.parse import unquote
 
 from aiohttp import web
 
-from agents_stream.testing.script import ECHO, SCRIPT_RAN_OUT, Mode, Reply, call, status, tool_calls, validate_mode
+from agents_stream.testing.script import (
+    ECHO,
+    EXHAUSTED,
+    SCRIPT_RAN_OUT,
+    Mode,
+    Reply,
+    call,
+    status,
+    tool_calls,
+    validate_mode,
+)
 from agents_stream.testing.wire import KEY_HEADERS, answer_body, error_body, model_turns, prompt_text, render
 from agents_stream.testing.wire_stream import StreamEvent, stream_events, wants_stream
 
@@ -83,10 +93,16 @@ class FakeLLM:
         seed: int = 0,
         api_key: str | None = None,
         responder: Callable[[RecordedRequest, int], Reply | None] | None = None,
+        exhausted: str = "echo",
     ) -> None:
+        if exhausted not in EXHAUSTED:
+            raise ValueError(f"exhausted must be one of {EXHAUSTED}, not {exhausted!r}")
         self.host = host
         self.port = port
         self.default = default
+        #: a request that finds a given script used up: "echo" (the default answers, as before any script) or
+        #: "fail" (a 400 naming SCRIPT_RAN_OUT, which the worker reports as the task's error)
+        self.exhausted = exhausted
         #: when set, requests without this key in the API's header get the API's 401
         self.api_key = api_key
         #: asked after the modes, before the script: (the request, the turn it asks for) → a reply, or None for the
@@ -99,6 +115,8 @@ class FakeLLM:
         #: how many requests found the script empty with no default
         self.script_misses = 0
         self._script: deque[Reply] = deque(script or ())
+        #: how many replies were scripted since the start or the last reset
+        self.scripted = len(self._script)
         self._seed = seed
         self._rng = random.Random(seed)
         self._runner: web.AppRunner | None = None
@@ -169,6 +187,7 @@ class FakeLLM:
     def enqueue(self, *replies: Reply) -> None:
         """Append replies to the script."""
         self._script.extend(replies)
+        self.scripted += len(replies)
 
     def set_mode(self, **changes: Any) -> _Applied:
         """Change modes at once: ``outage`` (False/True/"refuse"), ``latency``, ``error_rate``,
@@ -198,6 +217,7 @@ class FakeLLM:
         """Forget requests, script, modes and peaks; reseed the RNG. The listener reopens if closed."""
         self.requests.clear()
         self._script.clear()
+        self.scripted = 0
         self.script_misses = 0
         self.peak_in_flight = self.in_flight
         self.set_mode(outage=False, latency=0.0, error_rate=0.0, rate_limit=None, tool_turns=(), seed=self._seed)
@@ -208,6 +228,7 @@ class FakeLLM:
             "peak_in_flight": self.peak_in_flight,
             "requests": len(self.requests),
             "script_remaining": len(self._script),
+            "scripted": self.scripted,
             "script_misses": self.script_misses,
         }
 
@@ -335,6 +356,13 @@ class FakeLLM:
                 return chosen
         if self._script:
             return self._script.popleft()
+        if self.exhausted == "fail" and self.scripted:
+            self.script_misses += 1
+            log.error("%s: %s request #%d (task_id=%s) got a 400; all %d scripted replies are used",
+                      SCRIPT_RAN_OUT.upper(), api, len(self.requests), record.task_id, self.scripted)
+            return status(400, body=error_body(api, 400, (
+                f"{SCRIPT_RAN_OUT}: all {self.scripted} scripted replies are used; POST more to /_admin/script, "
+                "or start fake-llm with --exhausted echo")))
         if self.default is not None:
             return self.default
         self.script_misses += 1
@@ -416,10 +444,15 @@ class FakeLLM:
 
     async def _admin_script(self, request: web.Request) -> web.Response:
         data = await _json_object(request)
+        unknown = set(data) - {"replies", "replace"}
+        if unknown or not isinstance(data.get("replies", []), list):
+            raise web.HTTPBadRequest(text='the body is {"replies": [...], "replace": false}')
         try:
             replies = [Reply.from_dict(r) for r in data.get("replies", [])]
         except (TypeError, ValueError) as exc:
             raise web.HTTPBadRequest(text=f"bad reply: {exc}") from None
+        if data.get("replace"):  # the replies left are dropped; otherwise the new ones come after them
+            self._script.clear()
         self.enqueue(*replies)
         return web.json_response({"script_remaining": len(self._script)})
 

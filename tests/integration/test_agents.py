@@ -365,3 +365,24 @@ async def _progress(worker: Any, task_id: str, *, calls: int) -> dict[str, Any] 
     """The task's journal as /tasks shows it, once it holds ``calls`` tool results."""
     transcript = ((await worker.get(f"/tasks/{task_id}")).get("progress") or {}).get("transcript") or {}
     return transcript if len(transcript.get("tool_calls", [])) >= calls else None
+
+
+async def test_a_failed_tool_call_says_why_in_the_result_the_task_view_and_the_log(cluster_factory, fake_llm):
+    """issue 29 item 4: a wrong argument name's validation error is in the result's transcript, /tasks/<id> and
+    the worker's log, not only `error 0 attempts`."""
+    async with FakeServices() as services:
+        agent = unique("support_openai")
+        toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
+        c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
+        worker = await c.started()
+        t = order_task(agent)
+        fake_llm.enqueue(tool_calls(call("lookup_order", {"order": t["context_data"]["order_id"]}, id="c1")),
+                         ok("I could not look the order up."))
+        await produce(topics.task_topic(agent), [encode(t)])
+        result = await result_of(t)
+        failed = result["transcript"]["tool_calls"]
+        assert [(x["name"], x["error"], x["attempts"]) for x in failed] == [("lookup_order", True, 0)]
+        assert failed[0]["detail"].startswith("invalid arguments for lookup_order: order_id: Field required")
+        view = await worker.get(f"/tasks/{t['task_id']}")
+        assert view["result"]["transcript"]["tool_calls"][0]["detail"] == failed[0]["detail"]
+        assert f"Task {t['task_id']}: tool lookup_order (call c1, turn 0) failed" in worker.log_path.read_text()

@@ -474,3 +474,47 @@ async def test_the_transcript_renders_as_a_timeline_for_tasks_show() -> None:
     assert lines[1].startswith("  turn 0   primary:fake:m  10 in / 5 out  0.001000 USD  → lookup_order")
     assert lines[2].startswith("    lookup_order (c") and lines[2].endswith("ok  1 attempt")
     assert lines[-1].endswith("→ final answer")
+
+
+@tool
+async def weather(ctx: ToolContext, city: str) -> str:
+    """The weather in a city; a city it does not know is the model's mistake (issue 29 item 4)."""
+    raise ToolError(f"unknown city {city!r} (asked with key sk-live-0123456789abcdef)")
+
+
+async def test_a_failed_tool_calls_text_is_in_the_transcript_the_event_the_log_and_tasks_show(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ToolError's text and a wrong argument name's validation error reach the transcript (tasks show, the task
+    view), the agent.tool_call event and a log line: bounded, with the worker's secrets redacted."""
+    monkeypatch.setenv("WEATHER_API_KEY", "sk-live-0123456789abcdef")
+    agent = Agent("a", "x", tools=[weather])
+    model = scripted(t("", ToolCall("w", "weather", {"city": "Atlantis"}), ToolCall("v", "weather", {"town": "Oslo"})),
+                     t("I could not tell"))
+    durable: list[Any] = []
+    events: list[tuple[str, dict[str, Any]]] = []
+    loop = Loop(agent, TASK, durable, ask=make_ask(World(), model), record=make_record(World(), durable),
+                on_event=lambda event, details: events.append((event, details)))
+    with caplog.at_level("INFO", logger="agents_stream.execution.agent_loop"):
+        end = await loop.run()
+    assert isinstance(end, Done)
+    calls = {c["id"]: c for c in transcript(durable)["tool_calls"]}
+    assert calls["w"]["detail"] == "unknown city 'Atlantis' (asked with key <redacted>)"
+    assert calls["v"]["detail"].startswith("invalid arguments for weather: ")
+    assert "city: Field required" in calls["v"]["detail"] and "town" in calls["v"]["detail"]
+    sent = {d["call_id"]: d for e, d in events if e == "agent.tool_call"}
+    assert sent["w"]["detail"] == calls["w"]["detail"] and sent["v"]["detail"] == calls["v"]["detail"]
+    logged = [r.getMessage() for r in caplog.records if "tool weather" in r.getMessage()]
+    assert any("unknown city 'Atlantis'" in m and "<redacted>" in m for m in logged), logged
+    assert not any("sk-live" in m for m in logged)
+    shown = "\n".join(render_transcript(transcript(durable)))
+    assert "weather (w)  error  1 attempt: unknown city 'Atlantis'" in shown
+    assert "weather (v)  error  0 attempts: invalid arguments for weather: " in shown
+
+
+def test_a_tool_errors_detail_is_bounded() -> None:
+    from agents_stream.execution.tools import ERROR_DETAIL_MAX_CHARS, error_detail
+
+    assert len(error_detail("x" * 10_000, {})) == ERROR_DETAIL_MAX_CHARS
+    assert error_detail("token abcdefgh1234 and pw", {"MY_TOKEN": "abcdefgh1234", "SHORT_KEY": "pw"}) == \
+        "token <redacted> and pw"

@@ -9,6 +9,8 @@ import sys
 import time
 import urllib.request
 
+import pytest
+
 
 def test_fake_llm_command_serves_on_the_given_port():
     """`agents-stream fake-llm --port N` answers the probe endpoint on port N."""
@@ -41,3 +43,42 @@ def test_settings_command_lists_every_environment_name(capsys):
     assert main(["settings"]) == 0
     out = capsys.readouterr().out
     assert all(env in out for _, env, _, _ in Settings.describe())
+
+
+def test_tasks_show_prints_a_newline_as_an_indented_line_and_still_escapes_other_controls() -> None:
+    """A result's text with newlines reads as lines (not ``\\x0a``); an escape sequence stays escaped, and no value
+    can start a line of its own (issue 29 item 4)."""
+    from agents_stream.ops.cli_common import printable_tree
+    from agents_stream.ops.cli_views import _render_task
+
+    body = {"task_id": "t-1", "agent": "analyzer", "state": "done", "dispatch": 1,
+            "result": {"status": "succeeded", "confidence": "high", "source": "local",
+                       "output": "Q3 revenue:\n1200\x1b[2J", "error": None}}
+    shown = _render_task(printable_tree(body, newlines=True))
+    assert "output: Q3 revenue:\n    1200\\x1b[2J" in shown
+    assert "\\x0a" not in shown
+
+
+def test_fausts_benign_rebalance_warnings_are_debug_lines_and_others_stay_warnings(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Every worker start logged Faust's "Missing sensor state for rebalance #1" as a WARNING (issue 29 item 4)."""
+    import logging
+
+    from agents_stream.faust_app import AgentsStreamApp, BenignFaustWarnings, quiet_benign_faust_warnings
+
+    logger = logging.getLogger("tests.benign-faust-warnings")
+    quiet_benign_faust_warnings(logger)
+    quiet_benign_faust_warnings(logger)
+    assert sum(isinstance(f, BenignFaustWarnings) for f in logger.filters) == 1
+    with caplog.at_level(logging.INFO):
+        logger.warning("[^-AgentsStreamApp]: Missing sensor state for rebalance #%s", 1)
+        logger.warning("[^-AgentsStreamApp]: Missing sensor state for rebalance end #%s", 1)
+        logger.warning("something else")
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [("WARNING", "something else")]
+    caplog.clear()
+    with caplog.at_level(logging.DEBUG, logger=logger.name):
+        logger.warning("Missing sensor state for rebalance #%s", 2)
+    assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
+        ("DEBUG", "Missing sensor state for rebalance #2")]
+    assert AgentsStreamApp.logger.name == "agents_stream.faust_app"  # where mode sends the App's own lines

@@ -244,3 +244,31 @@ async def test_cli_serves_on_the_printed_port(http: aiohttp.ClientSession) -> No
     finally:
         proc.terminate()
         assert await asyncio.wait_for(proc.wait(), 10) == 0
+
+
+@pytest.mark.asyncio
+async def test_a_used_up_script_fails_loudly_with_exhausted_fail(
+    http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture,
+) -> None:
+    """fake-llm's default: echo until given a script; once that script is used up, a 400 naming it and an ERROR
+    line, not an echo; ``replace`` drops the replies left; a reset starts over (docs/guide/fake-llm.md)."""
+    async with FakeLLM(exhausted="fail") as fake:
+        code, body = await call(http, fake)
+        assert code == 200 and "hi task_id=o1" in body["choices"][0]["message"]["content"]  # never scripted: echo
+        async with http.post(fake.url + "/_admin/script", json={"replies": [{"text": "a"}, {"text": "b"}]}) as resp:
+            assert (await resp.json())["script_remaining"] == 2
+        async with http.post(fake.url + "/_admin/script",
+                             json={"replies": [{"text": "c"}], "replace": True}) as resp:
+            assert (await resp.json())["script_remaining"] == 1
+        code, body = await call(http, fake)
+        assert code == 200 and body["choices"][0]["message"]["content"] == "c"
+        code, body = await call(http, fake)
+        assert code == 400 and SCRIPT_RAN_OUT in str(body) and "3 scripted replies" in str(body)
+        assert any(r.levelno == logging.ERROR and SCRIPT_RAN_OUT.upper() in r.getMessage() for r in caplog.records)
+        async with http.post(fake.url + "/_admin/script", json={"replis": []}) as resp:
+            assert resp.status == 400
+        async with http.post(fake.url + "/_admin/reset") as resp:
+            assert resp.status == 200
+        assert (await call(http, fake))[0] == 200  # reset: never scripted again
+    with pytest.raises(ValueError, match="exhausted"):
+        FakeLLM(exhausted="loop")

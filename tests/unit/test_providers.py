@@ -465,3 +465,15 @@ async def test_a_body_over_max_body_bytes_is_result_too_large(fake: FakeLLM, mak
     error = await fails(provider, ResultTooLarge)
     assert isinstance(error, PermanentError) and str(error).startswith("result_too_large: ")
     assert (await provider.complete(PROMPT)).text == "short", "a body within the cap is read as before"
+
+
+@pytest.mark.asyncio
+async def test_a_used_up_script_is_a_permanent_error_saying_so(fake: FakeLLM, make: MakeProvider, api: str) -> None:
+    """fake-llm's default ``--exhausted fail``: the worker does not retry it, and the task's error says the
+    script ran out instead of the task succeeding on an echo (issue 29 item 4)."""
+    fake.exhausted = "fail"
+    fake.enqueue(ok("scripted"))
+    provider = make()
+    assert (await asyncio.wait_for(provider.complete(PROMPT), 10)).text == "scripted"
+    error = await fails(provider, PermanentError)
+    assert "fake LLM script ran out" in str(error) and "400" in str(error)

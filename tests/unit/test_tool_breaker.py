@@ -78,7 +78,8 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     kinds = [e for e, _ in events]
     assert kinds.count("agent.turn") == 11 and kinds.count("agent.tool_call") == 10
     assert events[1] == ("agent.tool_call", {"turn": 0, "call_id": "c0", "tool": "carrier", "error": True,
-                                             "attempts": 2})
+                                             "attempts": 2, "detail": "carrier is unavailable (failed 2 times, "
+                                                                      "last: TransientError: carrier: 503)"})
 
 
 @tool(max_concurrency=1)

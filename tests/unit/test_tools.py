@@ -117,3 +117,36 @@ def test_agents_load_by_path_and_refuse_what_is_not_one() -> None:
     with pytest.raises(ValueError, match="share a name"):
         Agent("x", "y", tools=[create_label, create_label])
     assert isinstance(SAMPLE.tools, tuple) and isinstance(SAMPLE.by_name["create_label"], Tool)
+
+
+def test_a_module_python_cannot_find_is_one_line_saying_where_modules_are_looked_up() -> None:
+    """issue 29 item 4: not a traceback ending ``No module named 'weather_agent'``."""
+    with pytest.raises(ValueError) as raised:
+        load_agent("weather_agent_nowhere:AGENT")
+    said = str(raised.value)
+    assert "\n" not in said and "no module named 'weather_agent_nowhere'" in said
+    assert "PYTHONPATH" in said and "docs/guide/agents.md" in said
+    with pytest.raises(ValueError, match="has no 'AGENT'"):
+        load_agent("tests.unit.test_tools:AGENT")
+
+
+def test_the_agents_guides_first_example_runs_as_written() -> None:
+    """docs/guide/agents.md's first code block defines everything it uses (issue 29 item 4)."""
+    import asyncio
+    import pathlib
+    import re
+
+    from agents_stream.contract.models import TaskPayload
+    from agents_stream.execution.tools import ToolContext
+
+    guide = pathlib.Path(__file__).parents[2] / "docs" / "guide" / "agents.md"
+    block = re.search(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
+    assert block is not None
+    space: dict = {}
+    exec(compile(block.group(1), "agents.md", "exec"), space)  # noqa: S102 (our own documentation)
+    support = space["SUPPORT"]
+    assert isinstance(support, Agent) and set(support.by_name) == {"lookup_order", "refund"}
+    ctx = ToolContext(task=TaskPayload(task_id="t-1", agent_name="support", instruction="x"), turn=0, call_id="c",
+                      key="t-1:0:c", attempt=1, deadline=0.0, log=None)  # type: ignore[arg-type]
+    lookup = support.by_name["lookup_order"]
+    assert asyncio.run(lookup.invoke(ctx, lookup.validate({"order_id": "o-1"})))["amount"] == 42.5

@@ -176,3 +176,36 @@ async def test_dead_letter_pages_walk_back_newest_first_reading_blocks_only() ->
     assert short.letters == [] and short.scanned == 4 and short.next is not None, "a short page says where to go on"
     with pytest.raises(ValueError, match="not a cursor"):
         dlq_pages.decode_cursor("garbage!")
+
+
+def test_make_runs_local_operator_token_protects_reads_and_the_cli_finds_it_for_localhost(
+    tmp_path: Any, monkeypatch: Any,
+) -> None:
+    """issue 29 item 4: `make run` (worker --local-token) sets no token → a local operator token in
+    .data/operator-token (mode 0600, kept across starts), said once; the command line sends it to a worker on a
+    loopback address only, and never over a token set in its environment."""
+    import io
+    import os
+    import stat
+
+    from agents_stream.ops import access
+    from agents_stream.ops.cli import use_local_token
+    from agents_stream.ops.cli_common import operator_token
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("AGENTS_STREAM_API_TOKEN", raising=False)
+    said = io.StringIO()
+    token = use_local_token(Settings.from_env({}), out=said)
+    assert token and os.environ["AGENTS_STREAM_API_TOKEN"] == token and token in said.getvalue()
+    assert stat.S_IMODE((tmp_path / access.LOCAL_TOKEN_FILE).stat().st_mode) == 0o600
+    assert use_local_token(Settings.from_env({}), out=io.StringIO()) == token  # the same file, the same token
+    assert use_local_token(Settings.from_env({"AGENTS_STREAM_API_TOKEN": "mine"}), out=io.StringIO()) is None
+    assert use_local_token(Settings.from_env({"WEB_BIND": "0.0.0.0"}), out=io.StringIO()) is None
+    assert access.may_read(Settings.from_env({"AGENTS_STREAM_API_TOKEN": token}), f"Bearer {token}")
+    assert not access.may_read(Settings.from_env({"AGENTS_STREAM_API_TOKEN": token}), "")
+    assert operator_token(Settings.from_env({})) == token  # localhost:6066
+    assert operator_token(Settings.from_env({}), write=True) == token
+    assert operator_token(Settings.from_env({"AGENTS_STREAM_PUBLIC_URL": "https://ops.example.com"})) == ""
+    assert operator_token(Settings.from_env({"AGENTS_STREAM_READ_TOKEN": "r"})) == "r"
+    monkeypatch.chdir(tmp_path / ".data")  # no .data/operator-token here
+    assert operator_token(Settings.from_env({})) == ""
