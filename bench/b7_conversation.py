@@ -56,7 +56,13 @@ def _toml(url: str) -> Any:
 def _log_bytes() -> int | None:
     if not LOG_DIRS.is_dir():
         return None
-    return sum(f.stat().st_size for f in LOG_DIRS.glob("*/*.log"))
+    total = 0
+    for f in LOG_DIRS.glob("*/*.log"):
+        try:
+            total += f.stat().st_size
+        except FileNotFoundError:  # a segment or topic deleted since the listing (retention, another run's cleanup)
+            continue
+    return total
 
 
 class Replies:
