@@ -8,7 +8,7 @@
 // would, with Last-Event-ID (the event's offset in agent.conversation.events), after every cut.
 //
 // Every text (a message, a reply, a tool's arguments and output) is untrusted: it reaches the page through
-// textContent only (console.js's el()).
+// textContent only (common.js's el()).
 "use strict";
 
 (() => {
