@@ -13,7 +13,9 @@ Runtime modes (outage, latency, error_rate, rate_limit) are set with
 ``set_mode`` in-process or ``POST /_admin/mode`` from another process.
 
 The public entry: the script lives in testing/script.py, the three APIs' bodies
-in testing/wire.py, the server in testing/server.py; import them from here.
+in testing/wire.py, the server in testing/server.py (its admin endpoints in
+testing/admin.py, what it records of a request in testing/recorded.py);
+import them from here.
 """
 
 from __future__ import annotations

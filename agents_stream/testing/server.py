@@ -1,22 +1,21 @@
-"""The fake LLM's server: a real aiohttp server speaking the three APIs, with its admin endpoints (``/_admin/*``)."""
+"""The fake LLM's server: a real aiohttp server speaking the three APIs; its admin endpoints are in admin.py."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import random
-import re
-import time
 from collections import deque
 from collections.abc import Callable, Generator, Iterable
-from dataclasses import asdict, dataclass, replace
 from typing import Any
-from urllib.parse import unquote
 
 from aiohttp import web
 
+from agents_stream.testing.admin import admin_routes
+from agents_stream.testing.recorded import RecordedRequest, record_request
 from agents_stream.testing.script import (
     ECHO,
     EXHAUSTED,
@@ -28,7 +27,7 @@ from agents_stream.testing.script import (
     tool_calls,
     validate_mode,
 )
-from agents_stream.testing.wire import KEY_HEADERS, answer_body, error_body, model_turns, prompt_text, render
+from agents_stream.testing.wire import KEY_HEADERS, answer_body, error_body, model_turns, render
 from agents_stream.testing.wire_stream import StreamEvent, stream_events, wants_stream
 
 __all__ = ["FakeLLM", "RecordedRequest"]
@@ -36,37 +35,9 @@ __all__ = ["FakeLLM", "RecordedRequest"]
 # The public entry's name, as before the split: a logging config that names it keeps working.
 log = logging.getLogger("agents_stream.testing.fakellm")
 
-#: headers never recorded: their values are secrets (only their presence is)
-_SECRET_HEADERS = frozenset(
-    {"authorization", "proxy-authorization", "x-goog-api-key", "x-api-key", "api-key", "cookie"}
-)
-_TASK_ID = re.compile(r"task_id=([A-Za-z0-9_.:/#@\-]+)")
 #: how long stop() and an outage wait for in-flight answers before cutting them off
 _DRAIN_S = 1.0
 _START_TIMEOUT_S = 5.0
-
-
-@dataclass
-class RecordedRequest:
-    """One API call as the fake received it; secrets are reduced to "was there a key"."""
-
-    api: str  # gemini | openai | anthropic
-    path: str
-    url: str  # path and query, with the fake's own api_key (if any) redacted
-    model: str
-    headers: dict[str, str]
-    key_present: bool
-    key_header: str | None  # the header the key came in, lower-case
-    key_in_url: bool
-    body: Any
-    instruction: str
-    system: str
-    task_id: str | None
-    ts: float
-    status: int | None = None  # what the fake answered, once it has
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 class _Applied:
@@ -147,12 +118,7 @@ class FakeLLM:
                 web.post("/v1/chat/completions", self._openai),
                 web.post("/chat/completions", self._openai),
                 web.post("/v1/messages", self._anthropic),
-                web.get("/_admin/mode", self._admin_get_mode),
-                web.post("/_admin/mode", self._admin_set_mode),
-                web.get("/_admin/requests", self._admin_requests),
-                web.get("/_admin/stats", self._admin_stats),
-                web.post("/_admin/script", self._admin_script),
-                web.post("/_admin/reset", self._admin_reset),
+                *admin_routes(self),
             ]
         )
         # a short shutdown_timeout: a hung scripted answer must not hold stop() for a minute
@@ -184,8 +150,15 @@ class FakeLLM:
 
     # control from the test process
 
-    def enqueue(self, *replies: Reply) -> None:
-        """Append replies to the script."""
+    @property
+    def seed(self) -> int:
+        """The seed of the error_rate's RNG (``set_mode(seed=...)`` changes it)."""
+        return self._seed
+
+    def enqueue(self, *replies: Reply, replace: bool = False) -> None:
+        """Append replies to the script; ``replace`` drops the replies left first."""
+        if replace:
+            self._script.clear()
         self._script.extend(replies)
         self.scripted += len(replies)
 
@@ -200,7 +173,7 @@ class FakeLLM:
         if "seed" in changes:
             self._seed = changes.pop("seed")
             self._rng = random.Random(self._seed)
-        self.mode = replace(self.mode, **changes)
+        self.mode = dataclasses.replace(self.mode, **changes)
         if "outage" in changes and self._outage_timer is not None:
             self._outage_timer.cancel()
             self._outage_timer = None
@@ -377,33 +350,7 @@ class FakeLLM:
 
     def _record(self, request: web.Request, api: str, model: str, body: Any) -> tuple[RecordedRequest, str | None]:
         """Record the request; the key it carried is returned for checking, never stored."""
-        key_header, key = None, None
-        for name in ("x-goog-api-key", "authorization", "x-api-key"):
-            value = request.headers.get(name)
-            if value:
-                key_header, key = name, value.removeprefix("Bearer ").strip()
-                break
-        url = unquote(request.path_qs)
-        key_in_url = "key" in request.query or bool(self.api_key and self.api_key in url)
-        if self.api_key:
-            url = url.replace(self.api_key, "<redacted>")
-        instruction, system, everything = prompt_text(api, body)
-        found = _TASK_ID.search(instruction) or _TASK_ID.search(everything)
-        record = RecordedRequest(
-            api=api,
-            path=request.path,
-            url=url,
-            model=model or (str(body.get("model", "")) if isinstance(body, dict) else ""),
-            headers={k: v for k, v in request.headers.items() if k.lower() not in _SECRET_HEADERS},
-            key_present=key is not None or "key" in request.query,
-            key_header=key_header,
-            key_in_url=key_in_url,
-            body=body,
-            instruction=instruction,
-            system=system,
-            task_id=found.group(1) if found else None,
-            ts=time.time(),
-        )
+        record, key = record_request(request, api, model, body, self.api_key)
         self.requests.append(record)
         return record, key
 
@@ -411,61 +358,10 @@ class FakeLLM:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), seconds)
 
-    # plain endpoints and admin
+    # plain endpoints
 
     async def _root(self, request: web.Request) -> web.Response:
         return web.json_response({"fake": True})
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
-
-    async def _admin_get_mode(self, request: web.Request) -> web.Response:
-        return web.json_response({**asdict(self.mode), "seed": self._seed})
-
-    async def _admin_set_mode(self, request: web.Request) -> web.StreamResponse:
-        try:
-            changes = validate_mode(await _json_object(request))
-        except ValueError as exc:
-            raise web.HTTPBadRequest(text=str(exc)) from None
-        mode = {**asdict(self.mode), **changes}
-        mode.pop("outage_for", None)
-        # answer before applying: outage="refuse" closes this very connection
-        response = web.json_response(mode)
-        await response.prepare(request)
-        await response.write_eof()
-        self.set_mode(**changes)
-        return response
-
-    async def _admin_requests(self, request: web.Request) -> web.Response:
-        return web.json_response([r.as_dict() for r in self.requests])
-
-    async def _admin_stats(self, request: web.Request) -> web.Response:
-        return web.json_response(self.stats())
-
-    async def _admin_script(self, request: web.Request) -> web.Response:
-        data = await _json_object(request)
-        unknown = set(data) - {"replies", "replace"}
-        if unknown or not isinstance(data.get("replies", []), list):
-            raise web.HTTPBadRequest(text='the body is {"replies": [...], "replace": false}')
-        try:
-            replies = [Reply.from_dict(r) for r in data.get("replies", [])]
-        except (TypeError, ValueError) as exc:
-            raise web.HTTPBadRequest(text=f"bad reply: {exc}") from None
-        if data.get("replace"):  # the replies left are dropped; otherwise the new ones come after them
-            self._script.clear()
-        self.enqueue(*replies)
-        return web.json_response({"script_remaining": len(self._script)})
-
-    async def _admin_reset(self, request: web.Request) -> web.Response:
-        self.reset()
-        return web.json_response({"reset": True})
-
-
-async def _json_object(request: web.Request) -> dict[str, Any]:
-    try:
-        data = json.loads(await asyncio.wait_for(request.read(), _START_TIMEOUT_S) or b"{}")
-    except ValueError:
-        raise web.HTTPBadRequest(text="body must be a JSON object") from None
-    if not isinstance(data, dict):
-        raise web.HTTPBadRequest(text="body must be a JSON object")
-    return data
