@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import statistics
 import time
 import uuid
@@ -53,16 +54,31 @@ def _toml(url: str) -> Any:
     return toml
 
 
-def _log_bytes() -> int | None:
+def _log_bytes() -> dict[str, int] | None:
+    """Bytes of each partition directory's log segments under the local broker's log dirs (None: not local)."""
     if not LOG_DIRS.is_dir():
         return None
-    total = 0
-    for f in LOG_DIRS.glob("*/*.log"):
-        try:
-            total += f.stat().st_size
-        except FileNotFoundError:  # a segment or topic deleted since the listing (retention, another run's cleanup)
+    sizes: dict[str, int] = {}
+    for d in os.scandir(LOG_DIRS):
+        try:  # a topic deleted meanwhile (an earlier benchmark's cleanup) vanishes mid-listing
+            with os.scandir(d.path) as files:
+                logs = [f for f in files if f.name.endswith(".log")]
+        except (FileNotFoundError, NotADirectoryError):
             continue
-    return total
+        sizes[d.name] = sum(_size(f) for f in logs)
+    return sizes
+
+
+def _size(f: os.DirEntry[str]) -> int:
+    try:
+        return f.stat().st_size
+    except FileNotFoundError:  # a segment deleted since the listing (retention)
+        return 0
+
+
+def _grew(before: dict[str, int], after: dict[str, int]) -> int:
+    """What the logs grew by: a directory gone since (a deleted topic) counts nothing, a new one all its bytes."""
+    return sum(size - before.get(name, 0) for name, size in after.items())
 
 
 class Replies:
@@ -135,7 +151,7 @@ async def _long(flow: Any, producer: AIOKafkaProducer, replies: Replies, n: int)
         latency[i] = replies.seen[f"m{i}"] - started
         after = _log_bytes()
         if before is not None and after is not None:
-            grew[i] = after - before
+            grew[i] = _grew(before, after)
         if i in POINTS or i % 100 == 0:
             rss[i] = common.proc_status(flow.worker.proc.pid).get("VmRSS", 0)
     out: dict[str, Any] = {"n": n, "tool_kb": TOOL_KB, "points": {}}
