@@ -1,6 +1,6 @@
 """`make bench`: run the benchmarks (all, or `--only B1,B3`), print the table, write docs/benchmarks.md.
 
-    .venv/bin/python bench/run.py [--quick] [--only B1,B3] [--no-write]
+    .venv/bin/python bench/run.py [--quick] [--only B1,B3 [--merge]] [--no-write]
 
 Needs a broker: KAFKA_BOOTSTRAP (host:port) or KAFKA_BROKER (kafka://host:port), default 127.0.0.1:9092.
 Every benchmark has a timeout and stops the processes it started (by PID) whatever happens.
@@ -108,8 +108,28 @@ async def main(only: list[str], quick: bool, b3_rate: float | None) -> tuple[lis
     return rows, raw, took
 
 
+def _run_line(doc: str) -> str:
+    """The "Run:" line of a page ``write_doc`` wrote."""
+    return next((line for line in doc.splitlines() if line.startswith("Run: ")), "(no run line)")
+
+
+def _kept(doc: str, only: list[str]) -> dict[str, tuple[list[str], object]]:
+    """The result rows and raw figures of the benchmarks not in ``only`` on a page ``write_doc`` wrote."""
+    results = doc.split("## Results", 1)[-1].split("## How each figure", 1)[0].splitlines()
+    try:
+        raw = json.loads(doc.split("## Raw figures", 1)[1].split("```json", 1)[1].split("```", 1)[0])
+    except (IndexError, ValueError):
+        raw = {}
+    kept = {}
+    for name in MODULES:
+        rows = [line for line in results if line.startswith(f"| {name} |")]
+        if name not in only and rows:
+            kept[name] = (rows, raw.get(name))
+    return kept
+
+
 def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, machine: dict[str, str],
-              only: list[str]) -> None:
+              only: list[str], merge: bool = False) -> None:
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = [
         "# Benchmarks",
@@ -123,11 +143,20 @@ def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, m
     if quick:
         lines += ["> **Quick run (`--quick`): small sizes, not the documented figures.** "
                   "Run `make bench` for those.", ""]
+    old = DOC.read_text() if DOC.exists() else ""
+    kept = _kept(old, only) if merge else {}
     lines += [f"Run: {when}, benchmarks {', '.join(only)}, {sum(took.values()):.0f} s in all "
-              f"({', '.join(f'{k} {v:.0f} s' for k, v in took.items())}).", "", "## Machine", ""]
+              f"({', '.join(f'{k} {v:.0f} s' for k, v in took.items())})."]
+    if kept:
+        lines += [f"The figures of {', '.join(kept)} are kept from the page before: {_run_line(old)}"]
+    lines += ["", "## Machine", ""]
     lines += [f"- {k}: {v}" for k, v in machine.items()]
-    lines += ["", "## Results", "", *markdown(rows), "", "## How each figure is measured", ""]
-    for name in only:
+    table = markdown(rows)
+    body = [line for name in MODULES for line in (kept[name][0] if name in kept else
+                                                  [r for r in table[2:] if r.startswith(f"| {name} |")])]
+    lines += ["", "## Results", "", *table[:2], *body, "", "## How each figure is measured", ""]
+    raw = {**{name: kept[name][1] for name in kept}, **raw}
+    for name in [n for n in MODULES if n in only or n in kept]:
         doc = (MODULES[name].__doc__ or "").strip()
         lines += [f"### {name}", "", doc, ""]
     if NOTES.exists():  # findings written by hand (profiles, what limits a figure): kept across runs
@@ -138,7 +167,6 @@ def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, m
                                                             for k, v in SIZES["quick" if quick else "full"].items()),
         "", "## Raw figures", "", "```json", json.dumps(raw, indent=1, default=str, sort_keys=True), "```", "",
     ]
-    old = DOC.read_text() if DOC.exists() else ""
     if PEERS_BEGIN in old and PEERS_END in old:  # the section `make bench-peers` writes: kept as it was
         lines += [PEERS_BEGIN + old.split(PEERS_BEGIN, 1)[1].split(PEERS_END, 1)[0] + PEERS_END, ""]
     DOC.write_text("\n".join(lines))
@@ -151,6 +179,8 @@ def cli() -> int:
     parser.add_argument("--b3-rate", type=float, default=None,
                         help="B3's rate when B1 is not run (default: half of B1's, else 500/s)")
     parser.add_argument("--no-write", action="store_true", help=f"print only; leave {DOC.relative_to(ROOT)} alone")
+    parser.add_argument("--merge", action="store_true",
+                        help="with --only: keep the other benchmarks' figures from the page (the page says so)")
     args = parser.parse_args()
     only = [x.strip().upper() for x in args.only.split(",") if x.strip()]
     unknown = [x for x in only if x not in MODULES]
@@ -165,7 +195,7 @@ def cli() -> int:
           f" {sum(took.values()):.0f} s\n")
     print("\n".join(table(rows)))
     if not args.no_write:
-        write_doc(rows, raw, took, args.quick, machine, only)
+        write_doc(rows, raw, took, args.quick, machine, only, merge=args.merge)
         print(f"\nwritten: {DOC.relative_to(ROOT)}")
     return 0
 
