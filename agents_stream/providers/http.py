@@ -233,12 +233,16 @@ class HTTPProvider(Provider):
             log.debug("%s POST %s failed: %s", self.name, url, type(exc).__name__)
             raise error_for(self.config, exc=exc) from exc
         log.debug("%s POST %s -> %d in %.3fs", self.name, url, status, time.monotonic() - started)
+        return self._json_answer(status, resp_headers, text, "body is not JSON")
+
+    def _json_answer(self, status: int, headers: Any, text: str, not_json: str) -> dict[str, Any]:
+        """A whole answer: its error for a non-2xx status, else its JSON object (``not_json`` says what else)."""
         if not 200 <= status < 300:
-            raise error_for(self.config, status=status, headers=resp_headers, detail=_excerpt(text))
+            raise error_for(self.config, status=status, headers=headers, detail=_excerpt(text))
         try:
             data = json.loads(text)
         except ValueError:
-            raise self._malformed("body is not JSON") from None
+            raise self._malformed(not_json) from None
         if not isinstance(data, dict):
             raise self._malformed("body is not a JSON object")
         return data
@@ -267,15 +271,8 @@ class HTTPProvider(Provider):
         except aiohttp.ClientError as exc:
             log.debug("%s POST %s failed: %s", self.name, url, type(exc).__name__)
             raise error_for(self.config, exc=exc) from exc
-        if not 200 <= status < 300:
-            raise error_for(self.config, status=status, headers=resp_headers, detail=_excerpt(text))
-        try:
-            data = json.loads(text)
-        except ValueError:
-            raise self._malformed("a streamed answer that is neither an event stream nor JSON") from None
-        if not isinstance(data, dict):
-            raise self._malformed("body is not a JSON object")
-        return data
+        return self._json_answer(status, resp_headers, text,
+                                 "a streamed answer that is neither an event stream nor JSON")
 
     async def _read_events(self, resp: aiohttp.ClientResponse, assembly: Assembly) -> None:
         cap = self.config.max_body_bytes
