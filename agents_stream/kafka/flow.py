@@ -54,6 +54,7 @@ class Flow:
         self.settling = False
         self.stalls = StallDetector(stall_after_s)
         self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
+        self._looked = 0.0  # when check_progress last asked the broker for end offsets (monotonic)
         self._reread_tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -243,6 +244,12 @@ class Flow:
         watched = self.watched()
         if not watched:
             return
+        # the timer ticks every second for the partitions a rebalance just assigned (StallDetector.fresh); the
+        # others are looked at every quarter of stall_after_s, as before: one end-offset request per look
+        now = time.monotonic()
+        if not self.stalls.fresh() and now - self._looked < self.stall_after_s / 4:
+            return
+        self._looked = now
         ends = await asyncio.wait_for(self.consumer.highwaters(*watched), timeout=10.0)
         positions = {tp: self.watermark.next_offset(tp) for tp in watched}
         unknown = {tp for tp, at in positions.items() if at is None and (ends.get(tp) or 0) > 0}

@@ -56,6 +56,10 @@ class StallDetector:
         self._fresh.discard(tp)
         return True
 
+    def fresh(self) -> bool:
+        """Some partition has not moved since the rebalance that assigned it (its shorter wait applies)."""
+        return bool(self._fresh)
+
     def forget(self, tps: Iterable[Hashable]) -> None:
         for tp in tps:
             self._since.pop(tp, None)
