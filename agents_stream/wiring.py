@@ -3,8 +3,10 @@ scans, the console's samples, the expiry sweep, the progress check) and the reba
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+import time
+from typing import TYPE_CHECKING, Any, Awaitable
 
 from agents_stream.faust_app import AgentsStreamApp
 from agents_stream.kafka.takeover import TAKEOVER_SCAN_S
@@ -16,6 +18,16 @@ if TYPE_CHECKING:
 __all__ = ["wire"]
 
 log = logging.getLogger(__name__)
+
+#: the steps after a rebalance that take longer than this are logged (the streams wait for them)
+SLOW_REBALANCE_S = 2.0
+
+
+async def _timed(step: Awaitable[None]) -> float:
+    """How long ``step`` took, in seconds."""
+    began = time.monotonic()
+    await step
+    return time.monotonic() - began
 
 
 def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
@@ -90,9 +102,19 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
         if runtime.flow.superseded():
             return  # Faust signals a recovery a newer assignment replaced too: the newer one signals its own end
         # After the group settled and before the streams resume (Faust's recovery sends this first):
-        # the broker answers offset requests now, and nothing of the new assignment has been read yet.
-        await runtime.flow.seed_starts(set(app.consumer.assignment()))
-        await runtime.takeover.claim_epochs()  # before the ledger reads a record of its new partitions
+        # the broker answers offset requests now, and nothing of the new assignment has been read yet. The
+        # owner epochs are claimed before the ledger reads a record of the new partitions. The streams wait for
+        # both, so they run side by side, and a slow one is logged.
+        began = time.monotonic()
+        seeded, claimed = await asyncio.gather(
+            _timed(runtime.flow.seed_starts(set(app.consumer.assignment()))), _timed(runtime.takeover.claim_epochs()),
+        )
+        if time.monotonic() - began > SLOW_REBALANCE_S:
+            log.warning(
+                "The steps after this rebalance took %.1fs (reading the group's committed offsets %.1fs, claiming "
+                "the owner epochs %.1fs): the streams resume that much later. If this repeats, check the brokers' "
+                "load and the network to them", time.monotonic() - began, seeded, claimed,
+            )
         runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
         runtime.after_rebalance()
         runtime.flow.settled()  # Faust resumes the streams next: the flow's checks may look again

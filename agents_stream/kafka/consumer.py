@@ -42,7 +42,20 @@ class Commits:
     on_failed: Callable[[dict[TP, int], BaseException], None]
 
 
+#: how long the broker holds a fetch that finds nothing new (Faust asks for 1,500 ms). The broker answers one
+#: connection's requests in order, and a worker's end-offset and earliest-offset requests share that connection with
+#: its fetches: each waited behind a held fetch, and a partition resumed while one was held was first fetched once it
+#: came back — after a takeover, seconds before a dead worker's tasks were read (docs/decisions.md, "Short fetch
+#: waits"). A record that arrives ends a held fetch at once either way; an idle worker asks ten times a second.
+FETCH_MAX_WAIT_MS = 100
+
+
 class WatermarkConsumerThread(AIOKafkaConsumerThread):
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
+        return consumer
+
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         # Faust crashes the worker on any commit error. A lost broker connection or
         # a commit refused during a rebalance is layer 3: nothing counts as done,
@@ -66,9 +79,16 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         return True
 
     async def committed_offsets(self, tps: set[TP]) -> dict[TP, int | None]:
+        # One OffsetFetch request for them all (the consumer's ``committed`` asks one partition per round trip,
+        # and a worker owns dozens of input partitions): aiokafka's coordinator takes a set, the consumer does not.
         consumer = self._ensure_consumer()
-        return {tp: await consumer.committed(ensure_aiokafka_TP(tp)) for tp in tps}
-
+        found = await consumer._coordinator.fetch_committed_offsets({ensure_aiokafka_TP(tp) for tp in tps})
+        answers = {ensure_aiokafka_TP(tp): tp for tp in tps}
+        offsets: dict[TP, int | None] = dict.fromkeys(tps)
+        for atp, meta in found.items():
+            if atp in answers:
+                offsets[answers[atp]] = meta.offset
+        return offsets
 
 
 def commit_again(

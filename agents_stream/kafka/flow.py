@@ -17,6 +17,9 @@ from agents_stream.ops import metrics
 
 log = logging.getLogger(__name__)
 
+#: how long the steps after a rebalance wait for the group's committed offsets of the newly assigned partitions
+SEED_S = 5.0
+
 #: (event, details): a control event about this worker (agents_stream.ledger's alerts)
 Alert = Callable[[str, dict[str, Any]], None]
 
@@ -224,8 +227,8 @@ class Flow:
         fresh = {tp for tp in assigned if tp.topic in self.managed_topics and self.watermark.next_offset(tp) is None}
         if not fresh:
             return
-        try:
-            starts = await self.reading_starts(fresh)
+        try:  # the streams wait for this: bounded, as a start not seeded costs only a later check
+            starts = await asyncio.wait_for(self.reading_starts(fresh), timeout=SEED_S)
         except Exception as exc:  # without a start the first record read sets it, as before
             log.warning("Could not read the committed offsets of %d assigned partitions (%r); a record dropped right "
                         "after this rebalance is caught by the progress check only", len(fresh), exc)
@@ -258,13 +261,21 @@ class Flow:
         now = time.monotonic()
         for tp in sorted(watched):
             end, at = ends.get(tp), positions.get(tp)
-            if end is None or at is None or not self.stalls.observe(tp, at, end, now):
+            stall = None if end is None or at is None else self.stalls.observe(tp, at, end, now)
+            if stall is None or end is None or at is None:
                 continue
-            log.warning(
-                "Partition %s:%d has %d unread records but its read position %d has not moved for %.0fs; "
-                "reading it again from %d (nothing was committed past it). If this repeats, report it with this log.",
-                tp.topic, tp.partition, end - at, at, self.stall_after_s, at,
-            )
+            if stall.fresh:  # expected now and then: what Faust fetched during the recovery it dropped
+                log.info(
+                    "Partition %s:%d delivered none of its %d waiting records in %.1fs since this rebalance; "
+                    "reading it again from %d (docs/decisions.md, the progress check)",
+                    tp.topic, tp.partition, end - at, stall.still, at,
+                )
+            else:
+                log.warning(
+                    "Partition %s:%d has %d unread records but its read position %d has not moved for %.1fs; "
+                    "reading it again from %d (nothing was committed past it). If this repeats, report it with "
+                    "this log.", tp.topic, tp.partition, end - at, at, stall.still, at,
+                )
             self.reread(tp, at)
             self.alert("alert.partition_reread", {"partition": f"{tp.topic}:{tp.partition}", "offset": at, "end": end})
 

@@ -17,10 +17,20 @@ the whole ``after_s``. It lasts until the partition's position first moves.
 
 from __future__ import annotations
 
-from typing import Hashable, Iterable
+from typing import Hashable, Iterable, NamedTuple
 
-#: the wait of a partition whose position has not moved since the rebalance that assigned it (see the module)
-FRESH_AFTER_S = 3.0
+#: the wait of a partition whose position has not moved since the rebalance that assigned it (see the module). A
+#: fetch that finds nothing is held 100 ms (kafka/consumer.py, FETCH_MAX_WAIT_MS), so a partition that has records
+#: delivers its first one well within this; one read again too early is only read twice (the ledger's redelivery).
+FRESH_AFTER_S = 1.0
+
+
+class Stall(NamedTuple):
+    """A partition whose position stood still with records waiting: for ``still`` seconds; ``fresh`` when it has
+    not moved since the rebalance that assigned it (Faust's fetcher dropped what it fetched during the recovery)."""
+
+    still: float
+    fresh: bool
 
 
 class StallDetector:
@@ -38,23 +48,25 @@ class StallDetector:
             self._since[tp] = (position, now)
             self._fresh.add(tp)
 
-    def observe(self, tp: Hashable, position: int, end: int, now: float) -> bool:
-        """True when ``tp`` has had records at or past ``position`` for ``after_s`` and ``position`` has not moved."""
+    def observe(self, tp: Hashable, position: int, end: int, now: float) -> Stall | None:
+        """When ``tp`` has had records at or past ``position`` for ``after_s`` (``fresh_after_s`` right after a
+        rebalance) and ``position`` has not moved: how long it stood still, and whether right after a rebalance."""
         if end <= position:
             self._since.pop(tp, None)
             self._fresh.discard(tp)
-            return False
+            return None
         seen = self._since.get(tp)
         if seen is None or seen[0] != position:
             self._since[tp] = (position, now)
             if seen is not None:
                 self._fresh.discard(tp)
-            return False
-        if now - seen[1] < (self.fresh_after_s if tp in self._fresh else self.after_s):
-            return False
+            return None
+        still, fresh = now - seen[1], tp in self._fresh
+        if still < (self.fresh_after_s if fresh else self.after_s):
+            return None
         self._since[tp] = (position, now)  # the re-read gets a full period before the next report
         self._fresh.discard(tp)
-        return True
+        return Stall(still, fresh)
 
     def fresh(self) -> bool:
         """Some partition has not moved since the rebalance that assigned it (its shorter wait applies)."""

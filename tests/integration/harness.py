@@ -75,7 +75,9 @@ class Worker:
     prefix: list[str] = field(default_factory=list)
 
     def command(self) -> list[str]:
-        cli = ["-A", "agents_stream.app", *self.faust_options, "worker", "-l", "info"]
+        # IT_WORKER_LOG_LEVEL=debug: every worker's log at debug, for a post-mortem (the Kafka client's requests)
+        level = os.environ.get("IT_WORKER_LOG_LEVEL", "info")
+        cli = ["-A", "agents_stream.app", *self.faust_options, "worker", "-l", level]
         if self.preamble is None:
             return [sys.executable, "-m", "faust", *cli]
         # runpy as ``-m`` does: Faust's argv[0] is its own __main__, as the app expects.
