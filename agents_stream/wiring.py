@@ -3,7 +3,6 @@ scans, the console's samples, the expiry sweep, the progress check) and the reba
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import TYPE_CHECKING, Any, Awaitable
@@ -101,15 +100,15 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
         if runtime.flow.superseded():
             return  # Faust signals a recovery a newer assignment replaced too: the newer one signals its own end
-        # After the group settled and before the streams resume (Faust's recovery sends this first):
-        # the broker answers offset requests now, and nothing of the new assignment has been read yet. The
-        # owner epochs are claimed before the ledger reads a record of the new partitions. The streams wait for
-        # both, so they run side by side, and a slow one is logged.
+        # After the group settled and before the streams resume (Faust's recovery sends this first): the broker
+        # answers offset requests now, and nothing of the new assignment has been read yet. In this order: the
+        # ledger applies a partition's records only once it is claimed (Takeover.admit), and the reading starts
+        # must be seeded before the first record is applied, or a record Faust dropped before it is a new start
+        # instead of a gap. The streams wait for both: a slow one is logged.
         began = time.monotonic()
-        seeded, claimed = await asyncio.gather(
-            _timed(runtime.flow.seed_starts(set(app.consumer.assignment()))), _timed(runtime.takeover.claim_epochs()),
-        )
-        if time.monotonic() - began > SLOW_REBALANCE_S:
+        seeded = await _timed(runtime.flow.seed_starts(set(app.consumer.assignment())))
+        claimed = await _timed(runtime.takeover.claim_epochs())
+        if seeded + claimed > SLOW_REBALANCE_S:
             log.warning(
                 "The steps after this rebalance took %.1fs (reading the group's committed offsets %.1fs, claiming "
                 "the owner epochs %.1fs): the streams resume that much later. If this repeats, check the brokers' "
