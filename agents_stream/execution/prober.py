@@ -11,6 +11,7 @@ import asyncio
 import functools
 import logging
 
+from agents_stream.background import Background
 from agents_stream.contract.errors import CircuitOpen, RateLimited, classify
 from agents_stream.providers.base import Provider
 from agents_stream.resilience.circuits import Circuits
@@ -56,7 +57,8 @@ class Prober:
         self.circuits = circuits
         self.providers = providers
         self.interval_s = interval_s
-        self._probing: dict[str, asyncio.Task[str | None]] = {}
+        self._probing: dict[str, asyncio.Task[str | None]] = {}  # by provider: one probe at a time
+        self._probes = Background("breaker probes")
 
     async def run(self) -> None:
         """Until cancelled: start a probe for each circuit that is due (one at a time per provider)."""
@@ -65,15 +67,12 @@ class Prober:
                 for name in self.circuits.probes_due():
                     provider = self.providers.get(name)
                     if provider is not None and name not in self._probing:
-                        task = asyncio.ensure_future(probe_once(self.circuits, provider))
-                        self._probing[name] = task
-                        task.add_done_callback(functools.partial(self._done, name))
+                        self._probing[name] = self._probes.start(
+                            probe_once(self.circuits, provider), functools.partial(self._done, name),
+                        )
                 await asyncio.sleep(self.interval_s)
         finally:
-            probes = list(self._probing.values())
-            for task in probes:
-                task.cancel()
-            await asyncio.gather(*probes, return_exceptions=True)
+            await self._probes.stop()
 
     def _done(self, name: str, task: asyncio.Task[str | None]) -> None:
         self._probing.pop(name, None)

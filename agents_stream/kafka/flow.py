@@ -10,6 +10,7 @@ from typing import Any, Callable
 import faust
 from faust.types import TP
 
+from agents_stream.background import Background
 from agents_stream.contract import topics
 from agents_stream.kafka.stall import StallDetector
 from agents_stream.kafka.watermark import Watermark
@@ -58,7 +59,7 @@ class Flow:
         self.stalls = StallDetector(stall_after_s)
         self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
         self._looked = 0.0  # when check_progress last asked the broker for end offsets (monotonic)
-        self._reread_tasks: set[asyncio.Task[None]] = set()
+        self._seeks = Background("seeks back to a stalled partition's first unhandled record")
 
     @property
     def consumer(self) -> Any:
@@ -187,9 +188,7 @@ class Flow:
         if last is not None and last[0] == offset and now - last[1] < 5.0:
             return False
         self._rereads[tp] = (offset, now)
-        task = asyncio.ensure_future(self._seek(tp, offset))
-        self._reread_tasks.add(task)
-        task.add_done_callback(self._reread_tasks.discard)
+        self._seeks.start(self._seek(tp, offset))
         return True
 
     async def _seek(self, tp: TP, offset: int) -> None:
@@ -215,11 +214,7 @@ class Flow:
 
     async def stop(self) -> None:
         """Cancel the seeks still running (each is bounded; nothing waits for them on the way out)."""
-        tasks = list(self._reread_tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=5.0)
+        await self._seeks.stop()
 
     async def seed_starts(self, assigned: set[TP]) -> None:
         """Tell the watermark where reading starts on each newly assigned input partition (the group's commit),

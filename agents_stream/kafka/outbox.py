@@ -11,6 +11,7 @@ from typing import Any, Callable, Coroutine, Iterable, Protocol
 import mode
 from faust.types import TP
 
+from agents_stream.background import Background
 from agents_stream.contract import topics
 from agents_stream.contract.errors import Fenced
 from agents_stream.contract.models import ControlEvent, utcnow_iso
@@ -125,7 +126,7 @@ class Outbox(mode.Service):
         self.retry_delay = retry_delay
         self._channels: dict[str, Channel] = {}
         self._pending: set[_Delivery] = set()  # deliveries waiting on the broker (callbacks, no task)
-        self._retries: set[asyncio.Task[Any]] = set()  # deliveries being retried, and dead-letter lookups
+        self._retries = Background("outbox retries")  # deliveries being retried, and dead-letter lookups
 
     # -- sends ---------------------------------------------------------------------------------------
 
@@ -413,10 +414,7 @@ class Outbox(mode.Service):
 
     def retrying(self, coro: Coroutine[Any, Any, Any]) -> "asyncio.Task[Any]":
         """Run ``coro`` as one of the outbox's retry tasks (cancelled at stop, counted by ``delivering``)."""
-        task = asyncio.ensure_future(coro)
-        self._retries.add(task)
-        task.add_done_callback(self._retries.discard)
-        return task
+        return self._retries.start(coro)
 
     def delivering(self) -> int:
         """Deliveries not yet confirmed by the broker (their offsets are held open), and retry tasks."""
@@ -429,10 +427,7 @@ class Outbox(mode.Service):
             if delivery.timer is not None:
                 delivery.timer.cancel()
         self._pending.clear()
-        for task in list(self._retries):
-            task.cancel()
-        if self._retries:
-            await asyncio.wait(list(self._retries), timeout=5.0)
+        await self._retries.stop()
 
 
 def _log_control_failure(fut: "asyncio.Future[Any]") -> None:

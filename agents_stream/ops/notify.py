@@ -15,6 +15,8 @@ from urllib.parse import quote, urlencode, urlsplit
 import aiohttp
 import mode
 
+from agents_stream.background import Background
+
 log = logging.getLogger(__name__)
 
 DECISIONS = ("approve", "reject")
@@ -209,7 +211,7 @@ class Notifier(mode.Service):
         self._slots = asyncio.Semaphore(max(1, concurrency))
         self._dropped_logged_at = 0.0
         self._session: aiohttp.ClientSession | None = None
-        self._posts: set[asyncio.Task[None]] = set()
+        self._posts = Background("approval webhook posts")
 
     def notify(self, url: str, body: dict[str, Any], subject: str) -> None:
         try:
@@ -233,9 +235,7 @@ class Notifier(mode.Service):
             url, body, subject = await self.queue.get()
             await self._slots.acquire()
             await self._paced()  # here, not in the post: first attempts start in the order they were queued
-            task = asyncio.ensure_future(self._post(url, body, subject))
-            self._posts.add(task)
-            task.add_done_callback(self._posts.discard)
+            self._posts.start(self._post(url, body, subject))
 
     async def _paced(self) -> None:
         while (delay := self.pacer.wait(time.monotonic())) > 0:
@@ -269,9 +269,6 @@ class Notifier(mode.Service):
         )
 
     async def on_stop(self) -> None:
-        for task in list(self._posts):
-            task.cancel()
-        if self._posts:
-            await asyncio.wait(list(self._posts), timeout=5.0)
+        await self._posts.stop()
         if self._session is not None:
             await self._session.close()
