@@ -12,7 +12,6 @@ from faust.types import TP
 
 from agents_stream.contract.conversations import conversation_of
 from agents_stream.contract.models import TaskPayload
-from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import endings, spans
@@ -20,6 +19,7 @@ from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.records import parked, timer_key
+from agents_stream.ledger.runs import Runs
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.ops import metrics, tracing
 from agents_stream.ops.recent import RecentTasks
@@ -40,7 +40,7 @@ class Effects:
     is confirmed, then runs the follow-ups. Also the offsets held for each running task (``Track``/``Settle``)."""
 
     def __init__(
-        self, tables: Tables, executor: Executor, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
+        self, tables: Tables, executor: Runs, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
         delegation: Delegation, cancellation: Cancellation, scanner: Scanner, recent: RecentTasks,
     ) -> None:
         self.table = tables.tasks

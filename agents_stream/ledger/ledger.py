@@ -33,7 +33,6 @@ from agents_stream.contract.events import (
     read_event,
 )
 from agents_stream.contract.models import TaskPayload, decode_record, task_from
-from agents_stream.execution.executor import Executor
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import identity, sizes, spans
@@ -47,6 +46,7 @@ from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
 from agents_stream.ledger.records import record_of, result_json
+from agents_stream.ledger.runs import Runs
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
 from agents_stream.ops import tracing
@@ -69,7 +69,7 @@ class Ledger:
     """
 
     def __init__(
-        self, settings: Settings, executor: Executor, worker_id: str, *, tables: Tables, watermark: Watermark,
+        self, settings: Settings, executor: Runs, worker_id: str, *, tables: Tables, watermark: Watermark,
         outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
         saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
         orchestrator: Orchestrator | None = None, agents: set[str] | None = None, sagas: set[str] | None = None,

@@ -10,9 +10,9 @@ from typing import Iterator
 
 from faust.types import TP
 
-from agents_stream.execution.executor import Executor
 from agents_stream.kafka.members import in_group, replaced_by
 from agents_stream.ledger.records import record_of
+from agents_stream.ledger.runs import Runs
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals
 from agents_stream.tables.definitions import LedgerTable
@@ -96,7 +96,7 @@ class Scanner:
     """Open tasks and parked ones (in memory, kept by ``note``, made whole by ``reindex`` after each rebalance),
     and the lease and approval-timeout scans."""
 
-    def __init__(self, settings: Settings, executor: Executor, tasks: LedgerTable, timers: LedgerTable) -> None:
+    def __init__(self, settings: Settings, executor: Runs, tasks: LedgerTable, timers: LedgerTable) -> None:
         self.settings = settings
         self.executor = executor
         self.tasks = tasks
