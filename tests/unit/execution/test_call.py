@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 
 from agents_stream.testing.fakellm import FakeLLM, hang, ok, status
-
-from .fake_worker import Worker, worker
+from tests.unit.fake_worker import Worker, worker
 
 
 def kinds(w: Worker) -> list[str]:

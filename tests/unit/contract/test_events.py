@@ -273,8 +273,8 @@ def raw_circuit(kind: str, **fields: Any) -> bytes:
 
 
 def test_todays_circuits_test_records_decode() -> None:
-    """The shapes tests/unit/test_circuits.py writes (no probe_id, no provider, a hello without providers, an int
-    clock) are valid events."""
+    """The shapes tests/unit/resilience/test_circuits.py writes (no probe_id, no provider, a hello without providers,
+    an int clock) are valid events."""
     failure = decode(raw_circuit("failure", provider=CID), CIRCUITS)
     assert isinstance(failure, CircuitFailure) and failure.probe_id is None and failure.at == 0.0
     hello = decode(json.dumps({"v": 1, "id": "x", "kind": "hello", "worker": "o", "at": 0, "providers": [], "app": "",
@@ -317,7 +317,7 @@ MALFORMED: list[tuple[Family[Any], Any]] = [
     (ANSWERS, json.dumps({"schema_version": 1, "kind": "lookup", "task_id": 7, "dispatch": 1})),
     (JOB_EVENTS, json.dumps({"schema_version": 1, "kind": "result", "result": {"task_id": "j/a"}})),
     (JOB_EVENTS, json.dumps({"schema_version": 1, "kind": "result"})),
-    (CIRCUITS, raw_circuit("probe", provider=CID)),  # the bad records of tests/unit/test_circuits.py
+    (CIRCUITS, raw_circuit("probe", provider=CID)),  # the bad records of tests/unit/resilience/test_circuits.py
     (CIRCUITS, raw_circuit("rate_limited", provider=CID)),
     (CIRCUITS, raw_circuit("hello", spend=[1])),
     (CIRCUITS, raw_circuit("transition", provider=CID, to="exploded", cause=-5)),

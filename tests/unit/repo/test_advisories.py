@@ -12,7 +12,7 @@ from packaging.version import Version
 
 from agents_stream.testing.osv import ADVISORIES_DIR, affects, load_advisories, matching
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RECORDS = load_advisories(ADVISORIES_DIR)
 
 

@@ -14,7 +14,7 @@ from agents_stream.tables.leases import AWAITING_SUBTASKS, RUNNING, Control, Dis
 from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.models import ParentRef, TaskPayload, parse_task, task_digest
 from agents_stream.ledger import sizes
-from tests.unit.test_delegation import T0, running
+from tests.unit.execution.test_delegation import T0, running
 
 
 def _task(task_id: str, parent: dict[str, Any]) -> bytes:
@@ -104,8 +104,8 @@ async def test_a_finished_sub_task_sends_its_digest_and_a_task_squatting_its_id_
     from agents_stream.contract.events import OUTCOMES, SubtaskResult, decode, encode
     from agents_stream.execution import run as outcome
     from agents_stream.execution.run import Rejected, Run
+    from tests.unit.ledger.test_delegation import MINE, SETTINGS, SUB, _ledger, _spin
     from tests.unit.ledger_fakes import faust_event
-    from tests.unit.test_ledger_delegation import MINE, SETTINGS, SUB, _ledger, _spin
 
     ledger, _, _, sent, _ = _ledger(SUB)
     failed = outcome.rejected(Run(SUB, 1, "w2"), Rejected("permanent_error: 400", "refused", "primary:p"))

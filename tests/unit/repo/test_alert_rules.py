@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 import yaml
 
-from .test_deploy import exported_names
+from tests.unit.repo.test_deploy import exported_names
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 RULES = PROMETHEUS_DIR / "rules" / "agents-stream.yml"
 RULES_TEST = ROOT / "tests" / "prometheus" / "agents-stream.test.yml"

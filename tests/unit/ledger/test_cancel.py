@@ -24,9 +24,8 @@ from agents_stream.ledger.records import parked, timer_key
 from agents_stream.ops.notify import Notifier, decision_signed, with_signature
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok
+from tests.unit.fake_worker import worker
 from tests.unit.ledger_fakes import EVENT_TIMESTAMP, Table, faust_event, recording_outbox
-
-from .fake_worker import worker
 
 SECRET = "s" * 32
 SETTINGS = Settings(approval_secret=SECRET)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 #: where references by heading text are looked for (source, tests, docs, tools)
 SOURCES = ["agents_stream", "tables", "tests", "bench", "docs", "scripts", "README.md", "Makefile", "pyproject.toml"]

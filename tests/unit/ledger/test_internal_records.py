@@ -171,7 +171,7 @@ def test_presence_keeps_spend_of_today_and_yesterday_only() -> None:
 
 async def test_a_forged_retry_after_keeps_a_provider_shut_at_most_the_bound() -> None:
     """A Retry-After of a year (or an ``until`` a year ahead) on the log shuts the provider for MAX_RETRY_AFTER_S."""
-    from tests.unit.test_circuits import Cluster, raw
+    from tests.unit.resilience.test_circuits import Cluster, raw
 
     for fields in ({"retry_after": 3e7, "until": 1000.0 + 3e7}, {"until": 1000.0 + 3e7}):
         cl = Cluster(1)

@@ -18,8 +18,7 @@ from agents_stream.execution.chunks import Chunks
 from agents_stream.execution.tools import ToolContext, tool
 from agents_stream.ops.cli_chat import _render, _Text
 from agents_stream.testing.fakellm import FakeLLM, call, ok, status, tool_calls
-
-from .fake_worker import Worker, worker
+from tests.unit.fake_worker import Worker, worker
 
 TEXT = ("Your parcel left the depot on Monday and was lost in transit; I have refunded the 42 EUR to your card "
         "and you will get an email with the details shortly.")
@@ -90,7 +89,7 @@ async def test_streaming_can_be_turned_off() -> None:
 
 
 async def test_an_agent_loops_turns_stream_under_their_turn_numbers() -> None:
-    agent = {"providers": ["p"], "agent": "tests.unit.test_chunks:TRACKER"}
+    agent = {"providers": ["p"], "agent": "tests.unit.execution.test_chunks:TRACKER"}
     script = [tool_calls(call("track", {"order": "o-7"}, id="c1"), text="Let me look that order up."),
               ok("It was delivered yesterday.")]
     async with FakeLLM(script, default=None) as p:

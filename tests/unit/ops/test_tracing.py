@@ -32,9 +32,8 @@ from agents_stream.ops.tracing_sdk import Traces
 from agents_stream.orchestrator import Orchestrator
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok, status
+from tests.unit.fake_worker import worker
 from tests.unit.ledger_fakes import LedgerWorld, Table
-
-from .fake_worker import worker
 
 PARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 SETTINGS = Settings(partitions=1, lease_ttl_s=5.0)

@@ -15,8 +15,7 @@ import pytest
 from agents_stream.contract.events import CachedAnswer
 from agents_stream.execution.outputs import SIMPLIFY_PREFIX, fingerprint
 from agents_stream.testing.fakellm import FakeLLM, ok, status
-
-from .fake_worker import AGENT, worker
+from tests.unit.fake_worker import AGENT, worker
 
 DOWN = [status(503)] * 3  # one call and FAST's two retries
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}

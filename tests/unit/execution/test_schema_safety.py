@@ -16,8 +16,7 @@ from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpe
 from agents_stream.execution.schemas import MAX_SCHEMA_BYTES, MAX_SCHEMA_DEPTH
 from agents_stream.testing.fakellm import FakeLLM, ok
 from agents_stream.testing.silent import SilentServer
-
-from .fake_worker import worker
+from tests.unit.fake_worker import worker
 
 
 def _remote_schemas(url: str) -> list[dict[str, Any]]:

@@ -12,8 +12,8 @@ from faust.exceptions import ProducerSendError
 
 from agents_stream.contract import topics
 from agents_stream.kafka.delivery import SendRefused, refused_topic, undeliverable, until_confirmed
-from tests.unit.test_delivery import scripted
-from tests.unit.test_outbox import SOURCE, Producer, _outbox
+from tests.unit.kafka.test_delivery import scripted
+from tests.unit.kafka.test_outbox import SOURCE, Producer, _outbox
 
 
 def test_only_legal_topic_names_are_sent_to() -> None:

@@ -9,8 +9,7 @@ from typing import Any
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
 from agents_stream.testing.fakellm import FakeLLM, ok
-
-from .fake_worker import AGENT, worker
+from tests.unit.fake_worker import AGENT, worker
 
 #: what the saga's fake services were asked, as (operation, step, idempotency key)
 SERVICE_CALLS: list[tuple[str, str, str]] = []

@@ -109,9 +109,9 @@ SAMPLE = Agent("sample", "Do it.", tools=[create_label])
 
 
 def test_agents_load_by_path_and_refuse_what_is_not_one() -> None:
-    assert load_agent("tests.unit.test_tools:SAMPLE") is SAMPLE
-    for bad, why in [("nocolon", "expected"), ("tests.unit.test_tools:nothing", "cannot be loaded"),
-                     ("tests.unit.test_tools:create_label", "is not an agents_stream Agent")]:
+    assert load_agent("tests.unit.execution.test_tools:SAMPLE") is SAMPLE
+    for bad, why in [("nocolon", "expected"), ("tests.unit.execution.test_tools:nothing", "cannot be loaded"),
+                     ("tests.unit.execution.test_tools:create_label", "is not an agents_stream Agent")]:
         with pytest.raises(ValueError, match=why):
             load_agent(bad)
     with pytest.raises(ValueError, match="share a name"):
@@ -127,7 +127,7 @@ def test_a_module_python_cannot_find_is_one_line_saying_where_modules_are_looked
     assert "\n" not in said and "no module named 'weather_agent_nowhere'" in said
     assert "PYTHONPATH" in said and "docs/guide/agents.md" in said
     with pytest.raises(ValueError, match="has no 'AGENT'"):
-        load_agent("tests.unit.test_tools:AGENT")
+        load_agent("tests.unit.execution.test_tools:AGENT")
 
 
 def test_the_agents_guides_first_example_runs_as_written() -> None:
@@ -139,7 +139,7 @@ def test_the_agents_guides_first_example_runs_as_written() -> None:
     from agents_stream.contract.models import TaskPayload
     from agents_stream.execution.tools import ToolContext
 
-    guide = pathlib.Path(__file__).parents[2] / "docs" / "guide" / "agents.md"
+    guide = pathlib.Path(__file__).parents[3] / "docs" / "guide" / "agents.md"
     block = re.search(r"```python\n(.*?)```", guide.read_text(encoding="utf-8"), re.S)
     assert block is not None
     space: dict = {}

@@ -16,7 +16,7 @@ from agents_stream.providers import build_provider
 from agents_stream.testing import ProviderModel, ScriptedModel, call, replay, run_agent, turn
 from agents_stream.testing.fakellm import FakeLLM
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "docs" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "docs" / "examples"
 ANSWER = "Refunded 42.50 and sent a return label."
 
 

@@ -24,7 +24,7 @@ import yaml
 
 from agents_stream.ops import metrics
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
 DASHBOARD = DEPLOY / "grafana" / "dashboards" / "agents-stream.json"
 ENTRYPOINT = DEPLOY / "worker" / "entrypoint.sh"

@@ -21,7 +21,7 @@ import pytest
 from agents_stream.config import McpServerConfig
 from agents_stream.execution.mcp_servers import McpConnection, McpServerError
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 LIMIT = 64 * 1024
 
 

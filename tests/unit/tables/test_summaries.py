@@ -252,7 +252,7 @@ def _summarised_round(upto: int = 2) -> TaskPayload:
 
 
 def _agent(**summary: Any) -> dict[str, Any]:
-    return {"providers": ["p"], "agent": "tests.unit.test_summaries:QUIET",
+    return {"providers": ["p"], "agent": "tests.unit.tables.test_summaries:QUIET",
             "summary": {"provider": "cheap", **summary}}
 
 

@@ -30,7 +30,7 @@ SCHEMA = {
 
 
 class Model(BaseModel):
-    """An output model loaded by import path as ``tests.unit.test_outputs:Model``."""
+    """An output model loaded by import path as ``tests.unit.execution.test_outputs:Model``."""
 
     summary: str
     score: int
@@ -120,7 +120,7 @@ def test_task_schema_overrides_agent_schema() -> None:
 
 def test_task_schema_overrides_agent_model() -> None:
     """A task's own output_schema wins over the agent's output_model too."""
-    agent = _agent(output_model="tests.unit.test_outputs:Model")
+    agent = _agent(output_model="tests.unit.execution.test_outputs:Model")
     spec = OutputSpec.for_task(agent, _task(output_schema={"type": "string"}))
     assert spec is not None and spec.check('"plain"') == "plain"
 
@@ -146,7 +146,7 @@ def test_invalid_schema_raises_value_error() -> None:
 
 def test_pydantic_model_by_import_path() -> None:
     """An agent's output_model is imported by path and its dump is the parsed output."""
-    spec = OutputSpec.for_task(_agent(output_model="tests.unit.test_outputs:Model"), _task())
+    spec = OutputSpec.for_task(_agent(output_model="tests.unit.execution.test_outputs:Model"), _task())
     assert spec is not None and spec.model is Model
     assert spec.check('```json\n{"summary": "ok", "score": "3"}\n```') == {"summary": "ok", "score": 3}
 
@@ -176,8 +176,8 @@ def test_describe_of_a_model_is_its_json_schema() -> None:
     [
         ("no_colon_here", "must look like 'package.module:Model'"),
         ("tests.unit.no_such_module:Model", "cannot import 'tests.unit.no_such_module'"),
-        ("tests.unit.test_outputs:Missing", "has no attribute 'Missing'"),
-        ("tests.unit.test_outputs:NotAModel", "is not a pydantic BaseModel subclass"),
+        ("tests.unit.execution.test_outputs:Missing", "has no attribute 'Missing'"),
+        ("tests.unit.execution.test_outputs:NotAModel", "is not a pydantic BaseModel subclass"),
     ],
 )
 def test_bad_import_path_message(path: str, message: str) -> None:

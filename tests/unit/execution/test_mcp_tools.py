@@ -244,13 +244,13 @@ OTHER_DESK = Agent("other", instructions="", mcp=[McpServerConfig(name="desk", u
 
 
 def test_a_python_agent_names_config_servers_and_defines_its_own():
-    plan = build(app_config(agent="tests.unit.test_mcp_tools:WITH_MCP"))
+    plan = build(app_config(agent="tests.unit.execution.test_mcp_tools:WITH_MCP"))
     assert [s.name for s in plan.mcp] == ["desk", "inline"] and plan.mcp[1] is INLINE
 
 
 def test_two_different_servers_under_one_name_are_refused():
     with pytest.raises(ValueError, match="two different MCP servers are named 'desk'"):
-        build(app_config(agent="tests.unit.test_mcp_tools:OTHER_DESK", mcp=["desk"]))
+        build(app_config(agent="tests.unit.execution.test_mcp_tools:OTHER_DESK", mcp=["desk"]))
     config = app_config(mcp=["desk"])
     plans = {"a": build(config), "b": build(config)}
     plans["b"].mcp = (OTHER_DESK.mcp[0],)  # type: ignore[assignment]
@@ -280,7 +280,7 @@ def servers_for(config: AppConfig, *agents: str) -> tuple[McpServers, dict[str, 
 def test_an_agent_holds_until_every_server_of_it_was_listed_then_runs_with_their_tools():
     """Never listed: agent_for says why (the agent holds); once listed, the agent's tools and the servers' are one
     set; a listing kept while the server is down still counts."""
-    mcp, plans = servers_for(app_config(agent="tests.unit.test_mcp_tools:WITH_MCP"), "a")
+    mcp, plans = servers_for(app_config(agent="tests.unit.execution.test_mcp_tools:WITH_MCP"), "a")
     plan = plans["a"]
     why = mcp.agent_for(plan)
     assert isinstance(why, str) and "MCP server desk were never listed" in why and mcp.holds(plan)
@@ -303,7 +303,7 @@ def test_two_servers_offering_one_tool_name_hold_the_agent_and_say_to_set_a_pref
 
 def test_the_example_config_of_the_readme_builds():
     """docs/examples/mcp-desk.toml: an agent of two servers, one over HTTP and one stdio with a prefix and a list."""
-    config = load_config(Path(__file__).resolve().parents[2] / "docs" / "examples" / "mcp-desk.toml")
+    config = load_config(Path(__file__).resolve().parents[3] / "docs" / "examples" / "mcp-desk.toml")
     plan = build(config, "desk")
     assert [(s.name, s.url is not None, s.prefix, s.tools) for s in plan.mcp] == [
         ("desk", True, "", None), ("crm", False, "crm_", ["lookup_customer"])]
