@@ -3,10 +3,7 @@ the same turns back, and a conversation begun on one API carried on by another."
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import pytest
-import pytest_asyncio
 
 from agents_stream.config import ProviderConfig
 from agents_stream.contract.errors import TransientError
@@ -40,12 +37,6 @@ HISTORY = Conversation(
     ),
     tools=(LOOKUP, REFUND),
 )
-
-
-@pytest_asyncio.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM() as server:
-        yield server
 
 
 def provider_for(fake: FakeLLM, api: str) -> Provider:

@@ -27,6 +27,7 @@ from agents_stream.providers.local import LocalProvider
 from agents_stream.testing.fakellm import FakeLLM, hang, malformed, ok, refusal, status
 
 KEY = "sk-test-0f9e8d7c6b5a-not-a-real-key"
+FAKE_LLM_KEY = KEY  # the key the shared `fake` server asks for (tests/unit/conftest.py)
 ENV = {
     "gemini": "AGENTS_STREAM_TEST_GEMINI_KEY",
     "openai": "AGENTS_STREAM_TEST_OPENAI_KEY",
@@ -36,12 +37,6 @@ AUTH_HEADER = {"gemini": "x-goog-api-key", "openai": "authorization", "anthropic
 PROMPT = Prompt(instruction="Summarise task_id=t-42 please", system="Be brief.", context={"doc": "abc"})
 
 MakeProvider = Callable[..., Provider]
-
-
-@pytest_asyncio.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM(api_key=KEY) as server:
-        yield server
 
 
 @pytest.fixture(params=["gemini", "openai", "anthropic"])

@@ -18,6 +18,7 @@ from agents_stream.providers.sse import SSEEvent, SSEParser
 from agents_stream.testing.fakellm import FakeLLM, call, ok, refusal, status, tool_calls
 
 KEY = "sk-stream-5e4d3c2b1a-not-a-real-key"
+FAKE_LLM_KEY = KEY  # the key the shared `fake` server asks for (tests/unit/conftest.py)
 ENV = "AGENTS_STREAM_TEST_STREAM_KEY"
 PROMPT = Prompt(instruction="Tell me about task_id=t-7", system="Be brief.")
 TEXT = "Your refund of 42 EUR is on its way; it should reach your card within five working days."
@@ -25,12 +26,6 @@ TOOLS = (ToolSpec("refund", "Refund an order", {"type": "object", "properties": 
 CONVERSATION = Conversation(system="You help.", messages=(UserText("refund o-7, task_id=t-8"),), tools=TOOLS)
 
 MakeProvider = Callable[[str], Provider]
-
-
-@pytest_asyncio.fixture
-async def fake() -> AsyncIterator[FakeLLM]:
-    async with FakeLLM(api_key=KEY) as server:
-        yield server
 
 
 def config(api: str, url: str, **more: object) -> ProviderConfig:
