@@ -1,15 +1,16 @@
 """deploy/prometheus's alert and recording rules: valid for Prometheus, every alert tested by promtool, and only on
 metrics the workers export.
 
-promtool comes from Debian's prometheus package, which `make test` installs (scripts/prometheus.sh); without it
-these tests fail and say how to get it, never skip.
+promtool comes from Debian's prometheus package, which `make test` installs (scripts/prometheus.sh) before it runs
+tests/unit. The tests that run it are marked ``promtool`` (the fixture and the skip: tests/unit/conftest.py):
+without promtool they are skipped with the reason, unless CI is set; then they fail and say how to get it.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,24 +26,15 @@ RULES_TEST = ROOT / "tests" / "prometheus" / "agents-stream.test.yml"
 #: a metric name in an expression, not part of a recording rule's level:metric:operations name
 METRIC = re.compile(r"(?<![\w:])agents_stream_[a-z0-9_]+(?![\w:])")
 RECORDED = re.compile(r"\b[a-z_]+:[a-z0-9_]+:[a-z0-9_]+\b")
-
-
-def promtool(*args: str) -> subprocess.CompletedProcess[str]:
-    binary = shutil.which("promtool") or "/usr/bin/promtool"
-    if not Path(binary).is_file():
-        pytest.fail(
-            "promtool not found: run `bash scripts/prometheus.sh` (make test runs it; it installs Debian's "
-            "prometheus package, which ships promtool).",
-            pytrace=False,
-        )
-    return subprocess.run([binary, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+Promtool = Callable[..., subprocess.CompletedProcess[str]]
 
 
 def rules() -> list[dict[str, Any]]:
     return [r for group in yaml.safe_load(RULES.read_text())["groups"] for r in group["rules"]]
 
 
-def test_rules_and_the_config_that_loads_them_pass_promtool_check() -> None:
+@pytest.mark.promtool
+def test_rules_and_the_config_that_loads_them_pass_promtool_check(promtool: Promtool) -> None:
     """`promtool check config` loads prometheus.yml and, through its rule_files, the rules: both parse and every
     expression is valid PromQL."""
     done = promtool("check", "config", str(PROMETHEUS_DIR / "prometheus.yml"))
@@ -52,7 +44,8 @@ def test_rules_and_the_config_that_loads_them_pass_promtool_check() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-def test_every_alert_fires_in_promtools_rule_tests() -> None:
+@pytest.mark.promtool
+def test_every_alert_fires_in_promtools_rule_tests(promtool: Promtool) -> None:
     """`promtool test rules` passes, and it makes every alert of the rules file fire at least once (with its
     labels and rendered annotations)."""
     done = promtool("test", "rules", str(RULES_TEST))
