@@ -1,5 +1,5 @@
 """The job state machine's test helpers: a plan of tasks, a submit and a step's result as the orchestrator makes
-them, and what their effects say (tests/unit/test_jobs.py, test_job_plans.py)."""
+them, and what their effects say (tests/unit/tables/test_jobs.py, test_job_plans.py)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,57 @@
+"""What tests/unit's packages share: the fake LLM fixture, promtool and the ``promtool`` marker's skip.
+
+Helpers that are not fixtures live next to this file (fake_worker.py, ledger_fakes.py, job_helpers.py,
+breaker_helpers.py); a test imports them as ``tests.unit.<helper>``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from agents_stream.testing.fakellm import FakeLLM
+
+ROOT = Path(__file__).resolve().parents[2]
+#: where Debian's prometheus package (scripts/prometheus.sh) puts promtool, looked at when it is not on PATH
+DEBIAN_PROMTOOL = "/usr/bin/promtool"
+INSTALL_PROMTOOL = "`bash scripts/prometheus.sh` installs it (make test runs that first)"
+
+
+def find_promtool() -> str | None:
+    binary = shutil.which("promtool") or DEBIAN_PROMTOOL
+    return binary if Path(binary).is_file() else None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A test marked ``promtool`` is skipped where promtool is missing, so `pytest tests/unit` runs with pip alone;
+    with CI set it runs and fails instead (make test installs promtool before tests/unit, so it never skips there)."""
+    if item.get_closest_marker("promtool") and find_promtool() is None and not os.environ.get("CI"):
+        pytest.skip(f"promtool not found: {INSTALL_PROMTOOL}; with CI set this test fails instead of skipping")
+
+
+@pytest_asyncio.fixture
+async def fake(request: pytest.FixtureRequest) -> AsyncIterator[FakeLLM]:
+    """A fake LLM server on 127.0.0.1 for one test. It asks for the API key a test module names as FAKE_LLM_KEY
+    (the key that module gives its providers) and, in a module that names none, for no key."""
+    async with FakeLLM(api_key=getattr(request.module, "FAKE_LLM_KEY", None)) as server:
+        yield server
+
+
+@pytest.fixture
+def promtool() -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Runs Prometheus's promtool in the repository's root; fails the test when promtool is missing (only a test
+    marked ``promtool`` with CI set gets that far without it)."""
+    found = find_promtool()
+    if found is None:
+        pytest.fail(f"promtool not found: {INSTALL_PROMTOOL}; it ships in Debian's prometheus package.", pytrace=False)
+    binary: str = found
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([binary, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+    return run
