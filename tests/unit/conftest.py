@@ -55,3 +55,34 @@ def promtool() -> Callable[..., subprocess.CompletedProcess[str]]:
         return subprocess.run([binary, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
     return run
+
+
+@pytest.fixture
+def mypy_lines(tmp_path: Path) -> Callable[[str], list[str]]:
+    """Checks a module's source with mypy as a user's checker would (agents_stream found where it is, the top-level
+    tables/ as agents_stream.tables) and returns mypy's lines about it, each without the file name."""
+    api = pytest.importorskip("mypy.api")
+
+    def check(source: str) -> list[str]:
+        module = tmp_path / "checked_module.py"
+        module.write_text(source)
+        paths = []
+        if not (ROOT / "agents_stream" / "tables").exists():  # the top-level tables/ is agents_stream.tables
+            link = tmp_path / "typecheck" / "agents_stream"
+            link.mkdir(parents=True, exist_ok=True)
+            if not (link / "tables").exists():
+                (link / "tables").symlink_to(ROOT / "tables")
+            paths.append(str(tmp_path / "typecheck"))
+        config = tmp_path / "mypy.ini"
+        config.write_text("[mypy]\nfollow_imports = silent\nignore_missing_imports = true\npython_version = 3.11\n"
+                          + (f"mypy_path = {os.pathsep.join(paths)}\n" if paths else ""))
+        cwd = os.getcwd()
+        os.chdir(ROOT)  # agents_stream (and tests.unit) found where they are
+        try:
+            out, _, _ = api.run([str(module), "--config-file", str(config), "--cache-dir", str(tmp_path / "cache"),
+                                 "--no-error-summary", "--hide-error-context"])
+        finally:
+            os.chdir(cwd)
+        return [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(str(module))]
+
+    return check

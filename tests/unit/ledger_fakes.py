@@ -1,17 +1,20 @@
 """The stand-ins the ledger's unit tests share: a table whose writes are confirmed at once, an outbox whose
-sends are kept and confirmed at once, and the Faust event the ledger handles."""
+sends are kept and confirmed at once, the runs the ledger starts and stops (``FakeRuns``), and the Faust event the
+ledger handles."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 from agents_stream.tables.definitions import Tables
 from agents_stream.tables.leases import TaskRecord
 from faust.types import TP
 
+from agents_stream.contract.events import CachedAnswer
 from agents_stream.contract.models import TaskPayload
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
@@ -32,6 +35,49 @@ def faust_event(
     """A Faust event of the record at ``tp``@``offset``, with what of it the ledger reads."""
     message = SimpleNamespace(tp=tp, topic=tp.topic, offset=offset, headers=list(headers), timestamp=timestamp)
     return SimpleNamespace(message=message, key=key, value=value)
+
+
+class Dispatched(NamedTuple):
+    """One ``Runs.dispatch`` the ledger asked for."""
+
+    task: TaskPayload
+    dispatch: int
+    steps_done: list[Any] | None
+    trace: str | None
+
+
+@dataclass
+class FakeRuns:
+    """The runs of a worker as the ledger sees them (``agents_stream.ledger.runs.Runs``), keeping what it asks:
+    no run is here but those in ``here``; ``on_dispatch`` sees each dispatch as it is asked for."""
+
+    worker_id: str = "w1"
+    here: set[str] = field(default_factory=set)
+    dispatched: list[Dispatched] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+    interrupted: list[str] = field(default_factory=list)
+    cached: list[tuple[str, CachedAnswer | None]] = field(default_factory=list)
+    on_dispatch: Callable[[Dispatched], None] | None = None
+
+    def has(self, task_id: str) -> bool:
+        return task_id in self.here
+
+    def dispatch(
+        self, task: TaskPayload, dispatch: int, steps_done: list[Any] | None = None, trace: str | None = None,
+    ) -> None:
+        asked = Dispatched(task, dispatch, steps_done, trace)
+        self.dispatched.append(asked)
+        if self.on_dispatch is not None:
+            self.on_dispatch(asked)
+
+    def cancel(self, task_id: str) -> None:
+        self.cancelled.append(task_id)
+
+    def interrupt(self, task_id: str) -> None:
+        self.interrupted.append(task_id)
+
+    def cache_answer(self, task_id: str, answer: CachedAnswer | None) -> None:
+        self.cached.append((task_id, answer))
 
 
 class Table(dict):  # type: ignore[type-arg]
@@ -92,15 +138,14 @@ class LedgerWorld:
 
         self.payloads: dict[str, TaskPayload] = {}  # each dispatched task's payload, by task id
 
-        def dispatch(task: TaskPayload, n: int, done: list[Any], trace: str | None = None) -> None:
-            self.dispatched.append((task.task_id, n, trace))
-            self.payloads[task.task_id] = task
+        def dispatched(asked: Dispatched) -> None:
+            self.dispatched.append((asked.task.task_id, asked.dispatch, asked.trace))
+            self.payloads[asked.task.task_id] = asked.task
 
-        self.interrupted: list[str] = []  # the runs asked to stop at a safe point (Executor.interrupt)
-        executor = SimpleNamespace(has=lambda task_id: False, dispatch=dispatch, worker_id="w1",
-                                   interrupt=self.interrupted.append)
+        self.runs = FakeRuns(on_dispatch=dispatched)
+        self.interrupted = self.runs.interrupted  # the runs asked to stop at a safe point (Runs.interrupt)
         self.ledger = Ledger(
-            settings, executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
+            settings, executor=self.runs, worker_id="w1", tables=tables,  # type: ignore[arg-type]
             watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), configs=configs,
         )
         self.offsets: dict[str, int] = {}  # the next offset of each topic's partition 0

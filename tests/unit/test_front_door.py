@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -76,29 +75,11 @@ def test_defining_an_agent_loads_neither_faust_nor_kafka() -> None:
     assert seen == {"bare": ["agents_stream"], "heavy": []}
 
 
-def test_mypy_reads_the_front_door_typed(tmp_path: Path) -> None:
+def test_mypy_reads_the_front_door_typed(mypy_lines) -> None:
     """A user's module, checked by mypy: ``@tool`` in both forms is a Tool, a misspelt name is an error."""
-    api = pytest.importorskip("mypy.api")
-    user = tmp_path / "user_agents.py"
-    user.write_text(USER_MODULE)
-    config = tmp_path / "mypy.ini"
-    paths = []
-    if not (ROOT / "agents_stream" / "tables").exists():  # the top-level tables/ is agents_stream.tables
-        link = tmp_path / "typecheck" / "agents_stream"
-        link.mkdir(parents=True)
-        (link / "tables").symlink_to(ROOT / "tables")
-        paths.append(str(tmp_path / "typecheck"))
-    config.write_text("[mypy]\nfollow_imports = silent\nignore_missing_imports = true\npython_version = 3.11\n"
-                      + (f"mypy_path = {os.pathsep.join(paths)}\n" if paths else ""))
-    cwd = os.getcwd()
-    os.chdir(ROOT)  # agents_stream is found where it is, as a user's checker finds an installed package
-    try:
-        out, err, _ = api.run([str(user), "--config-file", str(config), "--cache-dir", str(tmp_path / "cache"),
-                               "--no-error-summary", "--hide-error-context"])
-    finally:
-        os.chdir(cwd)
-    lines = [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(str(user))]
-    assert 'note: Revealed type is "agents_stream.execution.tools.Tool"' in lines[0], (out, err)
+    lines = mypy_lines(USER_MODULE)
+    out = "\n".join(lines)
+    assert 'note: Revealed type is "agents_stream.execution.tools.Tool"' in lines[0], out
     assert lines[1] == lines[2] == lines[0], out
     assert 'Revealed type is "agents_stream.execution.agent_definitions.Agent"' in lines[3], out
     errors = [line for line in lines if line.startswith("error")]

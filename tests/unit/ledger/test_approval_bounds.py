@@ -28,7 +28,7 @@ from agents_stream.ops import cli_common, dlq
 from agents_stream.ops import notify as links
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event
+from tests.unit.ledger_fakes import FakeRuns, Table, faust_event
 
 SECRET = "a-secret-of-at-least-thirty-two-characters"
 AGENT = "refunds"
@@ -185,8 +185,7 @@ def test_scanning_parked_tasks_reads_no_table_after_the_reindex():
         record = parked_record(T0 + i)
         tasks[f"r-{i}"] = record.to_json()
         timers[f"task/r-{i}"] = {"kind": "task"}
-    executor = SimpleNamespace(has=lambda task_id: False)
-    scanner = scanning.Scanner(Settings(), executor, tasks, timers)  # type: ignore[arg-type]
+    scanner = scanning.Scanner(Settings(), FakeRuns(), tasks, timers)  # type: ignore[arg-type]
     assert scanner.reindex() == 50
     CountingTable.reads = 0
     assert scanner.scan_parked(T0 + 5) == []
@@ -213,7 +212,7 @@ async def test_a_reindex_that_cannot_read_the_table_does_not_raise_and_the_next_
     tasks, timers = Table(), ClosedOnce()
     tasks["r-0"] = parked_record(T0).to_json()
     timers["task/r-0"] = {"kind": "task"}
-    scanner = scanning.Scanner(Settings(), SimpleNamespace(has=lambda task_id: False), tasks, timers)  # type: ignore[arg-type]
+    scanner = scanning.Scanner(Settings(), FakeRuns(), tasks, timers)  # type: ignore[arg-type]
     scanner.after_rebalance()
     assert scanner.reindex_due and scanner.approvals_pending([AGENT]) == {AGENT: 0}
     assert scanner.scan_parked(T0 + 12) == [("r-0", 0)]
@@ -337,10 +336,9 @@ def _ledger(settings: Settings) -> tuple[Ledger, Table, list[tuple[str, bytes | 
     outbox = Outbox(channel, Watermark(), "w1", find_dead_letter=no_lookup)
     tasks = Table()
     tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
-    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: None)
     policy = ApprovalPolicy(always=True, levels=[ApprovalLevel(name="lead", timeout_s=60)])
     ledger = Ledger(
-        settings, executor=executor, worker_id="w1", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
+        settings, executor=FakeRuns(), worker_id="w1", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
         outbox=outbox, notifier=links.Notifier(), policies={AGENT: policy},
     )
     return ledger, tasks, sent

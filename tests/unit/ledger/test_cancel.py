@@ -25,7 +25,7 @@ from agents_stream.ops.notify import Notifier, decision_signed, with_signature
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok
 from tests.unit.fake_worker import worker
-from tests.unit.ledger_fakes import EVENT_TIMESTAMP, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import EVENT_TIMESTAMP, FakeRuns, Table, faust_event, recording_outbox
 
 SECRET = "s" * 32
 SETTINGS = Settings(approval_secret=SECRET)
@@ -108,18 +108,15 @@ def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None 
             **settings: Any):
     outbox, sent = recording_outbox()
     tasks, timers = tasks if tasks is not None else Table(), Table()
-    stopped: list[str] = []
-    dispatched: list[Any] = []
-    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a),
-                               cancel=stopped.append)
-    ledger = Ledger(Settings(approval_secret=SECRET, partitions=1, **settings), executor=executor,  # type: ignore[arg-type]
+    runs = FakeRuns()
+    ledger = Ledger(Settings(approval_secret=SECRET, partitions=1, **settings), executor=runs,  # type: ignore[arg-type]
                     worker_id="w1", tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=timers),
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), agents=agents)
     if record is not None:
         tasks["t-1"] = record.to_json()
         if parked(record):
             timers[timer_key("t-1")] = {"kind": "task"}
-    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, stopped=stopped, dispatched=dispatched)
+    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, stopped=runs.cancelled, dispatched=runs.dispatched)
 
 
 def _decision(task_id: str = "t-1", *, signed: bool = True, **fields: Any) -> bytes:

@@ -20,7 +20,7 @@ from agents_stream.contract.models import ApprovalDecision, TaskPayload
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier, with_signature
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
 
 SECRET = "s" * 32
 SETTINGS = Settings(approval_secret=SECRET, partitions=1)
@@ -33,9 +33,8 @@ TASK = TaskPayload(task_id="t-1", agent_name="support", instruction="refund orde
 def _ledger() -> SimpleNamespace:
     outbox, sent = recording_outbox()
     tasks = Table()
-    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: None, cancel=lambda task_id: None)
     policy = ApprovalPolicy(levels=[ApprovalLevel(name="lead", timeout_s=600)])
-    ledger = Ledger(SETTINGS, executor=executor, worker_id="w1",  # type: ignore[arg-type]
+    ledger = Ledger(SETTINGS, executor=FakeRuns(), worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), policies={"support": policy})
     tasks["t-1"] = leases.TaskRecord(

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from agents_stream.tables import leases
@@ -20,7 +19,7 @@ from agents_stream.execution.run import Rejected, Run
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
 
 SETTINGS = Settings()
 MINE = topics.outcomes_topic(SETTINGS.app_id)
@@ -38,9 +37,9 @@ def _ledger(task: TaskPayload, *, state: str = leases.RUNNING, dispatch: int = 1
             waiting: str | None = None) -> tuple[Ledger, Table, Table, list[tuple[str, bytes | None]], list[Any]]:
     outbox, sent = recording_outbox()
     tasks, timers = Table(), Table()
-    dispatched: list[Any] = []
-    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a))
-    ledger = Ledger(SETTINGS, executor=executor, worker_id="w1",  # type: ignore[arg-type]
+    runs = FakeRuns()
+    dispatched = runs.dispatched
+    ledger = Ledger(SETTINGS, executor=runs, worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=timers),  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     record = leases.TaskRecord(

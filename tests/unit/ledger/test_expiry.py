@@ -24,7 +24,7 @@ from agents_stream.ledger.expiry import Expiry
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
 
 NOW = 1_000_000.0
 MINE = topics.outcomes_topic(Settings().app_id)
@@ -132,8 +132,7 @@ def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_pa
 async def test_the_ledger_tombstones_what_is_still_expired_when_the_event_comes_back() -> None:
     outbox, sent = recording_outbox()
     tasks = Table()
-    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: None)
-    ledger = Ledger(Settings(), executor=executor, worker_id="w1",  # type: ignore[arg-type]
+    ledger = Ledger(Settings(), executor=FakeRuns(), worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     ledger.expiry.settle(100.0)

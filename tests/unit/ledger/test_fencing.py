@@ -22,6 +22,7 @@ from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import FakeRuns
 
 TP1 = TP("agent.tasks.a", 1)
 PAYLOAD = '{"task_id":"t1","agent_name":"a","instruction":"x"}'
@@ -207,8 +208,7 @@ def test_members_are_read_from_client_ids_of_a_stable_group_only() -> None:
 
 
 def test_the_scanner_takes_over_only_leases_of_workers_outside_the_group() -> None:
-    executor = SimpleNamespace(worker_id="w2", has=lambda task_id: False)
-    scanner = Scanner(Settings(), executor, {}, {})  # type: ignore[arg-type]
+    scanner = Scanner(Settings(), FakeRuns(worker_id="w2"), {}, {})  # type: ignore[arg-type]
     scanner.note("t-dead", _record(dispatch=1, owner="w-dead"))
     scanner.note("t-alive", _record(dispatch=1, owner="w3"))
     scanner.note("t-mine", _record(dispatch=1, owner="w2"))
@@ -231,8 +231,7 @@ def test_under_static_membership_a_member_is_its_instance_id_and_its_predecessor
     assert replaced_by(before, me) and not replaced_by(me, me) and not replaced_by(other, me)
     assert not replaced_by("host:1:aa", "host:2:bb"), "without static membership nobody takes another's place"
 
-    executor = SimpleNamespace(worker_id=me, has=lambda task_id: False)
-    scanner = Scanner(Settings(), executor, {}, {})  # type: ignore[arg-type]
+    scanner = Scanner(Settings(), FakeRuns(worker_id=me), {}, {})  # type: ignore[arg-type]
     scanner.note("t-before", _record(dispatch=1, owner=before))
     scanner.note("t-other", _record(dispatch=1, owner=other))
     scanner.note("t-left", _record(dispatch=1, owner="pod-3@host:9:dd"))

@@ -23,7 +23,7 @@ from agents_stream.ledger import ledger as ledger_module
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import faust_event
+from tests.unit.ledger_fakes import FakeRuns, faust_event
 
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.")
 HOME = topics.partition_for(b"t1", Settings().partitions)  # the task's own partition: not moved there first
@@ -60,14 +60,11 @@ def _world() -> tuple[Ledger, SlowTable, list[tuple[str, int]]]:
         return SimpleNamespace(send_soon=send_soon)
 
     dispatched: list[tuple[str, int]] = []
-    executor = SimpleNamespace(
-        has=lambda task_id: False, worker_id="w1",
-        dispatch=lambda task, n, done, trace=None: dispatched.append((task.task_id, n)),
-    )
+    runs = FakeRuns(on_dispatch=lambda asked: dispatched.append((asked.task.task_id, asked.dispatch)))
     outbox = Outbox(channel, Watermark(), "w1", find_dead_letter=_no_lookup, confirm_timeout_s=3600.0)
     tasks = SlowTable()
     tables = Tables(tasks=tasks, answers=SlowTable(), jobs=SlowTable(), timers=SlowTable())  # type: ignore[arg-type]
-    ledger = Ledger(Settings(), executor=executor, worker_id="w1", tables=tables,  # type: ignore[arg-type]
+    ledger = Ledger(Settings(), executor=runs, worker_id="w1", tables=tables,  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     return ledger, tasks, dispatched
 

@@ -23,7 +23,7 @@ from agents_stream.execution.run import Answer, Run
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
 
 AGENT = "a"
 TOPIC = topics.task_topic(AGENT)
@@ -56,8 +56,9 @@ def _ledger(tasks: Table | None = None, member: Any = lambda: True) -> SimpleNam
     outbox, sent = recording_outbox(member=member)
     tasks = tasks if tasks is not None else Table()
     dispatched: list[Any] = []
-    executor = SimpleNamespace(has=lambda task_id: False, dispatch=lambda *a: dispatched.append(a))
-    ledger = Ledger(Settings(partitions=4), executor=executor, worker_id="w1",  # type: ignore[arg-type]
+    runs = FakeRuns()
+    dispatched = runs.dispatched
+    ledger = Ledger(Settings(partitions=4), executor=runs, worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, dispatched=dispatched, watermark=outbox.watermark)
