@@ -37,7 +37,8 @@ Effect = leases.Effect | SendTask | CancelTask | StopRun
 
 class Effects:
     """Applies a transition the ledger decided: writes the task table, holds the event's offset until every send
-    is confirmed, then runs the follow-ups. Also the offsets held for each running task (``Track``/``Settle``)."""
+    is confirmed, then runs the follow-ups. Also the offsets held for each running task (``Track``,
+    ``ReleaseOffsets``)."""
 
     def __init__(
         self, tables: Tables, executor: Runs, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
@@ -207,7 +208,7 @@ class Effects:
             sends.append(self.cancellation.send(effect, task_id, record))
         elif isinstance(effect, StopRun):  # once the cancel is durable: a crash first leaves the run going
             after.append(partial(self.executor.cancel, task_id))
-        elif isinstance(effect, leases.Settle):
+        elif isinstance(effect, leases.ReleaseOffsets):
             for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
                 after.append(partial(self.watermark.close, held_tp, held_offset, gen))
 

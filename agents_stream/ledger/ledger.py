@@ -327,7 +327,7 @@ class Ledger:
                 return durable
             new, effects, extra = changed
             self.effects.apply(
-                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_settle, durable),
+                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_resolve, durable),
                 record_first=True, fenced=partial(_fence, durable, task_id),
             )
         return durable
@@ -440,7 +440,7 @@ class Ledger:
             self.orchestrator.recent.forget({tp.partition for tp in tps})
 
 
-def _settle(fut: asyncio.Future[None]) -> None:
+def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 
