@@ -44,7 +44,7 @@ def breaker_events(ev: CircuitsEvent, at: float, floor: float | None = None) -> 
     """
     match ev:
         case CircuitTransition():
-            # Never later than the record itself: a time ahead would keep a forged open circuit shut for as long.
+            # Never later than the record itself: a time ahead would keep a forged open breaker shut for as long.
             opened_at = None if ev.opened_at is None else min(ev.opened_at, at)
             closed_at = None if ev.closed_at is None else min(ev.closed_at, at)
             return [breaker.Adopt(at=at, state=ev.to, opened_at=opened_at, closed_at=closed_at)]

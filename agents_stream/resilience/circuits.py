@@ -2,7 +2,7 @@
 
 Every worker appends what it learns about a provider to the single-partition topic ``agent.circuits`` and folds
 that whole log, in one order, through ``breaker`` and ``ratelimit`` (the decisions live there; waiting lives here).
-Why: docs/decisions.md, "One breaker log, folded by every worker"; the calls a failing provider receives are bounded
+Why: docs/decisions.md, "One circuits log, folded by every worker"; the calls a failing provider receives are bounded
 by its "Two rules bound the calls a failing provider receives".
 """
 
@@ -355,8 +355,8 @@ class Circuits:
         return list(due.values())
 
     async def acquire_probe(self, provider: str) -> Permit:
-        """Admit a probe of a half-open circuit, as the log decides (at most ``half_open_probes`` cluster-wide);
-        CircuitOpen when it is not half-open, a probe is out or the log refused."""
+        """Admit a probe of a circuit whose breaker is half-open, as the log decides (at most ``half_open_probes``
+        cluster-wide); CircuitOpen when it is not half-open, a probe is out or the log refused."""
         c = self._circuits[provider]
         now = self._clock()
         if breaker.view(c.breaker, now, c.breaker_config) != breaker.HALF_OPEN or self._probe_out(c, now):
