@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 from agents_stream.config import AppConfig
 from agents_stream.contract import events
 from agents_stream.contract.errors import CircuitOpen
-from agents_stream.resilience import breaker, circuit_events
+from agents_stream.resilience import breaker, breaker_events
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuit import Circuit, LogRecord, Permit, circuit_id
 from agents_stream.resilience.presence import Presence
@@ -130,7 +130,7 @@ class Circuits:
 
     def _fold(self, record: LogRecord) -> bool:
         """Apply one record; True when what callers wait on changed (state, Retry-After, probe places)."""
-        ev = circuit_events.read(record.value)  # raises for a broken record: fold() logs and skips it
+        ev = breaker_events.read(record.value)  # raises for a broken record: fold() logs and skips it
         if ev is None:
             return False  # a newer worker's event kind
         # The broker's append time when the topic keeps it (LogAppendTime): one clock for
@@ -159,9 +159,9 @@ class Circuits:
             if ev.cause >= self._start_offset or ev.to == c.breaker.state:
                 return False
         changed = False
-        for event in circuit_events.breaker_events(ev, at, c.reported_at.get(ev.worker)):
+        for event in breaker_events.breaker_events(ev, at, c.reported_at.get(ev.worker)):
             changed |= self._step(c, event, ev, mine, record.offset)
-        if circuit_events.resets_count(ev):
+        if breaker_events.resets_count(ev):
             _reported(c, ev.worker, at)
         return changed or woke_gate
 
