@@ -103,7 +103,7 @@ class AgentsStreamApp(faust.App):
             topic.config = {**replication.topic_configs(), **(topic.config or {})}
         # where a new app id starts the task topics another app id already read
         await commit_task_topic_starts(self.agents_settings, self.conf.id, self.input_topics)
-        if self.runtime is not None:  # finished records live at least as long as the task messages (ledger/expiry)
+        if self.runtime is not None:  # finished records outlive their task messages (ledger/expiry_sweep)
             tasks = [t for t in self.input_topics if topics.agent_of(t) is not None]
             self.runtime.ledger.expiry.set_ttl(await longest_retention_s(self.agents_settings, tasks))
         await super().on_start()

@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agents_stream.tables.records import JsonRecord
+from agents_stream.tables.json_record import JsonRecord
 
 RECORD_VERSION = 1
 

@@ -48,7 +48,7 @@ class Circuits:
     """One worker's view of the shared circuits log, and the gate its calls pass.
 
     Feed it the log's records, in order, with ``fold`` (``agents_stream.kafka.circuits_log``
-    reads them from Kafka, ``agents_stream.testing.circuits_log`` from memory).
+    reads them from Kafka, ``agents_stream.testing.memory_circuits_log`` from memory).
     """
 
     def __init__(

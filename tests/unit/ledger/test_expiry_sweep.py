@@ -20,7 +20,7 @@ from rocksdict import Options, Rdict
 
 from agents_stream.contract import topics
 from agents_stream.contract.events import RecordsExpired, encode
-from agents_stream.ledger.expiry import Expiry
+from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
