@@ -203,7 +203,7 @@ class Runtime(Service):
     async def on_stop(self) -> None:
         self.stopping = True
         await self.executor.stop()  # drains within settings.shutdown_grace_s
-        if not await self.settle(timeout=5.0):
+        if not await self.await_results_confirmed(timeout=5.0):
             log.warning("Shutdown: results of calls that finished were not all confirmed within 5s; "
                         "the next owner of their partitions sends them again (the same bytes)")
         # Commit the watermark now: outcomes the ledger applied during the grace period count.
@@ -223,7 +223,7 @@ class Runtime(Service):
                 log.warning("Spans not all exported within %.0fs on shutdown; the collector may miss this worker's "
                             "last ones (is the OTLP endpoint up?)", _TRACES_FLUSH_S)
 
-    async def settle(self, timeout: float) -> bool:
+    async def await_results_confirmed(self, timeout: float) -> bool:
         """While stopping: wait until the ledger has applied the outcomes of the calls that finished in the grace
         period and their results are confirmed, so the last commit covers them (else the next owner of the
         partition sends their results a second time, the same bytes). False when ``timeout`` ran out."""
@@ -316,8 +316,9 @@ class Runtime(Service):
         self.flow.assigned()
 
     def after_rebalance(self) -> None:
-        """The group settled: read who is in it (a lease held by a worker that left is taken over at once), and
-        renew the leases of the runs going on here (the new owner of a moved partition leaves them to finish)."""
+        """The rebalance completed: read who is in the group (a lease held by a worker that left is taken over at
+        once), and renew the leases of the runs going on here (the new owner of a moved partition leaves them to
+        finish)."""
         self.add_future(self.takeover.learn_members())
         if self.ready:
             self.executor.beat_now()

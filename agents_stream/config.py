@@ -19,7 +19,7 @@ CONFIDENCE_ORDER: tuple[str, ...] = ("high", "medium", "low", "failed")
 
 
 class BreakerConfig(BaseModel):
-    """Circuit breaker of one provider (docs/guide/failures.md); shared by all workers."""
+    """The breaker of every circuit (a provider endpoint): when it opens, how it probes (docs/guide/failures.md)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 

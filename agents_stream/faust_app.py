@@ -17,7 +17,7 @@ from agents_stream.kafka.assignor import Assignor
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.delivery import GuardedTopic
 from agents_stream.kafka.recovery import RecoveryWatch
-from agents_stream.kafka.start import settle_task_topics
+from agents_stream.kafka.start import commit_task_topic_starts
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.settings import Settings, datadir_option
 from agents_stream.tables.definitions import PromptTableManager
@@ -101,14 +101,16 @@ class AgentsStreamApp(faust.App):
         self.conf.topic_replication_factor = replication.factor
         for topic in self.runtime.output_topics if self.runtime is not None else ():
             topic.config = {**replication.topic_configs(), **(topic.config or {})}
-        await settle_task_topics(self.agents_settings, self.conf.id, self.input_topics)  # another app id's history?
-        if self.runtime is not None:  # finished records live at least as long as the task messages (ledger/expiry)
+        # where a new app id starts the task topics another app id already read
+        await commit_task_topic_starts(self.agents_settings, self.conf.id, self.input_topics)
+        if self.runtime is not None:  # finished records outlive their task messages (ledger/expiry_sweep)
             tasks = [t for t in self.input_topics if topics.agent_of(t) is not None]
-            self.runtime.ledger.expiry.settle(await longest_retention_s(self.agents_settings, tasks))
+            self.runtime.ledger.expiry.set_ttl(await longest_retention_s(self.agents_settings, tasks))
         await super().on_start()
 
     async def on_stop(self) -> None:
-        """The runtime first (drain, settle, final commit: it needs the consumer), then Faust's consumer and tables."""
+        """The runtime first (drain, results confirmed, final commit: it needs the consumer), then Faust's consumer and
+        tables."""
         if self.runtime is not None:
             await self.runtime.stop()
         await super().on_stop()

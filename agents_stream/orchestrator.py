@@ -195,7 +195,7 @@ class Orchestrator:
                 outbox.control(effect.event, job_id, None, effect.details)
                 if effect.event == "job.cancelled":
                     # The steps in flight must not go on for a job that ended: each is cancelled, running,
-                    # parked or still in its topic (ledger/cancel.py). Part of the confirmed sends, so a crash
+                    # parked or still in its topic (ledger/cancel_decisions.py). Part of the confirmed sends, so a crash
                     # cannot skip it.
                     in_flight = effect.details.get("tasks", [])
                     sends.extend(self._cancel_send(job_id, task_id, effect.details) for task_id in in_flight)

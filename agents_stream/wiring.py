@@ -100,7 +100,7 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
     async def _rebalanced(sender: Any, *args: Any, **kwargs: Any) -> None:
         if runtime.flow.superseded():
             return  # Faust signals a recovery a newer assignment replaced too: the newer one signals its own end
-        # After the group settled and before the streams resume (Faust's recovery sends this first): the broker
+        # After the rebalance completed and before the streams resume (Faust's recovery sends this first): the broker
         # answers offset requests now, and nothing of the new assignment has been read yet. In this order: the
         # ledger applies a partition's records only once it is claimed (Takeover.admit), and the reading starts
         # must be seeded before the first record is applied, or a record Faust dropped before it is a new start
@@ -116,7 +116,7 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             )
         runtime.ledger.scanner.after_rebalance()  # the tables are recovered: parked tasks join the due-time index
         runtime.after_rebalance()
-        runtime.flow.settled()  # Faust resumes the streams next: the flow's checks may look again
+        runtime.flow.resumed()  # Faust resumes the streams next: the flow's checks may look again
 
     @app.task
     async def _start_runtime() -> None:

@@ -75,7 +75,7 @@ async def run(tmp: Path, rate: float, before_s: float, after_timeout_s: float) -
         sent: dict[str, float] = {}
         publisher = asyncio.ensure_future(publish_paced(topic, agent, ids, rate, sent))
         await asyncio.sleep(before_s)
-        # ownership from the leases of the last few seconds only (the group settled after w1 joined)
+        # ownership from the leases of the last few seconds only (the rebalance after w1 joined had completed)
         owner.clear()
         await asyncio.sleep(min(3.0, before_s / 2))
         victim = w1.proc.pid

@@ -96,7 +96,7 @@ async def _rss_after_ready(worker: Any, timeout: float) -> dict[str, Any]:
     started = time.monotonic()
     await worker.wait_ready(timeout=timeout)
     ready = time.monotonic() - started
-    await asyncio.sleep(5)  # let the start settle (timers, first presence event)
+    await asyncio.sleep(5)  # let the start finish (timers, first presence event)
     st = proc_status(worker.proc.pid)
     return {"ready_s": ready, "rss": st["VmRSS"], "hwm": st["VmHWM"]}
 

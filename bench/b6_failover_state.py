@@ -37,7 +37,7 @@ def _bytes_under(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-async def _settled(path: Path, quiet_s: float, timeout: float) -> float:
+async def _quiet(path: Path, quiet_s: float, timeout: float) -> float:
     """Wait until the files under ``path`` stop growing for ``quiet_s``; seconds waited."""
     started, last, since = time.monotonic(), -1, time.monotonic()
     while time.monotonic() - started < timeout:
@@ -74,7 +74,7 @@ async def run(tmp: Path, n: int, *, standby: int = 1, rate: float = 40.0, after_
         await out.start()
         await leases.start()
         await flow_ready(topic, out, agent)
-        standby_s = await _settled(cluster.tmp / "data-w1", quiet_s=10.0, timeout=1800)
+        standby_s = await _quiet(cluster.tmp / "data-w1", quiet_s=10.0, timeout=1800)
         ids = task_ids("b6", int(rate * (20 + after_timeout_s)))
         sent: dict[str, float] = {}
         publisher = asyncio.ensure_future(publish_paced(topic, agent, ids, rate, sent))

@@ -31,7 +31,7 @@ from agents_stream.tables.leases import (
     Effect,
     EmitResult,
     Notify,
-    Settle,
+    ReleaseOffsets,
     TaskRecord,
 )
 
@@ -148,7 +148,7 @@ def park_call(
         "escalations": [], "decision": None, "call": call,
     }
     parked = replace(record, state=AWAITING_APPROVAL, owner="", lease_until=0.0, approval=_dump(approval))
-    return parked, [Settle(), Notify(0), Control("approval.requested", {
+    return parked, [ReleaseOffsets(), Notify(0), Control("approval.requested", {
         "reason": reason, "level": 0, "due": approval["due"], "call": call})]
 
 
@@ -267,4 +267,4 @@ def overflow(
     )
     details = {"reason": "approval_backlog_full", "waiting": waiting, "share": share}
     return ended, [Control("approval.refused", details), EmitResult(failed_result),
-                   DeadLetter(reason, "approval", 0), Settle()]
+                   DeadLetter(reason, "approval", 0), ReleaseOffsets()]

@@ -27,7 +27,7 @@ from agents_stream.tables.leases import (
     Control,
     Effect,
     EmitResult,
-    Settle,
+    ReleaseOffsets,
     TaskRecord,
 )
 
@@ -75,7 +75,7 @@ def cancel(
         details["subtasks"] = [sub.task_id for sub in subtasks]
     effects: list[Effect | StopRun | CancelTask] = [Control("task.cancelled", details), EmitResult(result)]
     if record.state == RUNNING:
-        effects += [StopRun(), Settle()]
+        effects += [StopRun(), ReleaseOffsets()]
     elif record.state == AWAITING_SUBTASKS:
         effects += subtasks
     return ended, effects

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
-from agents_stream.tables.records import JsonRecord
+from agents_stream.tables.json_record import JsonRecord
 
 RECORD_VERSION = 2
 
@@ -64,7 +64,8 @@ class ConversationRecord(JsonRecord):
     """A conversation's head (versioned JSON)."""
 
     agent: str
-    #: the offset of the message that began the conversation (its rounds' task ids carry it: contract/conversations)
+    #: the offset of the message that began the conversation (its rounds' task ids carry it:
+    #: contract/conversation_messages)
     since: int = -1
     #: how many rounds were started; the round answering now, or None (idle)
     rounds: int = 0

@@ -29,7 +29,15 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
-from agents_stream.tables.leases import AWAITING_SUBTASKS, RUNNING, Control, Dispatch, Effect, Settle, TaskRecord
+from agents_stream.tables.leases import (
+    AWAITING_SUBTASKS,
+    RUNNING,
+    Control,
+    Dispatch,
+    Effect,
+    ReleaseOffsets,
+    TaskRecord,
+)
 
 __all__ = ["SendTask", "arrive", "delegate", "sub_task_id", "waiting_for"]
 
@@ -77,7 +85,7 @@ def delegate(
                      waiting=json.dumps(waiting, separators=(",", ":"), sort_keys=True))
     sends: list[Effect | SendTask] = [SendTask(agent, sub_id, payload) for _, agent, sub_id, payload in subtasks]
     details = {"turn": turn, "subtasks": [sub_id for _, _, sub_id, _ in subtasks]}
-    return parked, [Settle(), *sends, Control("agent.delegated", details)]
+    return parked, [ReleaseOffsets(), *sends, Control("agent.delegated", details)]
 
 
 def is_from_call(
@@ -109,7 +117,7 @@ def arrive(
     state = json.loads(record.waiting or "{}")
     state.get("digests", {}).pop(call_id, None)
     left = {k: v for k, v in pending.items() if k != call_id}
-    # an empty "calls" stays: the timers table keeps finding the task after a rebalance (its offsets are settled)
+    # an empty "calls" stays: the timers table keeps finding the task after a rebalance (its offsets are released)
     waiting = json.dumps({**state, "calls": left}, separators=(",", ":"), sort_keys=True)
     done = json.loads(record.steps_done) if record.steps_done else []
     entry = {"kind": "subresult", "turn": state["turn"], "id": call_id, "agent": agent, "result": result}

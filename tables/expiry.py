@@ -3,7 +3,7 @@ poison message whose dead letter was sent. Open tasks, parked ones and the spend
 
 An entry expires only when both hold:
 
-- its time to live has passed (never shorter than the task topics' retention: ledger/expiry.py settles it), and
+- its time to live has passed (never shorter than the task topics' retention: ledger/expiry_sweep.py sets it), and
 - the task message it stands for can no longer be read: the log start offset of that message's topic partition
   (the broker's earliest offset) has passed the message's offset.
 

@@ -21,8 +21,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from agents_stream.tables.job_effects import Control, DispatchPlanner, DispatchStep, Effect, EmitJobResult
+from agents_stream.tables.json_record import JsonRecord
 from agents_stream.tables.plans import MAX_STEPS, PLAN_SCHEMA, PLANNER_STEP, PlanError, Step, validate_plan
-from agents_stream.tables.records import JsonRecord
 
 __all__ = [
     "CANCELLED",

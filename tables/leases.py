@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from agents_stream.tables.records import JsonRecord
+from agents_stream.tables.json_record import JsonRecord
 
 RECORD_VERSION = 1
 
@@ -114,8 +114,9 @@ class Track:
 
 
 @dataclass(frozen=True)
-class Settle:
-    """The task is terminal: release every offset tracked for it once the effects are durable."""
+class ReleaseOffsets:
+    """Release every offset tracked for the task (``Track``) once the effects are durable: it is terminal, or it
+    waits in its record (parked, awaiting sub-tasks) holding no offset."""
 
 
 @dataclass(frozen=True)
@@ -125,7 +126,7 @@ class Notify:
     level: int
 
 
-Effect = Dispatch | EmitResult | DeadLetter | Control | Track | Settle | Notify
+Effect = Dispatch | EmitResult | DeadLetter | Control | Track | ReleaseOffsets | Notify
 
 
 def receive(
@@ -176,7 +177,8 @@ def receive(
         return record, []
     if running_here:
         # Our executor has it; hold this offset too: a revoke and re-assign dropped the first delivery's hold
-        # (docs/decisions.md, "Holds and take-overs in the lease machine"). Settle releases every hold of the task.
+        # (docs/decisions.md, "Holds and take-overs in the lease machine"). ReleaseOffsets releases every hold of the
+        # task.
         return record, [Track()]
     # Another owner's lease (or ours before a restart): hold and wait for its outcome. Never take over here, even
     # if the lease looks lapsed: only the scanner's `expired` event does (``expire``; docs/decisions.md, "Leases and
@@ -271,7 +273,7 @@ def finish(
     if status == FAILED:
         effects.append(DeadLetter(reason or "permanent_error", "downstream", record.dispatch))
         effects.append(Control("task.failed", {"reason": reason}))
-    effects.append(Settle())
+    effects.append(ReleaseOffsets())
     # The checkpoint has served: the result holds every step's output.
     return replace(record, state=status, result=result, finished_at=now, steps_done=None), effects
 
@@ -330,7 +332,7 @@ def expire(
                 record.dispatch,
             ),
             Control("task.dead_lettered", {"layer": "recovery", "attempts": record.dispatch}),
-            Settle(),
+            ReleaseOffsets(),
         ]
     why = "lease_lapsed" if now >= record.lease_until else "owner_left"
     return _take_over(record, now=now, me=me, ttl=ttl, why=why)

@@ -1,5 +1,6 @@
-"""The records of agent.circuits: the shared log of provider circuits and worker presence (read through
-contract/events.py's ``CIRCUITS`` family; folded by resilience/circuit_events.py)."""
+"""The wire format of the circuits log (agent.circuits): one model per kind of record a worker appends, its
+breakers' failures, successes, probes and transitions, a Retry-After, its presence (decoded through
+contract/events.py's ``CIRCUITS`` family; turned into breaker events by resilience/breaker_events.py)."""
 
 from __future__ import annotations
 

@@ -98,7 +98,7 @@ def classify(exc: BaseException) -> str:
 class Interrupted(Exception):
     """A conversation's round stops at a safe point (its last step journaled, nothing running) because a message
     came that its agent answers by interrupting (``double_texting = "interrupt"``): the round is dispatched again
-    with the message in its journal (ledger/conversations.py)."""
+    with the message in its journal (ledger/conversation_rounds.py)."""
 
 
 class Fenced(Exception):

@@ -208,7 +208,7 @@ class LeaseExpired(_Versioned):
 
 class RecordsExpired(_Versioned):
     """The expiry sweep found these task-table entries past their time to live on the partition of this event (its
-    key is the first of them): the ledger tombstones each one that still is (ledger/expiry.py)."""
+    key is the first of them): the ledger tombstones each one that still is (ledger/expiry_sweep.py)."""
 
     kind: Literal["records_expired"] = "records_expired"
     keys: list[str] = Field(min_length=1, max_length=10_000)

@@ -54,7 +54,7 @@ def sub_task_id(task_id: str, call_id: str) -> str:
     return f"{task_id}/{call_id}"
 
 
-#: the task ids of conversation rounds begin with this (agents_stream.contract.conversations); a producer's task may not
+#: the task ids of conversation rounds begin with this (contract/conversation_messages); a producer's task may not
 ROUND_PREFIX = "conv:"
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from aiokafka.partitioner import murmur2
 
 RESULTS = "agent.results"
-#: Public: one ConversationReply per run of a conversation (contract/conversations.py), keyed by conversation_id
+#: Public: one ConversationReply per run of a conversation (contract/conversation_messages.py), keyed by conversation_id
 REPLIES = "agent.replies"
 #: Public: a conversation's progress (messages, runs, tool calls, replies) for its event stream, keyed by
 #: conversation_id (tables/conversation_events.py)

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import round_of
+from agents_stream.contract.conversation_messages import round_of
 from agents_stream.contract.models import SCHEMA_VERSION, utcnow_iso
 
 __all__ = ["CHUNK_CHARS", "FLUSH_S", "MAX_CHARS", "ChunkStream", "Chunks", "SendEvent"]

@@ -4,8 +4,8 @@ The ledger hands a task over with ``dispatch``; a free slot runs it (the
 ladder, ``agents_stream.execution.ladder``; steps and sagas,
 ``agents_stream.execution.steps``) and reports the outcome as an event on the
 outcomes topic, which the ledger applies. While a task is here its lease is
-renewed by heartbeat events. A held task leaves its slot and parks until a
-circuit changes. Every call goes through the shared circuits
+renewed by heartbeat events. A held task leaves its slot and waits in memory
+until a circuit changes. Every call goes through the shared circuits
 (``agents_stream.resilience.circuits``).
 """
 
@@ -102,7 +102,7 @@ class Executor(Service):
                               rng=rng) if servers else None
         self.runs: dict[str, Run] = {}  # task_id → its run, queued, running or held
         self._queue: asyncio.Queue[str] = asyncio.Queue()
-        self._own: set[asyncio.Future[Any]] = set()  # slots, parked runs, heartbeats: stop() ends them
+        self._own: set[asyncio.Future[Any]] = set()  # slots, held runs' waits, heartbeats: stop() ends them
         self._accepting = True
         self.running = 0
 
@@ -145,7 +145,7 @@ class Executor(Service):
         if run.work is not None and not run.work.done():
             run.work.cancel()  # the slot ends the run (_serve) and takes the next task
             return
-        self.runs.pop(task_id, None)  # queued or held: the slot or the parked waiter finds it gone
+        self.runs.pop(task_id, None)  # queued or held: the slot or the hold's waiter finds it gone
         self.ladder.forget(run)
         run.done.set()
         log.info("Task %s was cancelled before its run here started (or while it was held): it will not run", task_id)
@@ -242,12 +242,12 @@ class Executor(Service):
             await self._serve(run)
 
     async def _serve(self, run: Run) -> None:
-        """Run one task to its outcome and report it, or park it when it must hold."""
+        """Run one task to its outcome and report it, or hold it off the slots when no rung is available."""
         task_id = run.task.task_id
         self.running += 1
         if run.started is None:
             run.started = time.monotonic()
-        parked = False
+        held = False
         try:
             run.work = asyncio.ensure_future(self._run(run))
             try:
@@ -256,8 +256,8 @@ class Executor(Service):
                 run.work = None
             if outcome is None:
                 # Held: give the slot back to other work; come back when a circuit changes.
-                parked = True
-                self._spawn(self._park(run))
+                held = True
+                self._spawn(self._hold(run))
             elif isinstance(outcome, CallParked | CallsDelegated):  # it waits in the ledger for a human or sub-tasks
                 await self._send_outcome(task_id, outcome)
             else:
@@ -291,7 +291,7 @@ class Executor(Service):
             )
         finally:
             self.running -= 1
-            if not parked:
+            if not held:
                 self.ladder.forget(run)
                 run.done.set()
                 self.runs.pop(task_id, None)
@@ -301,7 +301,7 @@ class Executor(Service):
         current = asyncio.current_task()
         return current is not None and current.cancelling() > 0
 
-    async def _park(self, run: Run) -> None:
+    async def _hold(self, run: Run) -> None:
         """A held task waits here, off the call slots (its lease is still renewed), then queues again."""
         await self.circuits.wait_change(run.wait)
         if self._accepting and self.runs.get(run.task.task_id) is run:

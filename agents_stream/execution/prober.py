@@ -25,7 +25,7 @@ INTERVAL_S = 0.25
 
 
 async def probe_once(circuits: Circuits, provider: Provider) -> str | None:
-    """Probe ``provider`` if its circuit is half-open with no probe out; what the probe came to, or None when the
+    """Probe ``provider`` if its breaker is half-open with no probe out; what the probe came to, or None when the
     log gave the place to another worker (or there was nothing to probe)."""
     try:
         permit = await circuits.acquire_probe(provider.name)

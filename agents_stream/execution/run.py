@@ -36,7 +36,7 @@ class Run:
     route: str = ""
     #: an answer the router's tier gave before escalating: used if the rest of the ladder is down
     escalated: Answer | None = None
-    #: held: how long to stay parked before trying again (seconds)
+    #: held: how long to stay held before trying again (seconds)
     wait: float = 0.0
     #: a multi-step task: the outputs of the steps done (from the checkpoint, then this run)
     steps_done: list[Any] = field(default_factory=list)

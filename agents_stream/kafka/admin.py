@@ -95,7 +95,7 @@ def output_topics(app: faust.App, settings: Settings, config: AppConfig, agents:
     ]
     return [
         app.topic(topics.RESULTS, partitions=n, internal=True),
-        # conversations' replies and progress (contract/conversations.py, tables/conversation_events.py)
+        # conversations' replies and progress (contract/conversation_messages.py, tables/conversation_events.py)
         app.topic(topics.REPLIES, partitions=n, internal=True),
         app.topic(topics.CONVERSATION_EVENTS, partitions=n, internal=True),
         app.topic(topics.CONTROL, partitions=n, internal=True),

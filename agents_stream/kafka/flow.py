@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Hashable
 
 import faust
 from faust.types import TP
@@ -54,8 +54,8 @@ class Flow:
         self.stall_after_s = stall_after_s
         self.paused: set[TP] = set()
         #: a rebalance of this worker has begun (partitions revoked or assigned) and Faust has not yet resumed its
-        #: streams after it (``settled``): Faust pauses the input partitions until their tables are recovered
-        self.settling = False
+        #: streams after it (``resumed``): Faust pauses the input partitions until their tables are recovered
+        self.awaiting_resume = False
         self.stalls = StallDetector(stall_after_s)
         self._rereads: dict[TP, tuple[int, float]] = {}  # partition → (offset sought back to, when)
         self._looked = 0.0  # when check_progress last asked the broker for end offsets (monotonic)
@@ -120,7 +120,7 @@ class Flow:
         between, resuming the partitions Faust paused let the ledger apply task messages to a table partition
         still being rebuilt from its changelog: a finished task, missing there, ran again and was answered twice
         (docs/cluster.md)."""
-        return bool(self.settling or self.app.in_recovery or getattr(self.app, "rebalancing", False))
+        return bool(self.awaiting_resume or self.app.in_recovery or getattr(self.app, "rebalancing", False))
 
     def superseded(self) -> bool:
         """A later assignment already asked for another recovery: Faust's ``on_rebalance_complete`` of the
@@ -129,15 +129,17 @@ class Flow:
         pending = getattr(recovery, "signal_recovery_start", None)
         return pending is not None and pending.is_set()
 
-    def settled(self) -> None:
+    def resumed(self) -> None:
         """Faust's recovery ended and it resumes the streams (``on_rebalance_complete``), unless it was
         ``superseded``."""
         if self.superseded():
             return
-        self.settling = False
+        self.awaiting_resume = False
         assigned = self._assignment() or set()
-        self.stalls.settled({tp: self.watermark.next_offset(tp) for tp in assigned if tp.topic in self.managed_topics},
-                            time.monotonic())
+        positions: dict[Hashable, int | None] = {
+            tp: self.watermark.next_offset(tp) for tp in assigned if tp.topic in self.managed_topics
+        }
+        self.stalls.restart_at(positions, time.monotonic())
 
     def watched(self) -> set[TP]:
         """Between rebalances: the assigned input partitions that should be fetched (not paused by us, not held
@@ -275,12 +277,12 @@ class Flow:
             self.alert("alert.partition_reread", {"partition": f"{tp.topic}:{tp.partition}", "offset": at, "end": end})
 
     def revoked(self, revoked: set[TP]) -> None:
-        self.settling = True
+        self.awaiting_resume = True
         self.stalls.forget(revoked)
         self.paused -= revoked
 
     def assigned(self) -> None:
-        self.settling = True  # Faust pauses every assigned partition until its recovery ends (``settled``)
+        self.awaiting_resume = True  # Faust pauses every assigned partition until its recovery ends (``resumed``)
         # Faust resumes every partition after a rebalance (docs/faust.md): re-apply our pauses.
         self.paused = set()
         self.update()

@@ -74,7 +74,7 @@ class _Delivery:
     fenced: Callable[[], object] | None = None
     left: int = 0
     timer: asyncio.TimerHandle | None = None
-    settled: bool = False
+    concluded: bool = False
 
 
 @dataclass
@@ -280,10 +280,10 @@ class Outbox(mode.Service):
         delivery = _Delivery(tp, offset, gen, sends, [send() for send in sends], list(after), fence, fenced)
         waiting = [f for f in delivery.started if not f.done()]
         if not waiting:
-            self._settle(delivery)
+            self._conclude(delivery)
             return
         delivery.left = len(waiting)
-        delivery.timer = asyncio.get_running_loop().call_later(self.confirm_timeout_s, self._settle, delivery)
+        delivery.timer = asyncio.get_running_loop().call_later(self.confirm_timeout_s, self._conclude, delivery)
         self._pending.add(delivery)
         for fut in waiting:
             fut.add_done_callback(lambda _, d=delivery: self._answered(d))
@@ -291,13 +291,13 @@ class Outbox(mode.Service):
     def _answered(self, delivery: _Delivery) -> None:
         delivery.left -= 1
         if delivery.left == 0:
-            self._settle(delivery)
+            self._conclude(delivery)
 
-    def _settle(self, delivery: _Delivery) -> None:
+    def _conclude(self, delivery: _Delivery) -> None:
         """Every send of ``delivery`` answered (or the timeout came): release its offset, or retry in a task."""
-        if delivery.settled:
+        if delivery.concluded:
             return
-        delivery.settled = True
+        delivery.concluded = True
         self._pending.discard(delivery)
         if delivery.timer is not None:
             delivery.timer.cancel()
@@ -423,7 +423,7 @@ class Outbox(mode.Service):
     async def on_stop(self) -> None:
         """Drop deliveries still pending: their offsets were never committed, so nothing is lost."""
         for delivery in list(self._pending):  # their offsets stay held: nothing after them is committed
-            delivery.settled = True
+            delivery.concluded = True
             if delivery.timer is not None:
                 delivery.timer.cancel()
         self._pending.clear()

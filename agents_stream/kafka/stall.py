@@ -40,7 +40,7 @@ class StallDetector:
         self._since: dict[Hashable, tuple[int, float]] = {}
         self._fresh: set[Hashable] = set()  # assigned by the last rebalance, position not moved since
 
-    def settled(self, positions: dict[Hashable, int | None], now: float) -> None:
+    def restart_at(self, positions: dict[Hashable, int | None], now: float) -> None:
         """A rebalance ended: reading starts at ``positions`` (the group's commits) on these partitions now."""
         for tp, position in positions.items():
             if position is None:

@@ -24,7 +24,7 @@ from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import retried
 from agents_stream.settings import Settings, bootstrap_servers
 
-__all__ = ["Start", "StartFrom", "decide", "parse_start_from", "refusal", "settle_starts", "settle_task_topics"]
+__all__ = ["Start", "StartFrom", "decide", "parse_start_from", "refusal", "commit_starts", "commit_task_topic_starts"]
 
 log = logging.getLogger(__name__)
 
@@ -104,18 +104,18 @@ def refusal(app_id: str, starts: list[Start], choice: StartFrom) -> str:
     )
 
 
-async def settle_task_topics(settings: Settings, group: str, inputs: list[str]) -> list[Start]:
-    """``settle_starts`` for the task topics among ``inputs``, with the settings' broker and choice."""
+async def commit_task_topic_starts(settings: Settings, group: str, inputs: list[str]) -> list[Start]:
+    """``commit_starts`` for the task topics among ``inputs``, with the settings' broker and choice."""
     try:
         choice = parse_start_from(settings.start_from)
     except ValueError as exc:
         raise SystemExit(str(exc)) from None
     tasks = [t for t in inputs if contract_topics.agent_of(t) is not None]
     bootstrap = bootstrap_servers(settings.broker)
-    return await settle_starts(bootstrap, kafka_security.client_kwargs(settings), group, tasks, choice)
+    return await commit_starts(bootstrap, kafka_security.client_kwargs(settings), group, tasks, choice)
 
 
-async def settle_starts(
+async def commit_starts(
     bootstrap: str, client_kwargs: dict[str, Any], group: str, topics: list[str], choice: StartFrom,
 ) -> list[Start]:
     """Decide each of ``topics`` for ``group`` and commit the chosen starts; SystemExit (with ``refusal``'s

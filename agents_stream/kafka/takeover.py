@@ -1,4 +1,4 @@
-"""What a worker does once the group settles after a rebalance: it claims an owner epoch on every table partition
+"""What a worker does once a rebalance completes: it claims an owner epoch on every table partition
 it now owns (before the ledger reads a record of them), reads who is still in the group, renews the leases of the
 runs going on here, and takes over at once the tasks whose lease's owner left the group (docs/security.md,
 "Fencing")."""

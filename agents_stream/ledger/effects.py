@@ -10,17 +10,17 @@ from typing import Any, Callable, Sequence
 
 from faust.types import TP
 
-from agents_stream.contract.conversations import conversation_of
+from agents_stream.contract.conversation_messages import conversation_of
 from agents_stream.contract.models import TaskPayload
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import endings, spans
-from agents_stream.ledger.cancel import Cancellation, CancelTask, StopRun
-from agents_stream.ledger.delegation import Delegation
+from agents_stream.ledger.cancel_decisions import Cancellation, CancelTask, StopRun
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.records import parked, timer_key
 from agents_stream.ledger.runs import Runs
 from agents_stream.ledger.scanner import Scanner
+from agents_stream.ledger.sub_tasks import Delegation
 from agents_stream.ops import metrics, tracing
 from agents_stream.ops.recent import RecentTasks
 from agents_stream.tables import leases
@@ -37,7 +37,8 @@ Effect = leases.Effect | SendTask | CancelTask | StopRun
 
 class Effects:
     """Applies a transition the ledger decided: writes the task table, holds the event's offset until every send
-    is confirmed, then runs the follow-ups. Also the offsets held for each running task (``Track``/``Settle``)."""
+    is confirmed, then runs the follow-ups. Also the offsets held for each running task (``Track``,
+    ``ReleaseOffsets``)."""
 
     def __init__(
         self, tables: Tables, executor: Runs, watermark: Watermark, outbox: Outbox, *, gate: ApprovalGate,
@@ -56,7 +57,7 @@ class Effects:
         #: the offsets held for each running task, with the watermark generation of each hold
         self.task_offsets: dict[str, list[tuple[TP, int, int]]] = {}
         #: called with (tp, offset, task_id, old, new) after each transition of a conversation's round
-        #: (ledger/conversations.py: its events; once it finished, its reply and the next round)
+        #: (ledger/conversation_rounds.py: its events; once it finished, its reply and the next round)
         self.round_changed: Callable[[TP, int, str, TaskRecord | None, TaskRecord | None], object] | None = None
 
     def apply(
@@ -207,7 +208,7 @@ class Effects:
             sends.append(self.cancellation.send(effect, task_id, record))
         elif isinstance(effect, StopRun):  # once the cancel is durable: a crash first leaves the run going
             after.append(partial(self.executor.cancel, task_id))
-        elif isinstance(effect, leases.Settle):
+        elif isinstance(effect, leases.ReleaseOffsets):
             for held_tp, held_offset, gen in self.task_offsets.pop(task_id, []):
                 after.append(partial(self.watermark.close, held_tp, held_offset, gen))
 

@@ -11,9 +11,9 @@ from agents_stream.contract import topics
 from agents_stream.contract.events import FannedInResult
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger import identity
-from agents_stream.ledger.delegation import Delegation
 from agents_stream.ledger.intake import HISTORY_HEADER
 from agents_stream.ledger.records import job_of
+from agents_stream.ledger.sub_tasks import Delegation
 from agents_stream.ops import metrics, tracing
 from agents_stream.orchestrator import fan_in_event
 from agents_stream.tables import leases

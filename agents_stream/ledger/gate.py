@@ -16,7 +16,7 @@ from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.events import CallParked
 from agents_stream.contract.models import ApprovalDecision, TaskPayload, TaskResult, parse_json_model, utcnow_iso
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.ledger.cancel import Cancellation
+from agents_stream.ledger.cancel_decisions import Cancellation
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.ledger.records import record_of
@@ -50,7 +50,7 @@ class ApprovalGate:
         self.saga_flagged = saga_flagged
         #: how many tasks of an agent await a decision on a partition (the scanner's index)
         self.awaiting_in = awaiting_in
-        #: a ``cancel`` decision's transitions (ledger/cancel.py)
+        #: a ``cancel`` decision's transitions (ledger/cancel_decisions.py)
         self.cancellation = cancellation
 
     def approval_for(self, task: TaskPayload) -> tuple[str, list[float]] | None:

@@ -11,8 +11,8 @@ from agents_stream.contract.errors import PoisonMessage
 from agents_stream.contract.events import FannedInResult
 from agents_stream.contract.models import TaskPayload, task_digest
 from agents_stream.kafka.outbox import Outbox
-from agents_stream.ledger.delegation import result_send
 from agents_stream.ledger.poison import Poison
+from agents_stream.ledger.sub_tasks import result_send
 from agents_stream.orchestrator import fan_in_event
 from agents_stream.tables import leases
 from agents_stream.tables.leases import TaskRecord

@@ -12,7 +12,7 @@ from faust.types import TP
 
 from agents_stream.config import AgentConfig, ApprovalPolicy
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import conversation_of, is_message, message_from
+from agents_stream.contract.conversation_messages import conversation_of, is_message, message_from
 from agents_stream.contract.errors import Fenced, PoisonMessage
 from agents_stream.contract.events import (
     OUTCOMES,
@@ -37,11 +37,10 @@ from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import identity, sizes, spans
 from agents_stream.ledger.cache import AnswerCache
-from agents_stream.ledger.cancel import Cancellation
-from agents_stream.ledger.conversations import Conversations
-from agents_stream.ledger.delegation import Delegation
+from agents_stream.ledger.cancel_decisions import Cancellation
+from agents_stream.ledger.conversation_rounds import Conversations
 from agents_stream.ledger.effects import Effects
-from agents_stream.ledger.expiry import Expiry
+from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
@@ -49,6 +48,7 @@ from agents_stream.ledger.records import record_of, result_json
 from agents_stream.ledger.runs import Runs
 from agents_stream.ledger.scanner import OpenTask, Scanner
 from agents_stream.ledger.spend import add_spend, spend_report
+from agents_stream.ledger.sub_tasks import Delegation
 from agents_stream.ops import tracing
 from agents_stream.ops.notify import Notifier
 from agents_stream.ops.recent import RecentTasks
@@ -217,7 +217,7 @@ class Ledger:
         self._apply_task(tp, offset, task, value, headers)  # type: ignore[arg-type]  # decode_record refuses null
 
     def start_round(self, tp: TP, offset: int, task: TaskPayload) -> None:
-        """A conversation's round (ledger/conversations.py): its task made as if it had arrived at ``offset``."""
+        """A conversation's round (ledger/conversation_rounds.py): its task made as if it had arrived at ``offset``."""
         self._apply_task(tp, offset, task, task.model_dump_json(exclude_none=True).encode("utf-8"), made=True)
 
     def _apply_task(
@@ -327,7 +327,7 @@ class Ledger:
                 return durable
             new, effects, extra = changed
             self.effects.apply(
-                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_settle, durable),
+                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_resolve, durable),
                 record_first=True, fenced=partial(_fence, durable, task_id),
             )
         return durable
@@ -440,7 +440,7 @@ class Ledger:
             self.orchestrator.recent.forget({tp.partition for tp in tps})
 
 
-def _settle(fut: asyncio.Future[None]) -> None:
+def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
 

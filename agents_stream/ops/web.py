@@ -135,7 +135,7 @@ def _cancel_views(app: Any, settings: Settings) -> None:
             """Cancel a task (running, parked, waiting for sub-tasks); ``agent`` also stops one not read yet."""
             try:
                 body = await mutation_body(settings, request)
-                decision = ApprovalDecision.model_validate({  # for this app id's task (ledger/cancel.py)
+                decision = ApprovalDecision.model_validate({  # for this app id's task (ledger/cancel_decisions.py)
                     "task_id": task_id, "decision": "cancel", "by": body.get("by") or "http", "via": "http",
                     "comment": body.get("reason") or None, "agent": body.get("agent") or None,
                     "app_id": settings.app_id,

@@ -16,7 +16,7 @@ from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import ConversationDelete, ConversationMessage, round_task_id
+from agents_stream.contract.conversation_messages import ConversationDelete, ConversationMessage, round_task_id
 from agents_stream.ops import conversation_tokens
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body

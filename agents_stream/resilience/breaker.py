@@ -1,4 +1,4 @@
-"""Circuit breaker of one provider: a pure state machine folded from the breaker event log.
+"""The breaker of one circuit (a provider endpoint): a pure state machine folded from the circuits log.
 
        failure_threshold failures in a row (more when the window shows
        the provider failing that often by chance), or a failure rate of

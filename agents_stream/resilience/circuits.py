@@ -2,7 +2,7 @@
 
 Every worker appends what it learns about a provider to the single-partition topic ``agent.circuits`` and folds
 that whole log, in one order, through ``breaker`` and ``ratelimit`` (the decisions live there; waiting lives here).
-Why: docs/decisions.md, "One breaker log, folded by every worker"; the calls a failing provider receives are bounded
+Why: docs/decisions.md, "One circuits log, folded by every worker"; the calls a failing provider receives are bounded
 by its "Two rules bound the calls a failing provider receives".
 """
 
@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 from agents_stream.config import AppConfig
 from agents_stream.contract import events
 from agents_stream.contract.errors import CircuitOpen
-from agents_stream.resilience import breaker, circuit_events
+from agents_stream.resilience import breaker, breaker_events
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuit import Circuit, LogRecord, Permit, circuit_id
 from agents_stream.resilience.presence import Presence
@@ -48,7 +48,7 @@ class Circuits:
     """One worker's view of the shared circuits log, and the gate its calls pass.
 
     Feed it the log's records, in order, with ``fold`` (``agents_stream.kafka.circuits_log``
-    reads them from Kafka, ``agents_stream.testing.circuits_log`` from memory).
+    reads them from Kafka, ``agents_stream.testing.memory_circuits_log`` from memory).
     """
 
     def __init__(
@@ -130,7 +130,7 @@ class Circuits:
 
     def _fold(self, record: LogRecord) -> bool:
         """Apply one record; True when what callers wait on changed (state, Retry-After, probe places)."""
-        ev = circuit_events.read(record.value)  # raises for a broken record: fold() logs and skips it
+        ev = breaker_events.read(record.value)  # raises for a broken record: fold() logs and skips it
         if ev is None:
             return False  # a newer worker's event kind
         # The broker's append time when the topic keeps it (LogAppendTime): one clock for
@@ -159,9 +159,9 @@ class Circuits:
             if ev.cause >= self._start_offset or ev.to == c.breaker.state:
                 return False
         changed = False
-        for event in circuit_events.breaker_events(ev, at, c.reported_at.get(ev.worker)):
+        for event in breaker_events.breaker_events(ev, at, c.reported_at.get(ev.worker)):
             changed |= self._step(c, event, ev, mine, record.offset)
-        if circuit_events.resets_count(ev):
+        if breaker_events.resets_count(ev):
             _reported(c, ev.worker, at)
         return changed or woke_gate
 
@@ -355,8 +355,8 @@ class Circuits:
         return list(due.values())
 
     async def acquire_probe(self, provider: str) -> Permit:
-        """Admit a probe of a half-open circuit, as the log decides (at most ``half_open_probes`` cluster-wide);
-        CircuitOpen when it is not half-open, a probe is out or the log refused."""
+        """Admit a probe of a circuit whose breaker is half-open, as the log decides (at most ``half_open_probes``
+        cluster-wide); CircuitOpen when it is not half-open, a probe is out or the log refused."""
         c = self._circuits[provider]
         now = self._clock()
         if breaker.view(c.breaker, now, c.breaker_config) != breaker.HALF_OPEN or self._probe_out(c, now):

@@ -14,7 +14,7 @@ Runtime modes (outage, latency, error_rate, rate_limit) are set with
 
 The public entry: the script lives in testing/script.py, the three APIs' bodies
 in testing/wire.py, the server in testing/server.py (its admin endpoints in
-testing/admin.py, what it records of a request in testing/recorded.py);
+testing/fakellm_admin.py, what it records of a request in testing/recorded.py);
 import them from here.
 """
 

@@ -1,4 +1,4 @@
-"""The fake LLM's server: a real aiohttp server speaking the three APIs; its admin endpoints are in admin.py."""
+"""The fake LLM's server: a real aiohttp server speaking the three APIs; its admin endpoints are in fakellm_admin.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from aiohttp import web
 
-from agents_stream.testing.admin import admin_routes
+from agents_stream.testing.fakellm_admin import admin_routes
 from agents_stream.testing.recorded import RecordedRequest, record_request
 from agents_stream.testing.script import (
     ECHO,

@@ -265,14 +265,14 @@ async def _outage(load: Load, cluster: KafkaCluster, node: int, workers: list[An
     await eventually(lambda: len(load.sent) >= first + OUTAGE_TASKS, timeout=PHASE_TIMEOUT, what="the outage's tasks")
     during = load.sent[first:first + OUTAGE_TASKS]
 
-    def settled() -> bool:
+    def answered() -> bool:
         load.failed()
         for w in workers:
             assert w.proc.poll() is None, f"worker {w.name} exited during the outage of broker {node}:\n{w.tail()}"
         return not load.unanswered(during)
 
     try:
-        await eventually(settled, timeout=PHASE_TIMEOUT, what=f"answers while broker {node} is down")
+        await eventually(answered, timeout=PHASE_TIMEOUT, what=f"answers while broker {node} is down")
     except AssertionError:
         refused = [i for i in during if i in load.refused]
         pending = [i for i in during if i not in load.accepted and i not in load.refused]

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from agents_stream.client import Client
-from agents_stream.contract.conversations import round_task_id
+from agents_stream.contract.conversation_messages import round_task_id
 from agents_stream.testing.fakellm import call, ok, tool_calls
 from agents_stream.testing.script import Reply
 

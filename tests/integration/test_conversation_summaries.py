@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 from agents_stream.client import Client
-from agents_stream.contract.conversations import round_task_id
+from agents_stream.contract.conversation_messages import round_task_id
 from agents_stream.examples.services import FakeServices
 from agents_stream.execution.history import HEADER
 from agents_stream.testing.fakellm import FakeLLM, hang, ok

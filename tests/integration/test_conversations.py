@@ -20,7 +20,7 @@ import pytest
 
 from agents_stream.client import Client, ClientError, Event
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import round_task_id
+from agents_stream.contract.conversation_messages import round_task_id
 from agents_stream.examples.services import FakeServices
 from agents_stream.testing.fakellm import hang, ok
 

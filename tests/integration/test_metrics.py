@@ -35,7 +35,7 @@ def total(samples: dict[tuple[str, frozenset], float], name: str, **labels: str)
     return sum(v for (n, ls), v in samples.items() if n == name and want <= ls)
 
 
-async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factory, fake_llm):
+async def test_metrics_count_each_outcome_once_and_return_to_zero(cluster_factory, fake_llm):
     """Succeeded, failed and rejected tasks are counted exactly once (a redelivered finished task adds nothing), dead
     letters by layer match what was caused, a 503 is one retry; a slow call shows as in flight, leased and lagging,
     a parked task as a pending approval; at the end in-flight, leases, approvals and lag are back to 0."""
@@ -108,7 +108,7 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
     rejected = await results_for({parked["task_id"]}, timeout=60)
     assert json.loads(rejected[parked["task_id"]][0].value)["status"] == "failed"
 
-    async def settled() -> Any:
+    async def final() -> Any:
         m = await scrape()
         quiet = (
             value(m, "agents_stream_tasks_total", agent=agent, outcome="succeeded") == N_OK + 2
@@ -121,7 +121,7 @@ async def test_metrics_count_each_outcome_once_and_settle_to_zero(cluster_factor
         )
         return m if quiet else None
 
-    m = await eventually(settled, timeout=30, what="every count final and every gauge back to 0")
+    m = await eventually(final, timeout=30, what="every count final and every gauge back to 0")
     assert {o: value(m, "agents_stream_tasks_total", agent=agent, outcome=o)
             for o in ("succeeded", "failed", "dead_lettered", "rejected")} == {
         "succeeded": N_OK + 2, "failed": 2, "dead_lettered": 0, "rejected": 0,

@@ -135,16 +135,16 @@ async def scenario(cluster_factory: Callable[..., Cluster], latency: dict[int, f
 
 async def w2_finishes_then_heal(s: Scenario, net: Netns) -> None:
     """W2 starts and finishes every task while W1 is cut off; only then does W1's link come back, and the run
-    settles."""
+    goes quiet."""
     await s.cluster.started("w2")
     await results_for(set(s.accounts), timeout=60)
     s.mark("w2 done")
     net.heal()
     s.mark("heal")
-    await settle(s)
+    await quiesce(s)
 
 
-async def settle(s: Scenario, *, at_least: float = 12.0, quiet: float = 6.0, timeout: float = 45.0) -> None:
+async def quiesce(s: Scenario, *, at_least: float = 12.0, quiet: float = 6.0, timeout: float = 45.0) -> None:
     """Give the worker that came back its chance to act: at least ``at_least`` seconds, ending with ``quiet`` seconds
     in which neither the model nor the services were asked anything."""
     started = time.monotonic()
@@ -224,7 +224,7 @@ async def test_a_worker_paused_while_the_model_decides_a_charge_never_charges(cl
         finally:
             os.kill(w1.proc.pid, signal.SIGCONT)
             s.mark("heal")
-        await settle(s)
+        await quiesce(s)
         await assert_once_each(s, w1)
 
 
@@ -326,5 +326,5 @@ async def test_a_worker_paused_while_its_charge_journal_write_is_held_never_char
             finally:
                 os.kill(w1.proc.pid, signal.SIGCONT)
                 s.mark("continue")
-            await settle(s)
+            await quiesce(s)
         await assert_once_each(s, w1)

@@ -136,7 +136,7 @@ def print_table(rows: list[tuple[str, str]]) -> None:
     print("\n" + "\n".join(f"  {k.ljust(width)}  {v}" for k, v in rows))
 
 
-@pytest.mark.exclusive  # the group must settle within a bound
+@pytest.mark.exclusive  # the rebalance must complete within a bound
 async def test_scale_out_and_in_with_100_long_calls_in_flight(cluster_factory, fake_llm, tmp_path):
     """1 → 3 workers and back to 1 while 100 calls of 30 s run: each rebalance ends in seconds, not after the calls;
     every task ends with exactly one distinct result, and no call that kept running is made twice."""

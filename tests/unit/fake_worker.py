@@ -20,8 +20,8 @@ from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
-from agents_stream.testing.circuits_log import MemoryCircuitsLog
 from agents_stream.testing.fakellm import FakeLLM
+from agents_stream.testing.memory_circuits_log import MemoryCircuitsLog
 
 AGENT = "a"
 #: fast retries and probes; a long lease (no heartbeats) unless a test asks for them

@@ -359,7 +359,7 @@
 
   // -- the conversations among the recent tasks ---------------------------------------------------------------------
 
-  // A round's task id is conv:<conversation id>@<since>#<round>[.<k>] (contract/conversations.round_task_id).
+  // A round's task id is conv:<conversation id>@<since>#<round>[.<k>] (contract/conversation_messages.round_task_id).
   function conversationOf(taskId) {
     if (!taskId.startsWith(ROUND_PREFIX)) return null;
     const hash = taskId.lastIndexOf("#");

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from agents_stream.tables import approvals, leases
-from agents_stream.tables.leases import AWAITING_APPROVAL, RUNNING, Control, Dispatch, Notify, Settle
+from agents_stream.tables.leases import AWAITING_APPROVAL, RUNNING, Control, Dispatch, Notify, ReleaseOffsets
 
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
@@ -38,7 +38,7 @@ def test_a_parked_call_leaves_its_worker_and_keeps_its_journal() -> None:
     assert parked is not None and parked.state == AWAITING_APPROVAL and parked.owner == "" and parked.lease_until == 0
     assert parked.steps_done == record.steps_done and parked.dispatch == 2
     assert approvals.state(parked)["call"] == CALL and approvals.due(parked, T0 + 10) == 0
-    assert isinstance(effects[0], Settle), "its offsets are released: no partition is held behind it"
+    assert isinstance(effects[0], ReleaseOffsets), "its offsets are released: no partition is held behind it"
     assert isinstance(effects[1], Notify) and isinstance(effects[2], Control)
     stale, none = approvals.park_call(record, dispatch=1, call=CALL, reason="x", now=T0, timeouts=[10.0])
     assert stale is record and none == [], "an earlier dispatch's report changes nothing"

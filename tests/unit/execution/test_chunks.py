@@ -12,7 +12,7 @@ import pytest
 
 from agents_stream.client import Event, StreamedText
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import round_task_id
+from agents_stream.contract.conversation_messages import round_task_id
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.chunks import Chunks
 from agents_stream.execution.tools import ToolContext, tool

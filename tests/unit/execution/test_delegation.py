@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from agents_stream.tables import delegation, leases
-from agents_stream.tables.leases import AWAITING_SUBTASKS, RUNNING, Dispatch, Settle
+from agents_stream.tables.leases import AWAITING_SUBTASKS, RUNNING, Dispatch, ReleaseOffsets
 
 from agents_stream.contract.models import ParentRef, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
@@ -35,7 +35,7 @@ def test_a_delegating_task_waits_without_a_lease_and_publishes_its_subtasks() ->
     parked, effects = delegation.delegate(running(), dispatch=1, turn=0, subtasks=SUBTASKS)
     assert parked is not None and parked.state == AWAITING_SUBTASKS and parked.lease_until == 0 and parked.owner == ""
     assert delegation.waiting_for(parked) == {"c1": "analyzer", "c2": "summarizer"}
-    assert isinstance(effects[0], Settle)
+    assert isinstance(effects[0], ReleaseOffsets)
     assert [(e.agent, e.task_id) for e in effects if isinstance(e, delegation.SendTask)] == [
         ("analyzer", "lead-1/c1"), ("summarizer", "lead-1/c2")]
     again, resent = delegation.delegate(parked, dispatch=1, turn=0, subtasks=SUBTASKS)

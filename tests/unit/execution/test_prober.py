@@ -11,8 +11,8 @@ from agents_stream.config import AppConfig
 from agents_stream.execution.prober import Prober, probe_once
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.circuits import Circuits
-from agents_stream.testing.circuits_log import MemoryCircuitsLog
 from agents_stream.testing.fakellm import FakeLLM
+from agents_stream.testing.memory_circuits_log import MemoryCircuitsLog
 
 
 def config(url: str, **breaker: Any) -> AppConfig:

@@ -18,7 +18,7 @@ from agents_stream.execution.tools import ToolContext, tool
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import Conversation, ToolCall, ToolResult, Turn
 from agents_stream.resilience.circuits import Circuits
-from agents_stream.testing.circuits_log import MemoryCircuitsLog
+from agents_stream.testing.memory_circuits_log import MemoryCircuitsLog
 
 CALLS: list[str] = []
 

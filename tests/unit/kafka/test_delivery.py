@@ -66,7 +66,7 @@ async def test_a_send_the_broker_never_answers_is_sent_again_after_the_timeout()
 
 
 async def test_only_a_send_the_broker_answered_without_error_is_confirmed():
-    """The predicate the outbox settles deliveries with: pending, failed and cancelled sends are not confirmed."""
+    """The predicate the outbox concludes deliveries with: pending, failed and cancelled sends are not confirmed."""
     loop = asyncio.get_running_loop()
     pending, failed, cancelled, ok = (loop.create_future() for _ in range(4))
     failed.set_exception(ConnectionError("down"))

@@ -59,7 +59,7 @@ async def test_partitions_faust_paused_for_a_recovery_not_yet_started_stay_pause
     flow.assigned()  # Faust paused every assigned partition; its recovery has not begun reading (in_recovery unset)
     flow.check()
     assert consumer.resumed == [], "resumed while the table partitions were still to be recovered"
-    flow.settled()  # Faust's recovery ended: a partition still paused now is one it left paused (the check's case)
+    flow.resumed()  # Faust's recovery ended: a partition still paused now is one it left paused (the check's case)
     flow.check()
     assert consumer.resumed == [{TASKS}]
 
@@ -68,7 +68,7 @@ async def test_the_end_of_a_stale_recovery_does_not_end_a_newer_rebalance() -> N
     flow, app, consumer = _flow()
     flow.assigned()
     app.tables.recovery.signal_recovery_start.set()  # a later assignment asked for another recovery
-    flow.settled()
+    flow.resumed()
     flow.check()
     assert consumer.resumed == []
 
@@ -79,7 +79,7 @@ async def test_an_agent_unblocked_during_a_recovery_is_not_resumed_before_the_re
     flow, _, consumer = _flow()
     blocked = {"a"}
     flow.blocked = lambda agent: agent in blocked
-    flow.settled()
+    flow.resumed()
     consumer.active = {TASKS}
     flow.update()
     assert consumer.active == set(), "a blocked agent's partitions are paused"
@@ -87,7 +87,7 @@ async def test_an_agent_unblocked_during_a_recovery_is_not_resumed_before_the_re
     blocked.clear()  # the provider answers again mid-recovery
     flow.update()
     assert consumer.resumed == [], "resumed while its table partition was still being recovered"
-    flow.settled()
+    flow.resumed()
     consumer.resume_partitions({TASKS})  # Faust resumes the streams once the recovery ended
     assert consumer.active == {TASKS}
 
@@ -121,12 +121,12 @@ def test_a_partition_that_delivers_nothing_after_a_rebalance_is_read_again_withi
 
     stalls = StallDetector(after_s=15.0, fresh_after_s=3.0)
     moved, quiet = TP("agent.tasks.a", 1), TP("agent.tasks.a", 2)
-    stalls.settled({moved: 0, quiet: 4}, now=100.0)
+    stalls.restart_at({moved: 0, quiet: 4}, now=100.0)
     assert not stalls.observe(moved, 0, 2, now=102.0)
     assert stalls.observe(moved, 0, 2, now=103.5), "records waited 3.5 s after the rebalance and nothing arrived"
     assert not stalls.observe(quiet, 4, 4, now=103.5), "nothing waits there"
     # once a partition's position moved, the usual period holds again
-    stalls.settled({moved: 0}, now=200.0)
+    stalls.restart_at({moved: 0}, now=200.0)
     assert not stalls.observe(moved, 1, 2, now=201.0)
     assert not stalls.observe(moved, 1, 2, now=205.0)
     assert stalls.observe(moved, 1, 2, now=216.5)

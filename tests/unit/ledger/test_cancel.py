@@ -56,7 +56,7 @@ def test_a_running_task_ends_cancelled_its_run_stopped_and_its_offsets_released(
     assert new.owner == "" and new.lease_until == 0.0 and new.finished_at == 50.0
     assert json.loads(new.cancel or "") == {"by": "ops", "via": "cli", "reason": "wrong input", "at": 50.0,
                                             "state": "running"}
-    assert leases.EmitResult("R") in effects and StopRun() in effects and leases.Settle() in effects
+    assert leases.EmitResult("R") in effects and StopRun() in effects and leases.ReleaseOffsets() in effects
 
 
 def test_a_parked_task_ends_cancelled_and_a_later_decision_changes_nothing() -> None:

@@ -104,7 +104,7 @@ async def test_a_finished_sub_task_sends_its_digest_and_a_task_squatting_its_id_
     from agents_stream.contract.events import OUTCOMES, SubtaskResult, decode, encode
     from agents_stream.execution import run as outcome
     from agents_stream.execution.run import Rejected, Run
-    from tests.unit.ledger.test_delegation import MINE, SETTINGS, SUB, _ledger, _spin
+    from tests.unit.ledger.test_sub_tasks import MINE, SETTINGS, SUB, _ledger, _spin
     from tests.unit.ledger_fakes import faust_event
 
     ledger, _, _, sent, _ = _ledger(SUB)

@@ -12,7 +12,7 @@ from agents_stream.config import AppConfig
 from agents_stream.contract.errors import CircuitOpen
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits, circuit_id
-from agents_stream.testing.circuits_log import MemoryCircuitsLog
+from agents_stream.testing.memory_circuits_log import MemoryCircuitsLog
 
 
 def config(max_concurrency: int | None = None, **breaker: Any) -> AppConfig:

@@ -1,5 +1,5 @@
 """Conversations: the message contract, a round's task id, the state machine (tables/conversations.py) and the
-ledger's part (ledger/conversations.py) — one reply per message, double texting, history, crashes replayed."""
+ledger's part (ledger/conversation_rounds.py) — one reply per message, double texting, history, crashes replayed."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from agents_stream.tables.leases import TaskRecord
 
 from agents_stream.config import AgentConfig
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import (
+from agents_stream.contract.conversation_messages import (
     ConversationMessage,
     conversation_of,
     message_digest,

@@ -16,7 +16,7 @@ from agents_stream.tables.leases import (
     DeadLetter,
     Dispatch,
     EmitResult,
-    Settle,
+    ReleaseOffsets,
     TaskRecord,
     Track,
 )
@@ -171,24 +171,24 @@ def test_heartbeat_of_unknown_task_is_ignored() -> None:
 # -- finish ---------------------------------------------------------------------------
 
 
-def test_success_emits_result_and_settles() -> None:
+def test_success_emits_result_and_releases_offsets() -> None:
     """A success stores the result, emits it and releases the held offsets; no dead letter."""
     rec = running(owner=ME)
     new, effects = leases.finish(rec, status=SUCCEEDED, result=RESULT, reason=None, now=T0 + 3)
-    assert effects == [EmitResult(RESULT), Settle()]
+    assert effects == [EmitResult(RESULT), ReleaseOffsets()]
     assert new == replace(rec, state=SUCCEEDED, result=RESULT, finished_at=T0 + 3)
 
 
-def test_failure_emits_result_dead_letters_and_settles() -> None:
+def test_failure_emits_result_dead_letters_and_releases_offsets() -> None:
     """A failure emits its result, dead-letters the payload as 'downstream' with the dispatch count, alerts,
-    then settles."""
+    then releases its offsets."""
     rec = running(dispatch=2, owner=ME)
     new, effects = leases.finish(rec, status=FAILED, result=RESULT, reason="http_400", now=T0 + 3)
     assert effects == [
         EmitResult(RESULT),
         DeadLetter("http_400", "downstream", 2),
         Control("task.failed", {"reason": "http_400"}),
-        Settle(),
+        ReleaseOffsets(),
     ]
     assert new.state == FAILED
     assert new.result == RESULT
@@ -268,11 +268,11 @@ def test_a_lease_whose_owner_left_the_group_is_taken_over_before_it_lapses() -> 
 
 @pytest.mark.parametrize("max_attempts", [1, 2, 3, 5])
 def test_lapsed_lease_at_max_attempts_dead_letters(max_attempts: int) -> None:
-    """After max_attempts dispatches a lapsed lease dead-letters the task ('recovery') and settles it."""
+    """After max_attempts dispatches a lapsed lease dead-letters the task ('recovery') and releases its offsets."""
     rec = running(dispatch=max_attempts, lease_until=T0)
     new, effects = expire(rec, dispatch=max_attempts, now=T0 + 1, max_attempts=max_attempts)
     assert new == replace(rec, state=DEAD_LETTERED, finished_at=T0 + 1)
-    assert [type(e) for e in effects] == [DeadLetter, Control, Settle]
+    assert [type(e) for e in effects] == [DeadLetter, Control, ReleaseOffsets]
     assert effects[0].layer == "recovery" and effects[0].attempts == max_attempts
     assert effects[1] == Control("task.dead_lettered", {"layer": "recovery", "attempts": max_attempts})
 
@@ -348,7 +348,7 @@ class TaskLedgerMachine(RuleBasedStateMachine):
         self.emitted: set[str] = set()
         self.dispatched: list[int] = []
         self.dead_letters = 0
-        self.settles = 0
+        self.releases = 0
         self.terminal_record: TaskRecord | None = None
         self.max_dispatch_seen = 0
 
@@ -370,8 +370,8 @@ class TaskLedgerMachine(RuleBasedStateMachine):
                 self.dispatched.append(e.dispatch)
             elif isinstance(e, DeadLetter):
                 self.dead_letters += 1
-            elif isinstance(e, Settle):
-                self.settles += 1
+            elif isinstance(e, ReleaseOffsets):
+                self.releases += 1
         self.record = new
 
     @rule(now=times, me=workers, running_here=st.booleans())
@@ -408,8 +408,8 @@ class TaskLedgerMachine(RuleBasedStateMachine):
 
     @invariant()
     def terminal_happens_once(self) -> None:
-        """A task is settled and dead-lettered at most once, and settled exactly when terminal."""
-        assert self.settles == (1 if self.record.terminal else 0)
+        """A task's offsets are released and it is dead-lettered at most once, and released exactly when terminal."""
+        assert self.releases == (1 if self.record.terminal else 0)
         assert self.dead_letters <= 1
         if self.record.state in (FAILED, DEAD_LETTERED):
             assert self.dead_letters == 1

@@ -15,7 +15,7 @@ from agents_stream.tables.leases import TaskRecord
 
 from agents_stream.config import AgentConfig, AppConfig, SummaryConfig
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import round_task_id
+from agents_stream.contract.conversation_messages import round_task_id
 from agents_stream.contract.events import StepDone, TaskSucceeded, Usage, encode
 from agents_stream.contract.models import ConversationContext, HistoryItem, SummaryInput, TaskPayload
 from agents_stream.execution.agent_definitions import Agent

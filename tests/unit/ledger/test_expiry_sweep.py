@@ -20,7 +20,7 @@ from rocksdict import Options, Rdict
 
 from agents_stream.contract import topics
 from agents_stream.contract.events import RecordsExpired, encode
-from agents_stream.ledger.expiry import Expiry
+from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
@@ -76,14 +76,14 @@ def test_an_entry_past_its_time_to_live_stays_while_its_task_message_can_be_read
 
 
 def test_the_time_to_live_is_never_shorter_than_the_task_topics_retention() -> None:
-    def settled(ttl: float, retention: float | None) -> float:
-        return Expiry(Settings(record_ttl_s=ttl), Table(), None).settle(retention)  # type: ignore[arg-type]
+    def ttl(ttl_s: float, retention: float | None) -> float:
+        return Expiry(Settings(record_ttl_s=ttl_s), Table(), None).set_ttl(retention)  # type: ignore[arg-type]
 
-    assert settled(0, 7 * 86400) == 7 * 86400, "0 means the retention"
-    assert settled(3600, 7 * 86400) == 7 * 86400, "a shorter setting is raised to the retention"
-    assert settled(30 * 86400, 7 * 86400) == 30 * 86400
-    assert math.isinf(settled(3600, None)), "a topic kept forever (or one the broker will not describe) keeps them"
-    assert math.isinf(settled(-1, 3600))
+    assert ttl(0, 7 * 86400) == 7 * 86400, "0 means the retention"
+    assert ttl(3600, 7 * 86400) == 7 * 86400, "a shorter setting is raised to the retention"
+    assert ttl(30 * 86400, 7 * 86400) == 30 * 86400
+    assert math.isinf(ttl(3600, None)), "a topic kept forever (or one the broker will not describe) keeps them"
+    assert math.isinf(ttl(-1, 3600))
 
 
 def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_path) -> None:
@@ -103,8 +103,8 @@ def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_pa
         expiry.keep(partitions)
         return {p: keys for p in sorted(partitions) if (keys := expiry.sweep_one(p, NOW))}
 
-    assert sweep({0}) == {}, "nothing expires before the time to live is settled"
-    expiry.settle(100.0)
+    assert sweep({0}) == {}, "nothing expires before the time to live is set"
+    expiry.set_ttl(100.0)
     assert [sweep({0, 5}) for _ in range(3)] == [{}, {}, {}], "past the TTL, but no log start known yet"
     asked: list[tuple[TP, ...]] = []
 
@@ -135,7 +135,7 @@ async def test_the_ledger_tombstones_what_is_still_expired_when_the_event_comes_
     ledger = Ledger(Settings(), executor=FakeRuns(), worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
-    ledger.expiry.settle(100.0)
+    ledger.expiry.set_ttl(100.0)
     ledger.expiry.log_starts = dict(GONE)
     now = time.time()
     tasks["old"] = _record(leases.SUCCEEDED, now - 1000)

@@ -1,7 +1,7 @@
 """Conversations in the ledger: a message recorded, its round started as a task, the round's end made a reply.
 
 The conversations table has one record per conversation_id (tables/conversations.py decides every transition);
-a round is an ordinary task of the conversation's agent (contract/conversations.round_task_id), so it has every
+a round is an ordinary task of the conversation's agent (contract/conversation_messages.round_task_id), so it has every
 promise a task has: its lease, its journal, approvals, breakers and ladder, delegation and cancel. Its end
 comes back here (``round_ended``) wherever it was applied, and the reply goes out on agent.replies.
 """
@@ -18,7 +18,7 @@ from faust.types import TP
 
 from agents_stream.config import AgentConfig
 from agents_stream.contract import topics
-from agents_stream.contract.conversations import (
+from agents_stream.contract.conversation_messages import (
     REPLIES,
     ConversationDelete,
     ConversationMessage,

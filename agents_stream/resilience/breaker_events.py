@@ -1,6 +1,7 @@
-"""The records of ``agent.circuits`` as the circuits read them: the typed event, and the breaker event it folds into.
+"""From a record of the circuits log to what a breaker folds: the record decoded (None for a newer worker's kind),
+the breaker events it stands for, dated on the log's clock, and whether it resets its sender's success count.
 
-Their format (fields, kinds, key order) is ``agents_stream.contract.events``' circuits models; nothing here adds to it.
+The records' format is ``contract/circuit_records.py``'s; nothing here adds to it.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def breaker_events(ev: CircuitsEvent, at: float, floor: float | None = None) -> 
     """
     match ev:
         case CircuitTransition():
-            # Never later than the record itself: a time ahead would keep a forged open circuit shut for as long.
+            # Never later than the record itself: a time ahead would keep a forged open breaker shut for as long.
             opened_at = None if ev.opened_at is None else min(ev.opened_at, at)
             closed_at = None if ev.closed_at is None else min(ev.closed_at, at)
             return [breaker.Adopt(at=at, state=ev.to, opened_at=opened_at, closed_at=closed_at)]

@@ -6,7 +6,7 @@ event on this app's outcomes topic, on the entries' partition, so the delete is 
 that event — the table's one writer, with the tombstone held in the watermark like any write. The ledger checks
 each entry again (``tables/expiry.expired``): one that changed since (a requeue) stays.
 
-The time to live is settled at start: ``AGENTS_STREAM_RECORD_TTL_S``, never less than the longest retention of
+The time to live is set at start: ``AGENTS_STREAM_RECORD_TTL_S``, never less than the longest retention of
 the task topics this worker reads (0, the default, means that retention). A topic kept forever keeps its records
 forever.
 
@@ -41,7 +41,7 @@ class Expiry:
         self.settings = settings
         self.table = table
         self.outbox = outbox
-        #: seconds a finished record is kept; None until settled at start (nothing expires before), inf: never
+        #: seconds a finished record is kept; None until set at start (nothing expires before), inf: never
         self.ttl: float | None = None
         #: where each partition's sweep goes on from (the last key it looked at)
         self._cursors: dict[int, bytes | None] = {}
@@ -52,7 +52,7 @@ class Expiry:
         #: the task topic partitions whose log start the next ``refresh`` asks for
         self._asked: set[TP] = set()
 
-    def settle(self, retention_s: float | None) -> float:
+    def set_ttl(self, retention_s: float | None) -> float:
         """The time to live, from the setting and the task topics' longest retention (None: kept forever)."""
         wanted = self.settings.record_ttl_s
         if wanted < 0 or retention_s is None:
