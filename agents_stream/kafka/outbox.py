@@ -75,6 +75,7 @@ class _Delivery:
     left: int = 0
     timer: asyncio.TimerHandle | None = None
     concluded: bool = False
+    member_by: float = 0.0  # waiting for the group to confirm this worker: fenced after this (monotonic)
 
 
 @dataclass
@@ -117,6 +118,7 @@ class Outbox(mode.Service):
         self.watermark = watermark
         #: the group confirmed this worker as a member lately (Runtime.member): see ``deliver``
         self.member = member
+        self._member_waiting: list[_Delivery] = []  # confirmed, waiting for the group to confirm this worker
         self.member_wait_s = member_wait_s
         #: topics the producer does not know are looked up before a record for them is sent (None: not checked)
         self.topics = topics
@@ -314,7 +316,7 @@ class Outbox(mode.Service):
         if self.watermark.generation(delivery.tp) != delivery.gen:
             self._fence(delivery, "its partition was revoked before the broker confirmed its writes")
         elif not self.member():
-            self.retrying(self._once_member(delivery))
+            self._once_member(delivery)
         else:
             self._follow_up(delivery)
 
@@ -331,19 +333,31 @@ class Outbox(mode.Service):
         finally:
             self.watermark.close(tp, offset, delivery.gen)
 
-    async def _once_member(self, delivery: _Delivery) -> None:
-        """Confirmed while the group had not confirmed this worker lately (a commit round failed, the worker was
-        paused or cut off): wait until it does (the follow-ups run) or the partition is revoked (fenced)."""
-        deadline = time.monotonic() + self.member_wait_s
-        while self.watermark.generation(delivery.tp) == delivery.gen and time.monotonic() < deadline:
-            if self.member():
-                self._follow_up(delivery)
-                return
+    def _once_member(self, delivery: _Delivery) -> None:
+        """Confirmed while the group had not confirmed this worker lately (a commit round failed or was slow, the
+        worker was paused or cut off): its follow-ups wait until it does, or are fenced once the partition is
+        revoked or ``member_wait_s`` passed. One loop looks for all of them (a burst can hold thousands)."""
+        delivery.member_by = time.monotonic() + self.member_wait_s
+        self._member_waiting.append(delivery)
+        if len(self._member_waiting) == 1:
+            self.retrying(self._release_members())
+
+    async def _release_members(self) -> None:
+        while self._member_waiting:
             await asyncio.sleep(MEMBER_POLL_S)
-        self._fence(delivery, "the group did not confirm this worker as a member before its partition was revoked"
-                    if self.watermark.generation(delivery.tp) != delivery.gen else
-                    f"the group did not confirm this worker as a member within {self.member_wait_s:.0f}s")
-        self.watermark.close(delivery.tp, delivery.offset, delivery.gen)
+            member, now = self.member(), time.monotonic()
+            waiting, self._member_waiting = self._member_waiting, []
+            for d in waiting:
+                revoked = self.watermark.generation(d.tp) != d.gen
+                if not revoked and member:
+                    self._follow_up(d)
+                elif revoked or now >= d.member_by:
+                    self._fence(d, "the group did not confirm this worker as a member before its partition was "
+                                "revoked" if revoked else
+                                f"the group did not confirm this worker as a member within {self.member_wait_s:.0f}s")
+                    self.watermark.close(d.tp, d.offset, d.gen)
+                else:
+                    self._member_waiting.append(d)
 
     def _fence(self, delivery: _Delivery, why: str) -> None:
         """The follow-ups of ``delivery`` are not run: this worker may no longer act for its partition."""
@@ -383,7 +397,7 @@ class Outbox(mode.Service):
                     fn()
             elif self.watermark.generation(tp) == delivery.gen and not self.member():
                 release = False  # _once_member releases it
-                self.retrying(self._once_member(delivery))
+                self._once_member(delivery)
             elif self.watermark.generation(tp) != delivery.gen:
                 self._fence(delivery, "its partition was revoked before the broker confirmed its writes")
             else:

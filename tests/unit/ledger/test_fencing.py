@@ -122,6 +122,25 @@ async def test_a_write_confirmed_while_the_group_has_not_confirmed_the_worker_wa
     assert acted == ["go"] and outbox.watermark.open_count(TP1) == 0
 
 
+async def test_a_burst_confirmed_while_the_worker_is_unconfirmed_waits_in_one_loop_and_goes_on_in_order() -> None:
+    """B1's burst, when a commit round was slow: every confirmed delivery waits for the group to confirm this worker.
+    One loop looks for them all (a loop and a timer each made the worker spend its CPU waking them), and once the
+    worker is confirmed they go on in the order they were confirmed."""
+    confirmed = [False]
+    outbox, producer = _outbox(member=lambda: confirmed[0])
+    acted: list[int] = []
+    for offset in range(500):
+        outbox.deliver(TP1, offset, [outbox.record("t", b"k", b"v")], [lambda o=offset: acted.append(o)],
+                       fence=True, fenced=lambda: acted.append(-1))
+    for fut in producer.futures:
+        fut.set_result("ok")
+    await _spin()
+    assert acted == [] and outbox.delivering() == 1, "one waiting loop, not one per delivery"
+    confirmed[0] = True
+    await asyncio.sleep(0.3)
+    assert acted == list(range(500)) and outbox.watermark.open_count(TP1) == 0 and outbox.delivering() == 0
+
+
 async def test_a_worker_never_confirmed_again_is_fenced_and_its_offset_released() -> None:
     outbox, producer = _outbox(member=lambda: False)
     acted: list[str] = []
