@@ -83,12 +83,8 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         # and a worker owns dozens of input partitions): aiokafka's coordinator takes a set, the consumer does not.
         consumer = self._ensure_consumer()
         found = await consumer._coordinator.fetch_committed_offsets({ensure_aiokafka_TP(tp) for tp in tps})
-        answers = {ensure_aiokafka_TP(tp): tp for tp in tps}
-        offsets: dict[TP, int | None] = dict.fromkeys(tps)
-        for atp, meta in found.items():
-            if atp in answers:
-                offsets[answers[atp]] = meta.offset
-        return offsets
+        offsets = {ensure_aiokafka_TP(tp): meta.offset for tp, meta in found.items()}  # none without a commit
+        return {tp: offsets.get(ensure_aiokafka_TP(tp)) for tp in tps}
 
 
 def commit_again(

@@ -258,8 +258,7 @@ class Flow:
         now = time.monotonic()
         for tp in sorted(watched):
             end, at = ends.get(tp), positions.get(tp)
-            stall = None if end is None or at is None else self.stalls.observe(tp, at, end, now)
-            if stall is None or end is None or at is None:
+            if end is None or at is None or (stall := self.stalls.observe(tp, at, end, now)) is None:
                 continue
             if stall.fresh:  # expected now and then: what Faust fetched during the recovery it dropped
                 log.info(
