@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, cast
 
 from faust.types import TP
 from mode import Service
@@ -28,6 +28,7 @@ from agents_stream.contract.events import (
     encode,
 )
 from agents_stream.execution.executor import Executor
+from agents_stream.execution.membership import Membership
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.faust_app import AgentsStreamApp, new_app
 from agents_stream.kafka import members
@@ -154,6 +155,8 @@ class Runtime(Service):
             worker_id=self.worker_id,
             cache_lookup=self.cache_lookup,
             send_event=self.send_event,
+            membership=Membership(self._member_id, self._confirmed_at, stall_s=settings.session_timeout_s / 2,
+                                  wait_s=settings.session_timeout_s),
         )
         self.outbox = Outbox(
             lambda name: app.topic(name, key_serializer="raw", value_serializer="raw"), watermark, self.worker_id,
@@ -305,6 +308,14 @@ class Runtime(Service):
         self.takeover.revoked({tp.partition for tp in revoked})
         for table in self.tables.all():
             table.revoked({tp.partition for tp in revoked})
+
+    def _member_id(self) -> str | None:
+        consumer: Any = self.app.consumer
+        return cast("str | None", consumer.member_id())
+
+    def _confirmed_at(self) -> float | None:
+        consumer: Any = self.app.consumer
+        return cast("float | None", consumer.member_at)
 
     def may_be_member(self) -> bool:
         """The group cannot have expelled this worker yet: no commit was refused to it for a whole session timeout

@@ -139,6 +139,11 @@ class ChaosReport:
     held: int = 0  # tasks held at least once (task.held)
     redispatched: int = 0  # tasks whose lease lapsed and that ran again
     calls_after_result: int = 0  # provider calls that began > 1 s after their task's result: should be 0
+    #: of those, how many were on a task that had been held / re-dispatched (a lease that lapsed) / neither,
+    #: and a few examples (task, seconds after its result, its control events): where to look in the logs
+    late_by_path: Counter = field(default_factory=Counter)
+    late_examples: list[str] = field(default_factory=list)
+    faults: list[tuple[float, str]] = field(default_factory=list)  # (wall time, what): the run's fault timeline
     lag: int | None = None
     publish_s: float = 0.0
     drain_s: float = 0.0  # last publish acknowledged → last result or dead letter written
@@ -160,7 +165,7 @@ class ChaosReport:
             ("duplicates (same bytes re-sent)", self.resent),
             ("DLQ records", f"{self.dlq_records} / {self.poison} poison"),
             ("provider calls per task", f"mean {self.calls_mean:.2f}, max {self.calls_max} ({self.calls_total} calls)"),
-            ("calls after the task's result", self.calls_after_result),
+            ("calls after the task's result", self._late()),
             ("max dispatches of a task", self.max_attempts),
             ("kills", self.kills),
             ("pauses past the session timeout (SIGSTOP, then SIGCONT)", self.pauses),
@@ -175,6 +180,12 @@ class ChaosReport:
         ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+
+    def _late(self) -> str:
+        if not self.calls_after_result:
+            return "0"
+        paths = ", ".join(f"{n} {path}" for path, n in sorted(self.late_by_path.items()))
+        return f"{self.calls_after_result} ({paths}); e.g.\n    " + "\n    ".join(self.late_examples)
 
     def describe(self) -> str:
         """The problems and the evidence to look at (worker logs, the consumer group)."""
@@ -325,6 +336,7 @@ class Chaos:
     async def outage(self) -> None:
         if await self._until(self.plan.outage_at):
             log.info("provider outage for %gs", self.plan.outage_s)
+            self.report.faults.append((time.time(), f"provider outage for {self.plan.outage_s:g}s"))
             await self.fake.set_mode(outage=True, outage_for=self.plan.outage_s)
 
     async def broker_restart(self) -> None:
@@ -336,6 +348,7 @@ class Chaos:
             return
         async with self.lock:
             log.info("broker restart")
+            self.report.faults.append((time.time(), "broker stop"))
             await self.broker.restart(self.plan.broker_down_s)
             self.report.broker_restarts += 1
 
@@ -349,6 +362,7 @@ class Chaos:
                 name = self.rng.choice(sorted(self.workers))
                 log.info("SIGKILL %s (pid %s)", name, self.workers[name].proc.pid if self.workers[name].proc else None)
                 self.workers[name].kill()
+                self.report.faults.append((time.time(), f"SIGKILL {name}"))
                 self.report.kills += 1
                 await self.restart(name)
             at = max(at + self.plan.kill_every, time.monotonic() - self.t0)
@@ -365,10 +379,12 @@ class Chaos:
                 if proc is not None and proc.poll() is None:
                     log.info("SIGSTOP %s (pid %s) for %.0fs", name, proc.pid, self.plan.pause_s)
                     proc.send_signal(signal.SIGSTOP)
+                    self.report.faults.append((time.time(), f"SIGSTOP {name}"))
                     try:
                         await asyncio.sleep(self.plan.pause_s)
                     finally:
                         proc.send_signal(signal.SIGCONT)
+                        self.report.faults.append((time.time(), f"SIGCONT {name}"))
                     self.report.pauses += 1
             at = max(at + self.plan.pause_every, time.monotonic() - self.t0)
 
@@ -546,6 +562,14 @@ async def run_chaos(tasks: int = 5000, *, tmp: Path, broker_env: dict[str, str] 
     return report
 
 
+def _last_fault(faults: list[tuple[float, str]], ts: float) -> str:
+    before = [(t, what) for t, what in faults if t <= ts]
+    if not before:
+        return "no fault before it"
+    t, what = before[-1]
+    return f"{ts - t:.1f}s after {what}"
+
+
 async def _lag_is_zero(group: str, topic: str) -> bool:
     return await uncommitted(group, topic) == 0
 
@@ -611,9 +635,21 @@ def _check(report: ChaosReport, seen: Seen, valid: set[str], poison: dict[str, s
     if poison_calls:
         problems.append(f"{poison_calls} provider calls for poison pills")
     first_result = {k: min(m.timestamp for m in msgs) / 1000 for k, msgs in seen.results.items()}
-    report.calls_after_result = sum(
-        1 for r in fake.requests if r.task_id in first_result and r.ts > first_result[r.task_id] + 1.0
-    )
+    late = [r for r in fake.requests if r.task_id in first_result and r.ts > first_result[r.task_id] + 1.0]
+    report.calls_after_result = len(late)
+    events: dict[str, list[str]] = defaultdict(list)
+    for e in seen.control:
+        events[e.get("subject", "")].append(str(e.get("event")))
+    for r in late:
+        kinds = set(events[r.task_id])
+        path = ("re-dispatched" if "task.redispatched" in kinds
+                else "held" if "task.held" in kinds else "neither held nor re-dispatched")
+        report.late_by_path[path] += 1
+        if len(report.late_examples) < 8:
+            report.late_examples.append(
+                f"{r.task_id}: {r.ts - first_result[r.task_id]:.1f}s after its result (answered {r.status}); "
+                f"control events {events[r.task_id]}; {_last_fault(report.faults, r.ts)}"
+            )
 
     report.breaker_opened = sum(
         1 for e in seen.control if e.get("event") == "breaker.open" and e.get("subject") == "fake"

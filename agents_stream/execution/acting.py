@@ -30,6 +30,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked, transcript
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder
+from agents_stream.execution.membership import GatedAdmission
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.plan import AgentPlan
 from agents_stream.execution.run import Rejected, Run, TurnAnswer, Unavailable
@@ -81,7 +82,8 @@ class AgentRunner:
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,
             journal_fits=partial(self._fits, len(task.model_dump_json())),
             check_budget_s=settings.output_check_budget_s,
-            circuits=self.ladder.circuits,
+            circuits=self.ladder.circuits if self.caller.membership is None
+            else GatedAdmission(self.ladder.circuits, self.caller.membership, run),
             on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
             backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
             trace=run.trace, fencing_token=run.dispatch, interrupted=lambda: run.interrupted,

@@ -17,6 +17,7 @@ from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.chunks import Chunks
 from agents_stream.execution.history import shown, with_history
+from agents_stream.execution.membership import Membership
 from agents_stream.execution.outputs import (
     CheckAborted,
     FormatError,
@@ -53,8 +54,11 @@ class Caller:
         send_control: SendControl,
         rng: random.Random,
         chunks: Chunks | None = None,
+        membership: Membership | None = None,
     ) -> None:
         self.settings = settings
+        #: asked before every call whether the run may still act here (None: always)
+        self.membership = membership
         #: where a round's calls stream their text (None: no call streams)
         self.chunks = chunks
         self.config = config
@@ -220,6 +224,8 @@ class Caller:
         (``retries`` counts them, across calls of this method for one rung)."""
         provider = tier.provider
         while True:
+            if self.membership is not None:
+                await self.membership.check(run)  # Fenced: this worker is no longer the member it was dispatched to
             try:
                 permit = await self.circuits.acquire(provider.name)
             except CircuitOpen as exc:

@@ -37,6 +37,7 @@ from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.chunks import Chunks, SendEvent
 from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.mcp_servers import McpServers, ensure_sdk
+from agents_stream.execution.membership import Membership
 from agents_stream.execution.plan import AgentPlan, mcp_servers
 from agents_stream.execution.prober import Prober
 from agents_stream.execution.run import Run
@@ -74,6 +75,7 @@ class Executor(Service):
         rng: random.Random | None = None,
         grace_s: float | None = None,
         send_event: SendEvent | None = None,
+        membership: Membership | None = None,
     ) -> None:
         super().__init__()
         self.settings = settings
@@ -88,7 +90,9 @@ class Executor(Service):
         rng = rng or random.Random()
         # a round's text streams to agent.conversation.events as the model writes it (execution/chunks.py)
         chunks = Chunks(send_event, settings.partitions) if send_event is not None and settings.stream_text else None
-        self.caller = Caller(settings, config, circuits, send_control, rng, chunks)
+        #: whether a run may still act here (None: always): stamped on each run at dispatch
+        self.membership = membership
+        self.caller = Caller(settings, config, circuits, send_control, rng, chunks, membership)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
         self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
         self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, send_control, rng)
@@ -123,7 +127,8 @@ class Executor(Service):
         under); a free call slot picks it up. Never blocks the ledger."""
         if task.task_id in self.runs or not self._accepting:
             return
-        self.runs[task.task_id] = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []), trace=trace)
+        self.runs[task.task_id] = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []), trace=trace,
+                                      member=self.membership.stamp() if self.membership is not None else None)
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake
@@ -176,6 +181,8 @@ class Executor(Service):
             self._spawn(self._slot())
         self._spawn(self._heartbeats())
         self._spawn(self.prober.run())  # a breaker past its open timeout is probed without waiting for a task
+        if self.membership is not None:  # a stall of this loop is noticed even while no run calls
+            self._spawn(self.membership.watch())
         if self.mcp is not None:  # connects and lists in the background: a server that is down holds its agents only
             self._spawn(self.mcp.run())
 

@@ -53,6 +53,9 @@ class Run:
     trace: str | None = None
     #: while held and traced: the span of the hold (ended when it is released)
     hold_span: Any = None
+    #: the id the group's coordinator knew this worker by when the task was dispatched here (None: unknown); a run
+    #: acts only while it still does (execution/membership.py)
+    member: str | None = None
 
 
 # What one rung of the ladder came to.

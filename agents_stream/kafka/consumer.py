@@ -115,6 +115,16 @@ class WatermarkConsumer(AIOKafkaConsumer):
         """True when a commit sent within the last ``seconds`` was accepted (see ``member_at``)."""
         return self.member_at is not None and monotonic() - self.member_at < seconds
 
+    def member_id(self) -> str | None:
+        """The id the group's coordinator knows this worker by: the same across the rebalances it stays in the group
+        for, a new one when it joins again after the group expelled it, '' while it joins; None before the Kafka
+        client started (execution/membership.py)."""
+        try:
+            coordinator = cast(WatermarkConsumerThread, self._thread)._ensure_consumer()._coordinator
+        except Exception:  # not started yet (Faust's ConsumerNotStarted), or stopping
+            return None
+        return cast("str | None", getattr(coordinator, "member_id", None))
+
     async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
         records = await super()._getmany(active_partitions, timeout)
         if self._drop_fetched is None:

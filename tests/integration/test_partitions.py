@@ -169,6 +169,12 @@ async def assert_once_each(s: Scenario, zombie: Worker) -> None:
           f"{[[json.loads(m.value).get('status') for m in results.get(t, [])] for t in s.accounts]}\n"
           f"partitions: {s.timeline()}")
     assert all(len(keys) == 1 for keys in charges.values()), f"each account charged once: {charges}"
+    # Once every task has its result, nobody asks the model about them: a worker that lost its tasks stops its runs
+    # before their next call (execution/membership.py), it does not go on asking for tasks that are done.
+    done = s.marks["w2 done"]
+    late = [(r.task_id, _turn(r), f"+{r.ts - done:.1f}s") for r in s.llm.requests if r.task_id in s.accounts
+            and r.ts > done]
+    assert not late, f"the model was asked after every task had its result: {late}; {s.timeline()}"
     assert all(len(d) == 1 for d in distinct.values()), f"one distinct result per task: {distinct}"
     for tid, values in distinct.items():
         result = json.loads(next(iter(values)))

@@ -16,6 +16,7 @@ from agents_stream.contract.events import OutcomeEvent, encode
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
 from agents_stream.execution.executor import Executor
+from agents_stream.execution.membership import Membership
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.circuits import Circuits
@@ -106,6 +107,7 @@ async def worker(
     settings: dict[str, Any] | None = None,
     spent_usd: float = 0.0,
     start: bool = True,
+    membership: Membership | None = None,
     **top: Any,
 ) -> AsyncIterator[Worker]:
     """A started executor for agent ``a`` (stopped on exit); ``spent_usd``: today's spend the cluster reported."""
@@ -146,7 +148,7 @@ async def worker(
     executor = Executor(
         Settings(**{**FAST, **(settings or {})}), config, plans, circuits,
         send_outcome=send_outcome, send_control=send_control, on_flow_change=flow_changed, worker_id="w1",
-        cache_lookup=cache_lookup, rng=random.Random(7), send_event=send_event,
+        cache_lookup=cache_lookup, rng=random.Random(7), send_event=send_event, membership=membership,
     )
     w = Worker(executor, circuits, log)
     holder.append(w)

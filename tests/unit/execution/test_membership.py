@@ -1,0 +1,180 @@
+"""A run acts only while this worker is the group member it was dispatched to (execution/membership.py).
+
+The pure checks run on a fake clock; the executor's on fake LLM servers over HTTP (tests/unit/fake_worker.py),
+asserted on the requests the provider received and the outcome events the run sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from agents_stream.contract.errors import Fenced
+from agents_stream.contract.models import TaskPayload
+from agents_stream.execution.membership import GatedAdmission, Membership
+from agents_stream.execution.run import Run
+from agents_stream.resilience.circuit import Permit
+from agents_stream.testing.fakellm import FakeLLM, ok, status
+from tests.unit.fake_worker import worker
+
+
+class Group:
+    """What the Kafka client says of this worker (its member id, when the group last accepted a commit of it) and
+    a fake clock; each wait advances the clock and plays the next change of ``script``."""
+
+    def __init__(self, member: str | None = "m1") -> None:
+        self.member = member
+        self.now = 100.0
+        self.confirmed_at: float | None = 99.0
+        self.waits: list[float] = []
+        #: what happens while a run waits: (member id, a commit accepted now), one per wait
+        self.script: list[tuple[str | None, bool]] = []
+
+    async def sleep(self, seconds: float) -> None:
+        self.waits.append(seconds)
+        self.now += seconds
+        if self.script:
+            self.member, accepted = self.script.pop(0)
+            if accepted:
+                self.confirmed_at = self.now
+
+    def membership(self, wait_s: float = 1.0) -> Membership:
+        return Membership(lambda: self.member, lambda: self.confirmed_at, stall_s=3.0, wait_s=wait_s, tick_s=0.25,
+                          clock=lambda: self.now, sleep=self.sleep)
+
+
+def ticking(group: Group, membership: Membership, seconds: float) -> None:
+    """``seconds`` of a loop that runs: the watch ticks every 0.25 s."""
+    for _ in range(round(seconds / 0.25)):
+        group.now += 0.25
+        membership._look()
+
+
+def a_run(member: str | None) -> Run:
+    task = TaskPayload(task_id="t1", agent_name="a", instruction="Summarise the report.")
+    return Run(task, 3, "w1", member=member)
+
+
+async def test_a_member_under_its_dispatch_id_acts_at_once_through_rebalances_and_slow_commits() -> None:
+    """The id is the same (a rebalance the worker stays in keeps it), and the loop never stood still: no wait, even
+    though the group has accepted no commit for longer than a session (commits fail while the group rebalances)."""
+    group = Group()
+    membership = group.membership()
+    for _ in range(4):
+        ticking(group, membership, 3.0)
+        await membership.check(a_run("m1"))
+    assert group.waits == [] and group.confirmed_at == 99.0
+
+
+@pytest.mark.parametrize("now", ["m2", ""], ids=["joined-again", "joining-again"])
+async def test_a_run_of_a_worker_the_group_expelled_is_fenced(now: str) -> None:
+    """A new member id (joined again after being expelled) or none (joining again): the task's partition has
+    another owner, who runs it; this run must not call anything."""
+    group = Group(member=now)
+    with pytest.raises(Fenced, match="left the group after dispatch 3"):
+        await group.membership().check(a_run("m1"))
+    assert group.waits == []
+
+
+async def test_after_a_stall_a_run_waits_and_goes_on_once_the_group_accepts_a_commit_under_the_same_id() -> None:
+    """The loop stood still 12 s (a stop, or a starved CPU) but the group kept the worker: it goes on."""
+    group = Group()
+    membership = group.membership()
+    group.now += 12.0
+    group.script = [("m1", False), ("m1", True)]
+    await membership.check(a_run("m1"))
+    assert group.waits == [0.25, 0.25]
+    ticking(group, membership, 1.0)
+    await membership.check(a_run("m1"))  # confirmed since: no more waiting
+    assert group.waits == [0.25, 0.25]
+
+
+async def test_woken_after_being_expelled_a_run_waits_for_the_refused_heartbeat_and_is_fenced() -> None:
+    """Stopped past its session (SIGSTOP): as it wakes its id is still the old one (its next heartbeat has not been
+    refused yet), so the run waits; the heartbeat is refused (no id while it joins again): Fenced, before any call."""
+    group = Group()
+    membership = group.membership()
+    group.now += 12.0
+    group.script = [("m1", False), ("", False)]
+    with pytest.raises(Fenced, match="joining again"):
+        await membership.check(a_run("m1"))
+    assert group.waits == [0.25, 0.25]
+
+
+async def test_the_watch_notices_a_stall_while_no_run_calls_and_the_next_run_waits_for_the_group() -> None:
+    """The event loop really stands still (a blocking call here); the watch notices as it wakes, so the run that
+    calls next waits until the group accepts a commit sent after the stall."""
+    confirmed = [time.monotonic()]
+    membership = Membership(lambda: "m1", lambda: confirmed[0], stall_s=0.2, wait_s=5.0, tick_s=0.02)
+    watch = asyncio.ensure_future(membership.watch())
+    try:
+        await asyncio.sleep(0.1)
+        time.sleep(0.3)  # noqa: ASYNC251 - the stall under test
+        await asyncio.sleep(0.05)
+        assert membership.stalled_at is not None
+        check = asyncio.ensure_future(membership.check(a_run("m1")))
+        await asyncio.sleep(0.1)
+        assert not check.done()
+        confirmed[0] = time.monotonic()
+        await asyncio.wait_for(check, 1.0)
+        assert membership.stalled_at is None
+    finally:
+        watch.cancel()
+
+
+async def test_a_worker_the_group_never_confirms_after_a_stall_stops_the_run_after_the_wait() -> None:
+    group = Group()
+    membership = group.membership(wait_s=1.0)
+    group.now += 12.0
+    with pytest.raises(Fenced, match="within 1s of its event loop standing still"):
+        await membership.check(a_run("m1"))
+    assert sum(group.waits) == pytest.approx(1.0)
+
+
+async def test_a_run_dispatched_before_the_client_knew_its_id_is_checked_for_stalls_only() -> None:
+    group = Group(member="m9")
+    await group.membership().check(a_run(None))
+    await group.membership().check(a_run(""))
+    assert group.waits == []
+
+
+class Circuits:
+    def __init__(self) -> None:
+        self.acquired: list[str] = []
+
+    async def acquire(self, provider: str) -> Permit:
+        self.acquired.append(provider)
+        return Permit(provider)
+
+    def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
+        pass
+
+
+async def test_a_tool_attempt_of_an_expelled_worker_never_reaches_the_tools_breaker() -> None:
+    circuits, group = Circuits(), Group()
+    gated = GatedAdmission(circuits, group.membership(), a_run("m1"))
+    await gated.acquire("tool:refund")
+    group.member = "m2"
+    with pytest.raises(Fenced):
+        await gated.acquire("tool:refund")
+    assert circuits.acquired == ["tool:refund"]
+
+
+async def test_a_run_whose_worker_the_group_expels_during_its_backoff_asks_the_provider_no_more() -> None:
+    """The first call fails; while the run backs off, the worker is expelled (its member id is gone): the retry
+    is never sent, no result either, and the run releases its lease so the partition's owner takes it over."""
+    group = Group()
+    membership = Membership(lambda: group.member, lambda: time.monotonic(), stall_s=3.0, wait_s=5.0)
+    async with FakeLLM([status(500)], default=ok("from a worker that lost the task")) as p:
+        settings = {"backoff_base_s": 0.4, "backoff_cap_s": 0.4}
+        async with worker({"p": p}, {"providers": ["p"]}, settings=settings, membership=membership) as w:
+            w.dispatch("t1", dispatch=3)
+            await w.until(lambda: len(p.requests) == 1, what="the first call")
+            group.member = ""
+            await w.until(lambda: w.events("t1", "expired"), what="the run's release")
+            await asyncio.sleep(0.6)  # past the backoff: a retry would have gone out by now
+    assert len(p.requests) == 1
+    assert [(e["dispatch"], e.get("released")) for e in w.events("t1", "expired")] == [(3, True)]
+    assert w.events("t1", "succeeded") == [] and w.events("t1", "failed") == []
