@@ -69,10 +69,9 @@ class Membership:
         the last one."""
         now = self._clock()
         if now - self._ticked >= self.stall_s:
-            if self.stalled_at is None:
-                log.warning("This worker's event loop stood still for %.1fs (the process was stopped, or starved of "
-                            "CPU): its runs make no call until the group confirms it is still a member",
-                            now - self._ticked)
+            if self.stalled_at is None:  # info: a worker's start stands still too, and mode logs late timers already
+                log.info("This worker's event loop stood still for %.1fs (the process was stopped, or starved of CPU): "
+                         "its runs make no call until the group confirms it is still a member", now - self._ticked)
             self.stalled_at = now
         self._ticked = now
         if self.stalled_at is None:

@@ -33,7 +33,7 @@ from typing import Any
 
 from agents_stream.contract import topics
 from agents_stream.examples.services import FakeServices
-from agents_stream.testing.fakellm import FakeLLM, RecordedRequest, Reply, call, ok, tool_calls
+from agents_stream.testing.fakellm import FakeLLM, RecordedRequest, Reply, call, ok, status, tool_calls
 
 from .harness import BOOTSTRAP, Cluster, Worker, encode, eventually, produce, results_for, task, unique
 from .netpart import Netns
@@ -122,12 +122,13 @@ def _toml(agent: str, llm_url: str) -> str:
 
 
 @contextlib.asynccontextmanager
-async def scenario(cluster_factory: Callable[..., Cluster], latency: dict[int, float]) -> AsyncIterator[Scenario]:
+async def scenario(cluster_factory: Callable[..., Cluster], latency: dict[int, float],
+                   **settings: str) -> AsyncIterator[Scenario]:
     agent = unique("charge")
     accounts = {unique("task"): unique("acct") for _ in range(ACCOUNTS)}
     async with FakeServices() as services, FakeLLM(default=None) as llm:
         cluster = cluster_factory([agent], None, toml=_toml(agent, llm.url),
-                                  AGENTS_STREAM_REFUND_SERVICES=services.url, **FAST_FAILOVER)
+                                  AGENTS_STREAM_REFUND_SERVICES=services.url, **{**FAST_FAILOVER, **settings})
         s = Scenario(agent, llm, services, cluster, accounts, latency)
         llm.responder = s.reply
         yield s
@@ -333,4 +334,44 @@ async def test_a_worker_paused_while_its_charge_journal_write_is_held_never_char
                 os.kill(w1.proc.pid, signal.SIGCONT)
                 s.mark("continue")
             await quiesce(s)
+        await assert_once_each(s, w1)
+
+
+#: the first retry of a failed model call waits 4-8 s (full jitter over half the ceiling): it comes due while W1 is
+#: stopped, so the retries fire as W1 wakes, before its next heartbeat can tell it that it was expelled
+RETRY_DUE_WHILE_STOPPED = {"AGENTS_STREAM_BACKOFF_BASE_S": "8", "AGENTS_STREAM_BACKOFF_CAP_S": "8"}
+
+
+async def test_a_worker_paused_while_its_model_calls_back_off_asks_the_model_nothing_when_it_wakes(cluster_factory):
+    """(g) The model's first answer to each task is a 500; W1 is stopped (SIGSTOP) while its retries back off, W2
+    takes the tasks over and finishes them, then W1 continues (SIGCONT): its retries come due at once. A run of a
+    worker the group expelled calls nothing (execution/membership.py): W1 waits for the group's word, is refused,
+    and stops its runs — the model is asked nothing after the results (assert_once_each)."""
+    async with scenario(cluster_factory, {}, **RETRY_DUE_WHILE_STOPPED) as s:
+        failed: set[str] = set()
+        reply = s.reply
+
+        def first_call_fails(request: RecordedRequest, turn: int) -> Reply | None:
+            if request.task_id in s.accounts and request.task_id not in failed:
+                failed.add(request.task_id)
+                return status(500)
+            return reply(request, turn)
+
+        s.llm.responder = first_call_fails
+        w1 = await s.cluster.started("w1")
+        assert w1.proc is not None
+        await s.send_tasks()
+        await eventually(lambda: failed == set(s.accounts), timeout=45, interval=0.05,
+                         what="every task's first model call failed on W1")
+        await asyncio.sleep(0.3)  # the 500s reach W1, whose retries start backing off
+        os.kill(w1.proc.pid, signal.SIGSTOP)
+        s.mark("fault")
+        try:
+            await s.cluster.started("w2")
+            await results_for(set(s.accounts), timeout=60)
+            s.mark("w2 done")
+        finally:
+            os.kill(w1.proc.pid, signal.SIGCONT)
+            s.mark("heal")
+        await quiesce(s)
         await assert_once_each(s, w1)
