@@ -95,9 +95,9 @@ class Handlers:
             handler = str(state.handler)
             hplan = self.plans.get(handler)
             if hplan is None:  # only a Python route can name an agent this worker does not run: say so, do not crash
-                why = (f"routing: handler {handler!r} is not an agent this worker runs (AGENTS_STREAM_AGENTS, or the "
-                       "config's agents)")
-                return outcome.rejected(run, Rejected("route_handler_missing", why, f"route:{handler}"))
+                missing = (f"routing: handler {handler!r} is not an agent this worker runs (AGENTS_STREAM_AGENTS, "
+                           "or the config's agents)")
+                return outcome.rejected(run, Rejected("route_handler_missing", missing, f"route:{handler}"))
             ended = await self._handle(run, hplan, handler, state)
             if ended is None or isinstance(ended, CallParked | CallsDelegated):
                 return ended
