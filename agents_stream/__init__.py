@@ -1,6 +1,6 @@
 """agents-stream: LLM agent work as a stateful Faust stream topology on Kafka.
 
-The front door: everything a user writes agents, tools and sagas with, and the conversations client.
+The front door: everything a user writes agents, tools, sagas and routes with, and the conversations client.
 
     from agents_stream import Agent, ToolContext, tool
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agents_stream.config import McpServerConfig
     from agents_stream.contract.errors import TransientError
     from agents_stream.execution.agent_definitions import Agent
+    from agents_stream.execution.routing_definitions import RouteMessage, Routing, Rule
     from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
     from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, agent_tool, tool
 
@@ -40,6 +41,9 @@ _HOMES = {
     "ClientError": "agents_stream.client",
     "FatalToolError": "agents_stream.execution.tools",
     "McpServerConfig": "agents_stream.config",
+    "RouteMessage": "agents_stream.execution.routing_definitions",
+    "Routing": "agents_stream.execution.routing_definitions",
+    "Rule": "agents_stream.execution.routing_definitions",
     "SagaDefinition": "agents_stream.execution.saga_definitions",
     "SagaStep": "agents_stream.execution.saga_definitions",
     "StepContext": "agents_stream.execution.saga_definitions",
@@ -52,8 +56,9 @@ _HOMES = {
 }
 
 __all__ = [
-    "Agent", "Client", "ClientError", "FatalToolError", "McpServerConfig", "SagaDefinition", "SagaStep", "StepContext",
-    "Tool", "ToolContext", "ToolError", "TransientError", "__version__", "agent_tool", "tool",
+    "Agent", "Client", "ClientError", "FatalToolError", "McpServerConfig", "RouteMessage", "Routing", "Rule",
+    "SagaDefinition", "SagaStep", "StepContext", "Tool", "ToolContext", "ToolError", "TransientError", "__version__",
+    "agent_tool", "tool",
 ]
 
 if not TYPE_CHECKING:  # hidden from type checkers: a misspelt name stays an error there, not Any

@@ -213,6 +213,57 @@ class SummaryConfig(BaseModel):
         return self
 
 
+class RouteRuleConfig(BaseModel):
+    """One rule of a route (``[[agents.<name>.routing.rules]]``): a message it matches goes to ``handler``. Every
+    condition given must hold; a rule with none matches every message (a catch-all, put it last)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    handler: str
+    #: any of these words or phrases, whole words, any case
+    words: list[str] = Field(default_factory=list)
+    #: a regular expression searched in the message's text, any case
+    pattern: str | None = None
+    #: context_data fields equal to these values
+    context: dict[str, Any] = Field(default_factory=dict)
+
+
+class RoutingConfig(BaseModel):
+    """Routing across handlers (``[agents.<name>.routing]``, docs/guide/routing.md): each message (or task) of the
+    agent goes to one of its ``handlers`` (other agents of the config), by ``rules`` and then a ``classifier``;
+    a handler that fails, or answers below ``min_confidence``, escalates to the next one in the list."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    #: the handlers, weakest (cheapest) first: an escalation goes to the next one
+    handlers: list[str] = Field(default_factory=list)
+    rules: list[RouteRuleConfig] = Field(default_factory=list)
+    #: the provider (``[providers.<name>]``, a small model) asked when no rule matches; None: no classifier
+    classifier: str | None = None
+    #: where a message goes that no rule and no classifier placed; None: the last (strongest) handler
+    fallback: str | None = None
+    #: an answer below this confidence escalates ("low": only failures escalate)
+    min_confidence: Literal["high", "medium", "low"] = "low"
+    #: or the route as Python: "package.module:NAME" of an agents_stream Routing (then give nothing else here)
+    python: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> RoutingConfig:
+        if self.python is not None:
+            if self.handlers or self.rules or self.classifier or self.fallback:
+                raise ValueError("routing: give python = \"package.module:NAME\" or the route's fields, not both")
+            return self
+        if not self.handlers:
+            raise ValueError("routing: give handlers = [\"<agent>\", ...] (weakest first)")
+        if len(set(self.handlers)) != len(self.handlers):
+            raise ValueError(f"routing: handlers {self.handlers} name an agent twice")
+        named = [r.handler for r in self.rules] + ([self.fallback] if self.fallback else [])
+        unknown = sorted({h for h in named if h not in self.handlers})
+        if unknown:
+            raise ValueError(f"routing: rules or fallback name {unknown}, which are not among handlers {self.handlers}")
+        return self
+
+
 class AgentConfig(BaseModel):
     """A sub-agent: its task topic is ``agent.tasks.<name>``."""
 
@@ -220,7 +271,7 @@ class AgentConfig(BaseModel):
 
     name: str = ""
     #: the fallback chain: the first answers with confidence high, the others medium
-    providers: list[str] = Field(min_length=1)
+    providers: list[str] = Field(default_factory=list)  # at least one, unless the agent routes (``routing``)
     system: str = ""
     description: str = ""
     #: a lightweight provider; as a fallback it gets a simplified task and answers with confidence low
@@ -269,6 +320,8 @@ class AgentConfig(BaseModel):
     history_chars: int = Field(default=32_000, ge=0, le=200_000)
     #: a summary of the history older than that window, written by a cheap model; None: older items are not shown
     summary: SummaryConfig | None = None
+    #: routing across handlers: each message goes to one of these other agents (docs/guide/routing.md)
+    routing: RoutingConfig | None = None
 
 
 class AppConfig(BaseModel):
@@ -295,6 +348,9 @@ class AppConfig(BaseModel):
     @model_validator(mode="after")
     def _check_references(self) -> AppConfig:
         for agent in self.agents.values():
+            if not agent.providers and agent.routing is None:
+                raise ValueError(f"agent {agent.name!r}: give providers = [\"<provider>\", ...]")
+            self._check_routing(agent)
             unknown = [p for p in agent.providers if p not in self.providers]
             if unknown:
                 raise ValueError(f"agent {agent.name!r} names unknown providers {unknown}")
@@ -334,11 +390,37 @@ class AppConfig(BaseModel):
                 )
         return self
 
+    def _check_routing(self, agent: AgentConfig) -> None:
+        """A route's handlers are other agents of this file, none of them routed itself; its classifier a provider."""
+        route = agent.routing
+        if route is None:
+            return
+        if agent.saga is not None or agent.agent is not None or agent.mcp:
+            raise ValueError(f"agent {agent.name!r}: a routed agent runs its handlers; give routing or "
+                             "saga/agent/mcp, not both")
+        for handler in route.handlers:
+            other = self.agents.get(handler)
+            if other is None:
+                raise ValueError(f"agent {agent.name!r}: routing names handler {handler!r}, which is not an agent of "
+                                 f"the config (add [agents.{handler}])")
+            if other.routing is not None or handler == agent.name:
+                raise ValueError(f"agent {agent.name!r}: handler {handler!r} routes itself; a handler is an agent "
+                                 "that answers (a prompt, a saga, steps or a tool-using agent)")
+        if route.classifier is not None and route.classifier not in self.providers:
+            raise ValueError(f"agent {agent.name!r} names unknown routing classifier provider {route.classifier!r}")
+
     def selected(self, wanted: set[str]) -> list[str]:
         """The agents a worker runs: all of them, or those of ``wanted`` (AGENTS_STREAM_AGENTS) in config order."""
         unknown = wanted - set(self.agents)
         if unknown:
             raise SystemExit(f"AGENTS_STREAM_AGENTS names agents not in the config: {sorted(unknown)}")
+        if wanted:
+            for name in wanted:
+                route = self.agents[name].routing
+                missing = sorted(set(route.handlers) - wanted) if route is not None else []
+                if missing:
+                    raise SystemExit(f"AGENTS_STREAM_AGENTS runs the routed agent {name!r} without its handlers "
+                                     f"{missing}: a worker runs a route's handlers itself; add them")
         return [a for a in self.agents if not wanted or a in wanted]
 
     def provider(self, name: str) -> ProviderConfig:

@@ -27,9 +27,17 @@ def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) ->
         dispatched = {"attempt": new.dispatch}
         events.append(_event(f"round:{number}:dispatch:{new.dispatch}", "dispatched", number, dispatched))
     before = len(completed_steps(old)) if old is not None else 0
-    for entry in completed_steps(new)[before:]:
+    done = completed_steps(new)
+    # a routed round's escalated handler starts its turns at 0 again: its events' ids say which handler (":h<n>")
+    stage = sum(1 for e in done[:before] if isinstance(e, dict) and e.get("kind") == "escalated")
+    for entry in done[before:]:
         if isinstance(entry, dict):
-            events += _journal_event(number, entry)
+            shown = _journal_event(number, entry)
+            if stage and entry.get("kind") in _PER_HANDLER:
+                shown = [{**e, "id": f"{e['id']}:h{stage}"} for e in shown]
+            events += shown
+            if entry.get("kind") == "escalated":
+                stage += 1
     if new.state != (old.state if old is not None else None):
         if new.state == AWAITING_APPROVAL:
             events.append(_event(f"round:{number}:approval:{new.dispatch}:{len(completed_steps(new))}",
@@ -40,8 +48,21 @@ def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) ->
     return events
 
 
+#: journal kinds a handler's part of a routed round repeats (their ids begin again with each handler)
+_PER_HANDLER = frozenset({"turn", "tool", "decision", "subresult"})
+
+
 def _journal_event(number: int, entry: dict[str, Any]) -> list[dict[str, Any]]:
     kind, turn = entry.get("kind"), entry.get("turn")
+    if kind == "route":  # a routed round's decision (execution/handlers.py): once per round
+        used = entry.get("usage") or {}
+        data = {"handler": entry.get("handler"), "by": entry.get("by"), "reason": entry.get("reason"),
+                "source": entry.get("source"), "cost": used.get("cost"),
+                "tokens": int(used.get("input_tokens") or 0) + int(used.get("output_tokens") or 0)}
+        return [_event(f"round:{number}:route", "routed", number, data)]
+    if kind == "escalated":
+        data = {"from": entry.get("from"), "to": entry.get("to"), "reason": entry.get("reason")}
+        return [_event(f"round:{number}:escalated:{entry.get('to')}", "escalated", number, data)]
     if kind == "turn":
         calls = [{"id": c.get("id"), "name": c.get("name"), "arguments": c.get("arguments")}
                  for c in entry.get("calls") or []]

@@ -35,6 +35,7 @@ from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.chunks import Chunks, SendEvent
+from agents_stream.execution.handlers import Handlers
 from agents_stream.execution.ladder import Ladder, LookupFn
 from agents_stream.execution.mcp_servers import McpServers, ensure_sdk
 from agents_stream.execution.membership import Membership
@@ -94,8 +95,10 @@ class Executor(Service):
         self.membership = membership
         self.caller = Caller(settings, config, circuits, send_control, rng, chunks, membership)
         self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
-        self.step_runner = StepRunner(settings, self.ladder, send_outcome, send_control, rng)
-        self.agent_runner = AgentRunner(settings, self.ladder, self.caller, send_outcome, send_control, rng)
+        # a routed agent's handler runs on the same runners; its journal entries go where its part of the journal is
+        self.handlers = Handlers(self.caller, plans, send_outcome, self._run_plan)
+        self.step_runner = StepRunner(settings, self.ladder, self.handlers.send, send_control, rng)
+        self.agent_runner = AgentRunner(settings, self.ladder, self.caller, self.handlers.send, send_control, rng)
         self.summariser = Summariser(self.caller, send_outcome)
         self.prober = Prober(circuits, self._providers())
         servers = mcp_servers(plans)
@@ -317,10 +320,18 @@ class Executor(Service):
     async def _run(self, run: Run) -> TaskSucceeded | TaskFailed | CallParked | CallsDelegated | None:
         """The task's outcome, or None when it must hold (``run.wait`` says for how long at most)."""
         plan = self.plans[run.task.agent_name]
+        if plan.saga is None and plan.config.summary is not None and run.task.conversation is not None:
+            await self.summariser.ensure(run, plan)  # a round: its summary first
+        if plan.routing is not None:  # a routed agent: the handler its route picks (execution/handlers.py)
+            return await self.handlers.run(run, plan)
+        return await self._run_plan(run, plan)
+
+    async def _run_plan(
+        self, run: Run, plan: AgentPlan,
+    ) -> TaskSucceeded | TaskFailed | CallParked | CallsDelegated | None:
+        """The run's task as ``plan``'s: a saga, an agent loop, steps, or one answer up the ladder."""
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
-        if plan.config.summary is not None and run.task.conversation is not None:  # a round: its summary first
-            await self.summariser.ensure(run, plan)
         if plan.agent is not None:
             agent = self.mcp.agent_for(plan) if self.mcp is not None and plan.mcp else plan.agent
             if isinstance(agent, str):  # its MCP tools are not known yet: hold, as with no provider available

@@ -10,6 +10,7 @@ from agents_stream.contract.models import Confidence
 from agents_stream.execution.agent_definitions import Agent, load_agent
 from agents_stream.execution.mcp_tools import circuit_name
 from agents_stream.execution.outputs import OutputSpec
+from agents_stream.execution.routing_definitions import Routing
 from agents_stream.execution.saga_definitions import SagaDefinition, load_saga
 from agents_stream.providers.base import Provider
 
@@ -45,6 +46,10 @@ class AgentPlan:
     #: writes the summaries of a conversation's older history (``[agents.<name>.summary]``; None: none, or its
     #: provider is not usable)
     summarizer: Provider | None = None
+    #: routing across handlers (``[agents.<name>.routing]``): each task runs as the handler its route picks
+    routing: Routing | None = None
+    #: the route's classifier (None: none, or its provider is not usable: the route takes its fallback)
+    route_classifier: Provider | None = None
 
     @classmethod
     def build(cls, config: AppConfig, agent: str, provider: Callable[[str], Provider]) -> AgentPlan:
@@ -78,6 +83,12 @@ class AgentPlan:
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
         try:
+            routing = _routing_of(config, cfg)
+        except ValueError as exc:
+            raise ValueError(f"agent {agent!r}: {exc}") from None
+        asks = routing.classifier if routing is not None else None
+        route_classifier = provider(asks) if asks and config.providers[asks].usable() else None
+        try:
             servers = _servers_of(config, cfg, acting)
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
@@ -96,9 +107,27 @@ class AgentPlan:
             light=light,
             classifier=classifier,
             summarizer=summarizer,
+            routing=routing,
+            route_classifier=route_classifier,
             cache=cfg.cache_max_age_s > 0 and allowed >= CONFIDENCE_ORDER.index("low"),
             partial=cfg.lowest == "failed",
         )
+
+
+def _routing_of(config: AppConfig, cfg: AgentConfig) -> Routing | None:
+    """The agent's route, its handlers checked against the config (a Python route is only known once loaded)."""
+    if cfg.routing is None:
+        return None
+    routing = Routing.from_config(cfg.routing)
+    for handler in routing.handlers:
+        other = config.agents.get(handler)
+        if other is None:
+            raise ValueError(f"routing names handler {handler!r}, which is not an agent of the config")
+        if other.routing is not None or handler == cfg.name:
+            raise ValueError(f"routing handler {handler!r} routes itself; a handler is an agent that answers")
+    if routing.classifier is not None and routing.classifier not in config.providers:
+        raise ValueError(f"routing names unknown classifier provider {routing.classifier!r}")
+    return routing
 
 
 def at_least(confidence: str, lowest: str) -> bool:

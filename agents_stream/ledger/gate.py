@@ -22,7 +22,7 @@ from agents_stream.ledger.poison import dead_letter_unreadable
 from agents_stream.ledger.records import record_of
 from agents_stream.ops.notify import Notifier, decision_signed, link, slack_message
 from agents_stream.settings import Settings
-from agents_stream.tables import approvals, leases
+from agents_stream.tables import approvals, leases, route_journal
 from agents_stream.tables.definitions import LedgerTable
 from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
 
@@ -52,6 +52,15 @@ class ApprovalGate:
         self.awaiting_in = awaiting_in
         #: a ``cancel`` decision's transitions (ledger/cancel_decisions.py)
         self.cancellation = cancellation
+
+    def _policy(self, record: TaskRecord) -> ApprovalPolicy | None:
+        """The approval policy a task's parked call waits under: its agent's, else — a routed agent's task, whose
+        handler's tool asked (execution/handlers.py) — the policy of the handler its journal names now."""
+        policy = self.policies.get(record.agent)
+        if policy is not None or not record.steps_done or '"kind":"route"' not in record.steps_done:
+            return policy
+        handler = route_journal.read(leases.completed_steps(record)).handler
+        return self.policies.get(handler) if handler is not None else None
 
     def approval_for(self, task: TaskPayload) -> tuple[str, list[float]] | None:
         """(why, each level's timeout) when the agent's policy wants a human to approve this task first."""
@@ -167,7 +176,7 @@ class ApprovalGate:
         """An agent loop's tool call waits for a human: the task parks at that call, within the agent's cap."""
         if record is None:
             return None
-        policy = self.policies.get(record.agent)
+        policy = self._policy(record)
         if policy is None:  # the plan refuses such an agent at start; a config changed under a running task
             log.error(
                 "Task %s: tool %s needs approval but agent %s has no approval levels; give it [agents.%s.approval] "
@@ -186,7 +195,7 @@ class ApprovalGate:
         """A level's time ran out (an ``approval_timeout`` event): escalate, or reject after the last level."""
         if record is None:
             return None
-        policy = self.policies.get(record.agent)
+        policy = self._policy(record)
         new, effects = approvals.escalate(
             record, level=level, timeouts=[lv.timeout_s for lv in policy.levels] if policy else [], now=time.time(),
             rejected_result=self._rejected_json(task_id, record, "timeout"), me=self.worker_id,
@@ -207,7 +216,7 @@ class ApprovalGate:
 
     def notify(self, task_id: str, record: TaskRecord, level: int) -> None:
         """Tell the level's webhook (best effort: a lost notification still times out and escalates)."""
-        policy = self.policies.get(record.agent)
+        policy = self._policy(record)
         if policy is None or level >= len(policy.levels):
             return
         rung = policy.levels[level]
@@ -240,7 +249,7 @@ class ApprovalGate:
     def describe(self, task_id: str, record: TaskRecord) -> dict[str, Any]:
         """One waiting approval, as /approvals lists it."""
         state = approvals.state(record)
-        policy = self.policies.get(record.agent)
+        policy = self._policy(record)
         level = state.get("level", 0)
         payload = json.loads(record.payload)
         return {

@@ -115,6 +115,12 @@ def _render(event: Event) -> str | None:
         case "summary":
             return (f"  (earlier messages summarised: {data.get('chars')} characters, covering the first "
                     f"{data.get('until')} history items)")
+        case "routed":
+            return (f"  → {printable(str(data.get('handler')))} ({printable(str(data.get('by')))}: "
+                    f"{printable(str(data.get('reason')))[:200]})")
+        case "escalated":
+            return (f"  ↑ {printable(str(data.get('from')))} → {printable(str(data.get('to')))}: "
+                    f"{printable(str(data.get('reason')))[:200]}")
         case "dispatched" if data.get("attempt", 1) > 1:
             return f"  (taken over: attempt {data['attempt']})"
         case "reply":

@@ -115,6 +115,14 @@ def render_transcript(transcript: dict[str, Any]) -> list[str]:
     for c in transcript.get("tool_calls", []):
         calls.setdefault(c["turn"], []).append(c)
     lines = ["timeline:"]
+    route = transcript.get("route")
+    if isinstance(route, dict):  # a routed agent's task: the handler its route chose, and each escalation
+        used = route.get("usage") or {}
+        cost = f", {used['cost']:.6f} USD" if used.get("cost") is not None else ""
+        lines.append(f"  route  → {route.get('first')} by {route.get('by')}: {route.get('reason')}"
+                     + (f" ({route.get('source')}{cost})" if route.get("source") else ""))
+        for e in route.get("escalations") or []:
+            lines.append(f"  escalated {e.get('from')} → {e.get('to')}: {e.get('reason')}")
     for turn in transcript.get("turns", []):
         u = turn.get("usage") or {}
         cost = f"  {u['cost']:.6f} USD" if u.get("cost") is not None else ""

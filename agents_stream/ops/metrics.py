@@ -66,6 +66,12 @@ format_retries = Counter(
     "agents_stream_format_retries_total", "Corrective retries of answers that did not match the output schema.",
     ["agent"], registry=REGISTRY,
 )
+routed = Counter(
+    "agents_stream_routed_total",
+    "Tasks of routed agents sent to a handler, by how (rule, classifier, fallback; escalated: a weaker handler "
+    "gave up).",
+    ["agent", "handler", "by"], registry=REGISTRY,
+)
 summaries = Counter(
     "agents_stream_conversation_summaries_total",
     "Summaries of a conversation's older history asked for by a round, by outcome (written, failed).",

@@ -33,7 +33,7 @@ from agents_stream.ops.web_events import register_event_views
 from agents_stream.ops.web_live import register_live_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
-from agents_stream.tables import approvals
+from agents_stream.tables import approvals, route_journal
 from agents_stream.tables.definitions import Tables
 from agents_stream.tables.leases import TaskRecord, completed_steps
 
@@ -234,6 +234,12 @@ def _record_views(app: Any, runtime: Worker) -> None:
         done = completed_steps(record)
         if done:  # a running multi-step task or agent loop: what is checkpointed so far
             body["progress"] = {"steps_done": len(done)}
+            route = route_journal.read(done)
+            if route.decision is not None:  # a routed agent's task: its route, and its current handler's part
+                done = route_journal.handler_part(done, route, keep_summary=False)[0]
             if any(isinstance(e, dict) and e.get("kind") == "turn" for e in done):
                 body["progress"]["transcript"] = transcript(done)
+            if route.decision is not None:
+                shown = body["progress"].setdefault("transcript", {"turns": [], "tool_calls": []})
+                shown["route"] = route_journal.route_transcript(completed_steps(record))
         return self.json(body)

@@ -86,17 +86,18 @@ class Worker:
 
 
 def app_config(
-    fakes: dict[str, FakeLLM], agent: dict[str, Any], providers: dict[str, dict[str, Any]] | None = None, **top: Any,
+    fakes: dict[str, FakeLLM], agent: dict[str, Any], providers: dict[str, dict[str, Any]] | None = None,
+    others: dict[str, dict[str, Any]] | None = None, **top: Any,
 ) -> AppConfig:
     """Every fake as an OpenAI-compatible provider named as in ``fakes`` (model ``<name>-model``);
-    ``providers``: extra fields per provider name."""
+    ``providers``: extra fields per provider name; ``others``: more agents besides ``a`` (a route's handlers)."""
     extra = providers or {}
     entries = {
         name: {"kind": "openai", "base_url": f"{fake.url}/v1", "model": f"{name}-model", "timeout_s": 5,
                **extra.get(name, {})}
         for name, fake in fakes.items()
     }
-    return AppConfig.model_validate({"providers": entries, "agents": {AGENT: agent}, **top})
+    return AppConfig.model_validate({"providers": entries, "agents": {AGENT: agent, **(others or {})}, **top})
 
 
 @asynccontextmanager
@@ -108,10 +109,11 @@ async def worker(
     spent_usd: float = 0.0,
     start: bool = True,
     membership: Membership | None = None,
+    others: dict[str, dict[str, Any]] | None = None,
     **top: Any,
 ) -> AsyncIterator[Worker]:
     """A started executor for agent ``a`` (stopped on exit); ``spent_usd``: today's spend the cluster reported."""
-    config = app_config(fakes, agent, **top)
+    config = app_config(fakes, agent, others=others, **top)
     built: dict[str, Provider] = {}
 
     def provider(name: str) -> Provider:
@@ -119,7 +121,7 @@ async def worker(
             built[name] = build_provider(config.provider(name))
         return built[name]
 
-    plans = {AGENT: AgentPlan.build(config, AGENT, provider)}
+    plans = {name: AgentPlan.build(config, name, provider) for name in config.agents}
     day = pricing.day_key(time.time())
     log = MemoryCircuitsLog()
     circuits_config, tools = with_tool_circuits(config, plans)  # an agent's tools have breakers too (app.py)

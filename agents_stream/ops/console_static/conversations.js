@@ -131,6 +131,8 @@
       case "decision": addCall(n, String(d.call_id), { decision: `${d.decision} by ${d.by}` }); conv.status = "answering"; break;
       case "waiting_for_subagents": round(n).notes.push("waiting for sub-agents"); conv.status = "waiting_for_subagents"; break;
       case "subagent_result": round(n).notes.push(`sub-agent ${d.agent}: ${d.status}`); break;
+      case "routed": round(n).notes.push(`routed to ${d.handler} (${d.by}: ${d.reason})`); break;
+      case "escalated": round(n).notes.push(`escalated from ${d.from} to ${d.to}: ${d.reason}`); break;
       case "reply":
         addReply({ ...d, at: event.at }, seq);
         if (d.status !== "rejected") conv.status = "idle"; // a refused message leaves the open round answering

@@ -58,6 +58,18 @@
     const turns = transcript && Array.isArray(transcript.turns) ? transcript.turns : [];
     const calls = transcript && Array.isArray(transcript.tool_calls) ? transcript.tool_calls : [];
     const rows = [];
+    const route = transcript && transcript.route && typeof transcript.route === "object" ? transcript.route : null;
+    if (route) { // a routed agent's task: the handler its route chose (and why, at what cost), then each escalation
+      const u = route.usage || {};
+      const cost = typeof u.cost === "number" ? ` · ${u.cost.toFixed(6)} USD` : "";
+      rows.push(el("tr", { cls: "turn" }, el("td", { text: "route" }), el("td", { text: route.source ?? route.by ?? "" }),
+        el("td", { text: route.source ? `${u.input_tokens ?? 0} in / ${u.output_tokens ?? 0} out${cost}` : "" }),
+        el("td", { text: `→ ${route.first} (${route.by}: ${route.reason})` })));
+      for (const e of Array.isArray(route.escalations) ? route.escalations : []) {
+        rows.push(el("tr", { cls: "call error" }, el("td"), el("td", { text: "escalated" }), el("td"),
+          el("td", { text: `${e.from} → ${e.to}: ${e.reason}` })));
+      }
+    }
     for (const turn of turns) {
       const u = turn.usage || {};
       const cost = typeof u.cost === "number" ? ` · ${u.cost.toFixed(6)} USD` : "";
