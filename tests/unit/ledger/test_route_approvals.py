@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+from agents_stream.tables.leases import TaskRecord
+
 from agents_stream.config import ApprovalLevel, ApprovalPolicy
 from agents_stream.ledger.gate import ApprovalGate
-from agents_stream.tables.leases import TaskRecord
 
 SUPPORT = ApprovalPolicy(levels=[ApprovalLevel(name="lead", timeout_s=60)])
 DESK = ApprovalPolicy(always=True, levels=[ApprovalLevel(name="desk-lead", timeout_s=60)])

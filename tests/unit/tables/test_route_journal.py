@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from agents_stream.tables import route_journal as routes
 from agents_stream.tables.conversation_events import round_events
 from agents_stream.tables.leases import TaskRecord
