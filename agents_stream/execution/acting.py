@@ -3,7 +3,7 @@
 Every model turn goes to the first rung that is available (primary, then the
 alternates: a conversation begun on one provider continues on the next, its
 history translated by that provider's client); with none available the task is
-held, its journal kept. Each journal entry is sent as a StepDone outcome and
+held, its journal kept. Each journal entry is sent as a JournalEntry outcome and
 confirmed by the broker before the loop acts on it, so the ledger keeps it in
 the task's record and a re-dispatch resumes from it.
 """
@@ -19,7 +19,7 @@ from agents_stream.contract.events import (
     CallParked,
     CallsDelegated,
     DelegatedCall,
-    StepDone,
+    JournalEntry,
     TaskFailed,
     TaskSucceeded,
 )
@@ -75,8 +75,8 @@ class AgentRunner:
             return await self._turn(run, plan, conversation)
 
         async def record(index: int, entry: dict[str, Any]) -> None:
-            step = StepDone(worker=run.worker, dispatch=run.dispatch, index=index, output=entry)
-            await self._send_outcome(task.task_id, step)
+            journaled = JournalEntry(worker=run.worker, dispatch=run.dispatch, index=index, output=entry)
+            await self._send_outcome(task.task_id, journaled)
 
         loop = Loop(
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,

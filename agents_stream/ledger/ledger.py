@@ -23,6 +23,7 @@ from agents_stream.contract.events import (
     DeadLettered,
     DeadLetterRequest,
     Heartbeat,
+    JournalEntry,
     LeaseExpired,
     OutcomeEvent,
     RecordsExpired,
@@ -306,7 +307,9 @@ class Ledger:
         elif record is not None and record.terminal and conversation_of(task_id) is not None:
             self.conversations.round_ended(tp, offset, task_id, record)  # its end again: the reply may not be durable
 
-    def apply_here(self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone) -> asyncio.Future[None] | None:
+    def apply_here(
+        self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone | JournalEntry,
+    ) -> asyncio.Future[None] | None:
         """An outcome of this worker's own executor, applied at once (no trip through the outcomes topic), when
         this ledger holds the task's offset: its partition is this worker's and its table is live here. None
         otherwise: the outcome goes on the outcomes topic to whoever owns the partition now.
@@ -358,7 +361,9 @@ class Ledger:
                     return None
                 new, effects, event = self._finish(task_id, record, event, now, at)
                 extra = self._account(tp, record, event, now)
-            case StepDone(index=index, output=output, dispatch=dispatch):
+            case StepDone(index=index, output=output, dispatch=dispatch) | JournalEntry(
+                index=index, output=output, dispatch=dispatch,
+            ):  # both are kept in steps_done (contract/checkpoints.py)
                 new, effects = leases.checkpoint(record, index=index, output=output, dispatch=dispatch)
                 failed = sizes.oversize(new, event, self.settings.record_max_bytes) if new is not record else None
                 if failed is not None and record is not None:  # a checkpoint past Kafka's record limit ends it

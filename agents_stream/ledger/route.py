@@ -12,6 +12,7 @@ from agents_stream.contract.events import (
     CallParked,
     CallsDelegated,
     Heartbeat,
+    JournalEntry,
     OutcomeEvent,
     StepDone,
     TaskFailed,
@@ -59,11 +60,11 @@ class OutcomeRoute:
         else sent on the outcomes topic, retried until the broker confirms it (heartbeats are not retried).
 
         A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
-        follow it there. A journal entry (StepDone) returns once it is durable here, while the partition is this
-        worker's, or once it is on the topic of a partition this worker owns; it raises Fenced when neither can be
-        known (the entry went to another worker's partition, or the partition moved before it was durable): the run
-        must not act on it. A final outcome returns at once."""
-        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
+        follow it there. A journal entry (JournalEntry) or a step checkpoint (StepDone) returns once it is durable
+        here, while the partition is this worker's, or once it is on the topic of a partition this worker owns; it
+        raises Fenced when neither can be known (the entry went to another worker's partition, or the partition
+        moved before it was durable): the run must not act on it. A final outcome returns at once."""
+        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone | JournalEntry):
             run = (task_id, outcome.dispatch)
             durable = None
             if run not in self.via_topic and self.member():
@@ -76,17 +77,17 @@ class OutcomeRoute:
                     )
                     self.send_control("alert.ledger_error", task_id, None, {"error": repr(exc)[:500]})
             if durable is not None:
-                if isinstance(outcome, StepDone):  # the loop acts on the entry only once it is durable
+                if isinstance(outcome, StepDone | JournalEntry):  # the run acts on it only once it is durable
                     try:
                         await asyncio.wait_for(asyncio.shield(durable), timeout=JOURNAL_DURABLE_S)
                     except TimeoutError:
                         raise TimeoutError(
-                            f"the journal entry {outcome.index} of {task_id} was not durable within "
+                            f"the {_named(outcome)} of {task_id} was not durable within "
                             f"{JOURNAL_DURABLE_S:.0f}s (is the broker reachable?); the run stops here and resumes from "
                             "its journal once its lease lapses"
                         ) from None
                 return
-            if isinstance(outcome, StepDone):
+            if isinstance(outcome, StepDone | JournalEntry):
                 self.via_topic.add(run)
             else:
                 self.via_topic.discard(run)
@@ -108,14 +109,19 @@ class OutcomeRoute:
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
         )
-        if isinstance(outcome, StepDone) and not self.owns(task_id):
+        if isinstance(outcome, StepDone | JournalEntry) and not self.owns(task_id):
             self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here: only its release follows
             # On the topic, the entry is applied by the partition's owner, if its run still holds the lease; this
             # run cannot know whether it was, so it must not act on it: it stops, and the owner carries the task
             # on from its journal (docs/security.md, "Fencing").
             raise Fenced(
-                f"task {task_id}: journal entry {outcome.index} of dispatch {outcome.dispatch} went to the partition's "
+                f"task {task_id}: {_named(outcome)} of dispatch {outcome.dispatch} went to the partition's "
                 "owner on the outcomes topic (this worker no longer holds the task); the run stops without acting on it"
             )
         if self.stopping() and isinstance(outcome, (TaskSucceeded, TaskFailed)):
             self.finishing.add(task_id)
+
+
+def _named(entry: StepDone | JournalEntry) -> str:
+    """How a message names the entry: an agent loop's journal entry, or a step (or saga report) checkpoint."""
+    return f"journal entry {entry.index}" if isinstance(entry, JournalEntry) else f"step checkpoint {entry.index}"

@@ -15,7 +15,7 @@ from agents_stream.tables.leases import RUNNING, Dispatch, TaskRecord
 from faust.types import TP
 
 from agents_stream.contract.errors import Fenced
-from agents_stream.contract.events import StepDone
+from agents_stream.contract.events import JournalEntry
 from agents_stream.kafka.members import client_id, in_group, instance_of, members_of, replaced_by, worker_id
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
@@ -198,7 +198,7 @@ async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> N
     route = OutcomeRoute(ledger, produce, member=lambda: True,  # type: ignore[arg-type]
                          send_control=lambda *a: None, stopping=lambda: False, owns=lambda task_id: False)
     with pytest.raises(Fenced):
-        await route.send("t1", StepDone(worker="w1", dispatch=1, index=3, output={"kind": "turn"}))
+        await route.send("t1", JournalEntry(worker="w1", dispatch=1, index=3, output={"kind": "turn"}))
     assert len(sent) == 1, "the entry still goes to the owner, who keeps it if the run holds the lease"
 
 
@@ -210,7 +210,7 @@ async def test_a_journal_entry_of_a_resumed_task_on_this_workers_own_partition_g
     route = OutcomeRoute(SimpleNamespace(apply_here=lambda task_id, event: None), produce,  # type: ignore[arg-type]
                          member=lambda: True, send_control=lambda *a: None, stopping=lambda: False,
                          owns=lambda task_id: True)
-    await route.send("t1", StepDone(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
+    await route.send("t1", JournalEntry(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
     assert len(sent) == 1
 
 

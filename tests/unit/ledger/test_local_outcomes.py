@@ -11,12 +11,13 @@ import json
 from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
 from faust.types import TP
 
 from agents_stream.contract import topics
-from agents_stream.contract.events import StepDone
+from agents_stream.contract.events import JournalEntry, StepDone
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Answer, Run
@@ -135,7 +136,11 @@ async def test_an_outcome_of_a_task_this_ledger_does_not_hold_goes_on_the_topic(
     assert f.tasks["t1"]["state"] == leases.RUNNING
 
 
-async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confirmed() -> None:
+# A journal entry, and a step checkpoint (what a previous version sent for a journal entry too): applied alike.
+@pytest.mark.parametrize("kept", [JournalEntry, StepDone])
+async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confirmed(
+    kept: type[JournalEntry] | type[StepDone],
+) -> None:
     """The loop acts on a journal entry only once it is durable: the future waits for the table's changelog."""
     tasks = PendingTable()
     tasks.unconfirmed = []
@@ -145,7 +150,7 @@ async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confir
     tasks.confirm_all()
     await _spin()
     assert f.dispatched
-    durable = f.ledger.apply_here("t1", StepDone(worker="w1", dispatch=1, index=0, output={"turn": 1}))
+    durable = f.ledger.apply_here("t1", kept(worker="w1", dispatch=1, index=0, output={"turn": 1}))
     assert durable is not None
     await _spin()
     assert not durable.done(), "settled before its write was confirmed"

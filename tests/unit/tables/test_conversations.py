@@ -451,13 +451,13 @@ def _turn(turn: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
 async def test_the_ledger_stops_a_round_for_a_new_message_and_dispatches_it_again_with_it() -> None:
     from agents_stream.tables.journal import replay
 
-    from agents_stream.contract.events import LeaseExpired, StepDone
+    from agents_stream.contract.events import JournalEntry, LeaseExpired
 
     world = _world("interrupt")
     await world.deliver(TASKS, b"c-1", _message("refund order 7", "m1"))
     round1 = round_task_id("c-1", 1, 1, 0)
     call = {"id": "call_1", "name": "refund", "arguments": {"order": "7"}}
-    step = encode(StepDone(worker="w1", dispatch=1, index=0, output=_turn(0, [call])))
+    step = encode(JournalEntry(worker="w1", dispatch=1, index=0, output=_turn(0, [call])))
     await world.deliver(OUTCOMES, round1.encode(), step)
     await world.deliver(TASKS, b"c-1", _message("wait, change my address instead", "m2"))
     assert world.interrupted == [round1], "the round's run is asked to stop at its next safe point"
