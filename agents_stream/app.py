@@ -41,6 +41,7 @@ from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.takeover import Takeover
 from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ops import metrics, tracing, web
@@ -166,13 +167,8 @@ class Runtime(Service):
         jobs = settings.jobs_enabled()
         self.ledger = Ledger(
             settings, self.executor, self.worker_id, tables=tables, watermark=watermark, outbox=self.outbox,
-            notifier=self.notifier,
-            policies={a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None},
-            saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
-            cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
+            notifier=self.notifier, agents=app_agents(plans),
             orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if jobs else None,
-            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None},
-            configs={a: plan.config for a, plan in plans.items()},
         )
         # ---- end of the parts ---------------------------------------------------------------------------------
 
@@ -392,6 +388,19 @@ class Runtime(Service):
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
+def app_agents(plans: dict[str, AgentPlan]) -> AppAgents:
+    """What the ledger knows of the agents this app runs, from their plans."""
+    sagas = {a: plan.saga for a, plan in plans.items() if plan.saga is not None}
+    return AppAgents(
+        names=frozenset(plans),
+        sagas=frozenset(sagas),
+        saga_flagged=frozenset(a for a, saga in sagas.items() if saga.needs_approval),
+        cached=frozenset(a for a, plan in plans.items() if plan.config.cache_max_age_s > 0),
+        policies={a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None},
+        configs={a: plan.config for a, plan in plans.items()},
+    )
+
+
 def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
     settings = settings or Settings.from_env()
     if settings.approval_secret_problem():
@@ -415,3 +424,4 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
 
 
 app = build_app()
+

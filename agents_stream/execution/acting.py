@@ -35,6 +35,7 @@ from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.plan import AgentPlan
 from agents_stream.execution.run import Rejected, Run, TurnAnswer, Unavailable
 from agents_stream.execution.steps import SendOutcome
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 from agents_stream.providers.conversation import Conversation
 from agents_stream.settings import Settings
@@ -82,11 +83,14 @@ class AgentRunner:
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,
             journal_fits=partial(self._fits, len(task.model_dump_json())),
             check_budget_s=settings.output_check_budget_s,
-            circuits=self.ladder.circuits if self.caller.membership is None
-            else GatedAdmission(self.ladder.circuits, self.caller.membership, run),
+            calling=ToolCalling(
+                circuits=self.ladder.circuits if self.caller.membership is None
+                else GatedAdmission(self.ladder.circuits, self.caller.membership, run),
+                backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
+                trace=run.trace, fencing_token=run.dispatch,
+            ),
             on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
-            backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
-            trace=run.trace, fencing_token=run.dispatch, interrupted=lambda: run.interrupted,
+            interrupted=lambda: run.interrupted,
         )
         end = await loop.run()
         if isinstance(end, Unavailable):

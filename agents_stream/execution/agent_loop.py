@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -30,7 +29,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.history import earlier_turns, shown
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
-from agents_stream.execution.tool_calls import Admission, ToolCaller
+from agents_stream.execution.tool_calls import ToolCaller, ToolCalling
 from agents_stream.execution.tools import ToolError, error_detail, result_text
 from agents_stream.providers.conversation import (
     AssistantTurn,
@@ -111,13 +110,8 @@ class Loop:
         system: str = "",
         journal_fits: Callable[[int], bool] = lambda _: True,
         check_budget_s: float = 1.0,
-        circuits: Admission | None = None,
+        calling: ToolCalling = ToolCalling(),
         on_event: OnEvent = lambda event, details: None,
-        backoff_base_s: float = 0.2,
-        backoff_cap_s: float = 5.0,
-        rng: random.Random | None = None,
-        trace: str | None = None,
-        fencing_token: int = 0,
         interrupted: Callable[[], bool] = lambda: False,
     ) -> None:
         self.agent = agent
@@ -131,9 +125,7 @@ class Loop:
         self._fits = journal_fits
         self._bytes = len(_compact(entries))  # kept up to date as entries are added: no re-serialising per entry
         self._check_budget_s = check_budget_s
-        self.tools = ToolCaller(agent, task, circuits=circuits, backoff_base_s=backoff_base_s,
-                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random(), trace=trace,
-                                fencing_token=fencing_token)
+        self.tools = ToolCaller(agent, task, calling)  # how its tools are called: circuits, retries, trace, token
         self._on_event = on_event
         self._interrupted = interrupted
         self._lock = asyncio.Lock()

@@ -18,6 +18,7 @@ from agents_stream.contract.events import CachedAnswer
 from agents_stream.contract.models import TaskPayload
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
@@ -146,7 +147,8 @@ class LedgerWorld:
         self.interrupted = self.runs.interrupted  # the runs asked to stop at a safe point (Runs.interrupt)
         self.ledger = Ledger(
             settings, executor=self.runs, worker_id="w1", tables=tables,  # type: ignore[arg-type]
-            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), configs=configs,
+            watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
+            agents=AppAgents(configs=configs or {}),
         )
         self.offsets: dict[str, int] = {}  # the next offset of each topic's partition 0
 

@@ -19,6 +19,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Done, Failed, JournalBroken, Loop, conversation, transcript
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.execution.tools import FatalToolError, ToolContext, ToolError, tool
 from agents_stream.ops.cli_views import render_transcript
 from agents_stream.providers.base import Usage
@@ -139,7 +140,7 @@ async def run_to_end(world: World, agent: Agent = SUPPORT, max_restarts: int = 5
     durable: list[Any] = []
     for _ in range(max_restarts):
         loop = Loop(agent, TASK, list(durable), ask=make_ask(world, kw.get("model", support_model)),
-                    record=make_record(world, durable), backoff_base_s=0.001, backoff_cap_s=0.002)
+                    record=make_record(world, durable), calling=ToolCalling(backoff_base_s=0.001, backoff_cap_s=0.002))
         try:
             return await loop.run(), durable
         except BaseException as exc:  # a crash, possibly inside the tools' task group

@@ -25,8 +25,8 @@ SUBTASKS = [("c1", "analyzer", "lead-1/c1", '{"task_id":"lead-1/c1"}'),
 
 def running() -> leases.TaskRecord:
     record, _ = leases.receive(
-        None, agent="lead", payload=PAYLOAD, topic="agent.tasks.lead", partition=0, offset=3, now=T0, me="w1",
-        ttl=30.0, max_attempts=3, running_here=False,
+        None, leases.TaskMessage(agent="lead", payload=PAYLOAD, topic="agent.tasks.lead", partition=0, offset=3),
+        now=T0, me="w1", ttl=30.0, max_attempts=3, running_here=False,
     )
     return record
 

@@ -14,6 +14,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Done, Loop
 from agents_stream.execution.plan import with_tool_circuits
 from agents_stream.execution.run import TurnAnswer
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.execution.tools import ToolContext, tool
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import Conversation, ToolCall, ToolResult, Turn
@@ -62,8 +63,9 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     CALLS.clear()
     events: list[tuple[str, dict]] = []
     task = TaskPayload(task_id="t-1", agent_name="a", instruction="ship it")
-    first = Loop(AGENT, task, [], ask=model(10), record=record, circuits=workers[0], backoff_base_s=0.001,
-                 backoff_cap_s=0.002, on_event=lambda e, d: events.append((e, d)))
+    first = Loop(AGENT, task, [], ask=model(10), record=record,
+                 calling=ToolCalling(circuits=workers[0], backoff_base_s=0.001, backoff_cap_s=0.002),
+                 on_event=lambda e, d: events.append((e, d)))
     end = await asyncio.wait_for(first.run(), 10)
     print(f"\ntool breaker: 10 turns asked for the failing tool; it was called {len(CALLS)} times")
     assert isinstance(end, Done) and "breaker is open" in str(end.output) and "not called" in str(end.output)
@@ -71,7 +73,7 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     assert workers[1].state(carrier.circuit) == "open", "the other worker folded the opening from the log"
     before = len(CALLS)
     second = Loop(AGENT, TaskPayload(task_id="t-2", agent_name="a", instruction="ship it"), [], ask=model(2),
-                  record=record, circuits=workers[1])
+                  record=record, calling=ToolCalling(circuits=workers[1]))
     end = await asyncio.wait_for(second.run(), 10)
     assert isinstance(end, Done) and "breaker is open" in str(end.output)
     assert len(CALLS) == before, "a worker that never called the tool does not call it while its breaker is open"
@@ -115,6 +117,6 @@ async def test_a_tools_concurrency_limit_holds_its_calls_to_it_across_a_turn() -
     PEAK.clear()
     journal: list[Any] = []
     end = await asyncio.wait_for(Loop(agent, TaskPayload(task_id="t", agent_name="b", instruction="x"), journal,
-                                      ask=ask, record=record, circuits=circuits).run(), 10)
+                                      ask=ask, record=record, calling=ToolCalling(circuits=circuits)).run(), 10)
     assert isinstance(end, Done) and max(PEAK) == 1 and len(PEAK) == 3
     assert [e["error"] for e in journal if e["kind"] == "tool"] == [False, False, False]

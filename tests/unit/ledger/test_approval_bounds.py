@@ -23,6 +23,7 @@ from agents_stream.kafka.deadletters import DeadLetter
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import scanner as scanning
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import cli_common, dlq
 from agents_stream.ops import notify as links
@@ -38,8 +39,9 @@ T0 = 1_000.0
 
 def parked_record(now: float = T0, timeouts: tuple[float, ...] = (10.0, 20.0)) -> leases.TaskRecord:
     record, _ = leases.receive(
-        None, agent=AGENT, payload='{"task_id":"r-1","agent_name":"refunds","instruction":"x"}', topic=TP0.topic,
-        partition=0, offset=5, now=now, me="w1", ttl=30.0, max_attempts=3, running_here=False,
+        None, leases.TaskMessage(agent=AGENT, payload='{"task_id":"r-1","agent_name":"refunds","instruction":"x"}',
+                                 topic=TP0.topic, partition=0, offset=5),
+        now=now, me="w1", ttl=30.0, max_attempts=3, running_here=False,
         approval=("amount 500 > 100", list(timeouts)),
     )
     assert record is not None
@@ -339,7 +341,7 @@ def _ledger(settings: Settings) -> tuple[Ledger, Table, list[tuple[str, bytes | 
     policy = ApprovalPolicy(always=True, levels=[ApprovalLevel(name="lead", timeout_s=60)])
     ledger = Ledger(
         settings, executor=FakeRuns(), worker_id="w1", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
-        outbox=outbox, notifier=links.Notifier(), policies={AGENT: policy},
+        outbox=outbox, notifier=links.Notifier(), agents=AppAgents(policies={AGENT: policy}),
     )
     return ledger, tasks, sent
 

@@ -17,6 +17,7 @@ from agents_stream.config import ApprovalLevel, ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.events import CallParked, encode
 from agents_stream.contract.models import ApprovalDecision, TaskPayload
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier, with_signature
 from agents_stream.settings import Settings
@@ -36,7 +37,8 @@ def _ledger() -> SimpleNamespace:
     policy = ApprovalPolicy(levels=[ApprovalLevel(name="lead", timeout_s=600)])
     ledger = Ledger(SETTINGS, executor=FakeRuns(), worker_id="w1",  # type: ignore[arg-type]
                     tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
-                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), policies={"support": policy})
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
+                    agents=AppAgents(policies={"support": policy}))
     tasks["t-1"] = leases.TaskRecord(
         state=leases.RUNNING, agent="support", dispatch=2, owner="w1", lease_until=1e12,
         payload=TASK.model_dump_json(), topic=topics.task_topic("support"), partition=0, offset=4, received_at=0.0,
