@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from agents_stream.contract.errors import Fenced
 from agents_stream.contract.events import (
@@ -20,15 +20,23 @@ from agents_stream.contract.events import (
     encode,
 )
 from agents_stream.kafka.delivery import until_confirmed
-from agents_stream.ledger.ledger import Ledger
 
-__all__ = ["JOURNAL_DURABLE_S", "OutcomeRoute"]
+__all__ = ["JOURNAL_DURABLE_S", "AppliesHere", "OutcomeRoute"]
 
 log = logging.getLogger(__name__)
 
 #: how long an agent loop waits for a journal entry applied here to be durable before its run gives up (the lease
 #: then lapses and the task resumes from its journal; the outbox keeps retrying the send meanwhile)
 JOURNAL_DURABLE_S = 120.0
+
+
+class AppliesHere(Protocol):
+    """What the route needs of the ledger (``Ledger`` is one): an outcome of this worker's executor applied at once,
+    with the future of its durability, or None when the ledger does not hold the task (``Ledger.apply_here``)."""
+
+    def apply_here(
+        self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone | JournalEntry,
+    ) -> asyncio.Future[None] | None: ...
 
 
 class OutcomeRoute:
@@ -41,7 +49,7 @@ class OutcomeRoute:
     """
 
     def __init__(
-        self, ledger: Ledger, produce: Callable[[bytes, bytes], Any], *, member: Callable[[], bool],
+        self, ledger: AppliesHere, produce: Callable[[bytes, bytes], Any], *, member: Callable[[], bool],
         send_control: Callable[[str, str, str | None, dict[str, Any]], None], stopping: Callable[[], bool],
         owns: Callable[[str], bool] = lambda task_id: True,
     ) -> None:

@@ -14,7 +14,7 @@ from agents_stream.tables.definitions import Tables
 from agents_stream.tables.leases import TaskRecord
 from faust.types import TP
 
-from agents_stream.contract.events import CachedAnswer
+from agents_stream.contract.events import CachedAnswer, JournalEntry, StepDone, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import TaskPayload
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
@@ -177,3 +177,17 @@ class LedgerWorld:
 
 async def _never_looked_up(dlq: str, source: tuple[str, int, int], since: float) -> None:
     raise AssertionError("a first dead letter looks nothing up")
+
+
+class NotHolding:
+    """A ledger that holds no task here (``route.AppliesHere``): every outcome goes on the outcomes topic; the
+    outcomes it was offered are kept in ``offered``."""
+
+    def __init__(self) -> None:
+        self.offered: list[tuple[str, TaskSucceeded | TaskFailed | StepDone | JournalEntry]] = []
+
+    def apply_here(
+        self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone | JournalEntry,
+    ) -> asyncio.Future[None] | None:
+        self.offered.append((task_id, event))
+        return None

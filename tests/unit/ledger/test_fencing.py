@@ -22,7 +22,7 @@ from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns
+from tests.unit.ledger_fakes import FakeRuns, NotHolding
 
 TP1 = TP("agent.tasks.a", 1)
 PAYLOAD = '{"task_id":"t1","agent_name":"a","instruction":"x"}'
@@ -194,8 +194,8 @@ def _confirming(sent: list[bytes]) -> Any:
 async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> None:
     sent: list[bytes] = []
     produce = _confirming(sent)
-    ledger = SimpleNamespace(apply_here=lambda task_id, event: None)  # this ledger does not hold the task
-    route = OutcomeRoute(ledger, produce, member=lambda: True,  # type: ignore[arg-type]
+    ledger = NotHolding()  # this ledger does not hold the task
+    route = OutcomeRoute(ledger, produce, member=lambda: True,
                          send_control=lambda *a: None, stopping=lambda: False, owns=lambda task_id: False)
     with pytest.raises(Fenced):
         await route.send("t1", JournalEntry(worker="w1", dispatch=1, index=3, output={"kind": "turn"}))
@@ -207,7 +207,7 @@ async def test_a_journal_entry_of_a_resumed_task_on_this_workers_own_partition_g
     worker's own ledger, and the loop goes on once the broker has them."""
     sent: list[bytes] = []
     produce = _confirming(sent)
-    route = OutcomeRoute(SimpleNamespace(apply_here=lambda task_id, event: None), produce,  # type: ignore[arg-type]
+    route = OutcomeRoute(NotHolding(), produce,
                          member=lambda: True, send_control=lambda *a: None, stopping=lambda: False,
                          owns=lambda task_id: True)
     await route.send("t1", JournalEntry(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
