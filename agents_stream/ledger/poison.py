@@ -17,7 +17,7 @@ from agents_stream.contract.events import DeadLettered, DeadLetterRequest, encod
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import HISTORY_HEADER, requeue_headers
 from agents_stream.ops import metrics
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import KeyedTable
 from agents_stream.tables.expiry import POISON_PREFIX, marked_message
 
 log = logging.getLogger(__name__)
@@ -88,7 +88,7 @@ class Poison:
     ``dead_lettered`` event). docs/decisions.md ("One dead letter per poison message") tells why.
     """
 
-    def __init__(self, table: LedgerTable, outbox: Outbox, outcomes: str, worker_id: str) -> None:
+    def __init__(self, table: KeyedTable, outbox: Outbox, outcomes: str, worker_id: str) -> None:
         self.table = table
         self.outbox = outbox
         self.outcomes = outcomes

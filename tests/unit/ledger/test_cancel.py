@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from agents_stream.tables import cancel, leases
@@ -26,7 +25,7 @@ from agents_stream.ops.notify import Notifier, decision_signed, with_signature
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok
 from tests.unit.fake_worker import worker
-from tests.unit.ledger_fakes import EVENT_TIMESTAMP, FakeRuns, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import EVENT_TIMESTAMP, FakeRuns, LedgerHarness, Table, faust_event, recording_outbox
 
 SECRET = "s" * 32
 SETTINGS = Settings(approval_secret=SECRET)
@@ -110,7 +109,7 @@ def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None 
     outbox, sent = recording_outbox()
     tasks, timers = tasks if tasks is not None else Table(), Table()
     runs = FakeRuns()
-    ledger = Ledger(Settings(approval_secret=SECRET, partitions=1, **settings), executor=runs,  # type: ignore[arg-type]
+    ledger = Ledger(Settings(approval_secret=SECRET, partitions=1, **settings), executor=runs,
                     worker_id="w1", tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=timers),
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
                     agents=AppAgents(names=frozenset(agents or ())))
@@ -118,7 +117,7 @@ def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None 
         tasks["t-1"] = record.to_json()
         if parked(record):
             timers[timer_key("t-1")] = {"kind": "task"}
-    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, stopped=runs.cancelled, dispatched=runs.dispatched)
+    return LedgerHarness(ledger, tasks, sent, runs)
 
 
 def _decision(task_id: str = "t-1", *, signed: bool = True, **fields: Any) -> bytes:

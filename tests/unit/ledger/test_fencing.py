@@ -5,8 +5,7 @@ worker that left the group is taken over at once (docs/security.md, "Fencing")."
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
-from types import SimpleNamespace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -22,7 +21,7 @@ from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns, NotHolding
+from tests.unit.ledger_fakes import FakeRuns, NotHolding, PlainTable
 
 TP1 = TP("agent.tasks.a", 1)
 PAYLOAD = '{"task_id":"t1","agent_name":"a","instruction":"x"}'
@@ -70,13 +69,20 @@ class Producer:
     def __init__(self) -> None:
         self.futures: list[asyncio.Future[Any]] = []
 
-    def channel(self, topic: str) -> Any:
-        def send_soon(*, key: Any, value: Any, partition: Any = None, headers: Any = None) -> asyncio.Future[Any]:
-            fut = asyncio.get_running_loop().create_future()
-            self.futures.append(fut)
-            return fut
+    def channel(self, topic: str) -> ProducerTopic:
+        return ProducerTopic(self)
 
-        return SimpleNamespace(send_soon=send_soon)
+
+@dataclass
+class ProducerTopic:
+    """A topic of the Producer (``kafka.outbox.Channel``): its sends wait for the test to confirm them."""
+
+    producer: Producer
+
+    def send_soon(self, *, key: Any, value: Any, partition: Any = None, headers: Any = None) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.producer.futures.append(fut)
+        return fut
 
 
 def _outbox(member: Any = lambda: True) -> tuple[Outbox, Producer]:
@@ -227,7 +233,7 @@ def test_members_are_read_from_client_ids_of_a_stable_group_only() -> None:
 
 
 def test_the_scanner_takes_over_only_leases_of_workers_outside_the_group() -> None:
-    scanner = Scanner(Settings(), FakeRuns(worker_id="w2"), {}, {})  # type: ignore[arg-type]
+    scanner = Scanner(Settings(), FakeRuns(worker_id="w2"), PlainTable(), PlainTable())
     scanner.note("t-dead", _record(dispatch=1, owner="w-dead"))
     scanner.note("t-alive", _record(dispatch=1, owner="w3"))
     scanner.note("t-mine", _record(dispatch=1, owner="w2"))
@@ -250,7 +256,7 @@ def test_under_static_membership_a_member_is_its_instance_id_and_its_predecessor
     assert replaced_by(before, me) and not replaced_by(me, me) and not replaced_by(other, me)
     assert not replaced_by("host:1:aa", "host:2:bb"), "without static membership nobody takes another's place"
 
-    scanner = Scanner(Settings(), FakeRuns(worker_id=me), {}, {})  # type: ignore[arg-type]
+    scanner = Scanner(Settings(), FakeRuns(worker_id=me), PlainTable(), PlainTable())
     scanner.note("t-before", _record(dispatch=1, owner=before))
     scanner.note("t-other", _record(dispatch=1, owner=other))
     scanner.note("t-left", _record(dispatch=1, owner="pod-3@host:9:dd"))

@@ -334,7 +334,7 @@ async def test_a_job_is_one_trace_and_each_step_task_carries_its_context(spans: 
     """A job submitted with a traceparent: its `job submit` span continues it, the job's record keeps that span's
     traceparent, and each step's task goes out under a `publish` span of it, with its traceparent in the headers."""
     world = World()
-    tables = Tables(tasks=world.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    tables = Tables(tasks=world.tasks, answers=Table(), jobs=Table(), timers=Table())
     orchestrator = Orchestrator(world.ledger.outbox, tables, ["a", "b"], SETTINGS)
     request = {"job_id": "j1", "plan": {"tasks": [
         {"id": "x", "agent": "a", "instruction": "first"}, {"id": "y", "agent": "b", "instruction": "also first"}]}}

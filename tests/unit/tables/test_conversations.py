@@ -171,7 +171,7 @@ def test_enqueued_messages_are_answered_together_by_the_next_round_which_sees_th
     head = store.head
     assert head is not None and [m["text"] for m in machine.round_messages(head, 2)] == ["order 7", "and order 9"]
     def history(limit: int, chars: int) -> list[dict[str, str]]:
-        return machine.history(head, store.keys.get, "c-1", 2, limit, chars)  # type: ignore[arg-type]
+        return machine.history(head, store.keys.get, "c-1", 2, limit, chars)
 
     reply = {"role": "agent", "text": "Refunded order 7?"}
     assert history(20, 10_000) == [{"role": "customer", "text": "my package never came"}, reply]

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import faust
 import pytest
-from agents_stream.tables.definitions import define_tables, writing
+from agents_stream.tables.definitions import LedgerTable, define_tables, writing
 from agents_stream.tables.writes import DELETED, Unconfirmed, WriteBuffer, chain
 from faust.types import TP
 from faust.types.tuples import RecordMetadata
@@ -92,10 +92,12 @@ def test_a_partition_is_confirmed_once_every_local_write_of_it_is() -> None:
 
 # -- LedgerTable: a real Faust table on a real RocksDB store, its changelog records left in the producer buffer ------
 
-def _tables(tmp_path: Path) -> tuple[faust.App, faust.Table]:
+def _tables(tmp_path: Path) -> tuple[faust.App, LedgerTable]:
     app = faust.App("unit-ledger-table", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path),
                     topic_partitions=4)  # never started: the changelog records stay in its producer buffer
-    return app, define_tables(app, Settings(partitions=4)).tasks
+    tasks = define_tables(app, Settings(partitions=4)).tasks
+    assert isinstance(tasks, LedgerTable)
+    return app, tasks
 
 
 def _records(app: faust.App) -> list[tuple[bytes, bytes | None, int]]:
@@ -171,7 +173,7 @@ def _confirm(table: faust.Table, app: faust.App, offset: int) -> None:
         offset += 1
 
 
-def _reopened(app: faust.App, table: faust.Table, tmp_path: Path) -> tuple[faust.App, faust.Table]:
+def _reopened(app: faust.App, table: faust.Table, tmp_path: Path) -> tuple[faust.App, LedgerTable]:
     """The worker restarted on the same data dir (its stores closed, as a killed process leaves them)."""
     for db in table.data._dbs.values():
         db.close()
