@@ -252,7 +252,7 @@ class LedgerWorld:
     def channel(self, topic: str) -> ConfirmingChannel:
         return ConfirmingChannel(topic, lambda *sent: self.sent.append(sent))
 
-    async def deliver(self, topic: str, key: bytes, value: bytes, headers: Any = ()) -> None:
+    async def deliver(self, topic: str, key: bytes | None, value: bytes | None, headers: Any = ()) -> None:
         """The record handled at the topic's next offset, and the loop turned until its sends are done."""
         offset = self.offsets[topic] = self.offsets.get(topic, -1) + 1
         self.ledger.handle(faust_event(TP(topic, 0), offset, key, value, headers=headers))

@@ -4,7 +4,6 @@ number of times, and then the model is told it is unavailable without a call."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 from agents_stream.config import AppConfig
@@ -12,7 +11,7 @@ from agents_stream.contract.errors import TransientError
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Done, Loop
-from agents_stream.execution.plan import with_tool_circuits
+from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.execution.run import TurnAnswer
 from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.execution.tools import ToolContext, tool
@@ -35,6 +34,12 @@ AGENT = Agent("a", "x", tools=[carrier], max_turns=30, max_tool_calls=30, max_to
 BASE = AppConfig.model_validate({"providers": {"local": {"kind": "local"}}, "agents": {"a": {"providers": ["local"]}}})
 
 
+def loop_plan(agent: Agent) -> AgentPlan:
+    """The plan of an agent that runs as a loop, with no MCP server: what with_tool_circuits reads of it."""
+    return AgentPlan(config=BASE.agents["a"], tiers=[], light=None, classifier=None, cache=False, partial=False,
+                     agent=agent)
+
+
 def model(calls: int) -> Any:
     """Calls the carrier once a turn for ``calls`` turns, then answers with what the last result said."""
     async def ask(conv: Conversation) -> TurnAnswer:
@@ -51,7 +56,7 @@ async def record(index: int, entry: dict[str, Any]) -> None:
 
 
 async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> None:
-    config, names = with_tool_circuits(BASE, {"a": SimpleNamespace(agent=AGENT, mcp=())})  # type: ignore[dict-item]
+    config, names = with_tool_circuits(BASE, {"a": loop_plan(AGENT)})
     assert names == [carrier.circuit] and carrier.circuit.endswith("test_tool_breaker.carrier")
     log = MemoryCircuitsLog()
     workers = []
@@ -101,7 +106,7 @@ PEAK: list[int] = []
 async def test_a_tools_concurrency_limit_holds_its_calls_to_it_across_a_turn() -> None:
     """Three calls of one turn to a tool with max_concurrency=1: they run one after another, none refused."""
     agent = Agent("b", "x", tools=[single_lane])
-    config, names = with_tool_circuits(BASE, {"b": SimpleNamespace(agent=agent, mcp=())})  # type: ignore[dict-item]
+    config, names = with_tool_circuits(BASE, {"b": loop_plan(agent)})
     log = MemoryCircuitsLog()
     circuits = Circuits(config, ["local", *names], "w0", send=log.send, on_transition=lambda *t: None,
                         on_change=lambda: None, app_id="app")

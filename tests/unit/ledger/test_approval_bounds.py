@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from agents_stream.tables import approvals, leases
@@ -304,10 +304,12 @@ def test_the_pacer_starts_at_most_rate_posts_per_second():
 
 # -- helpers ---------------------------------------------------------------------------------------
 
-def decision_for(tasks: Table, task_id: str, verb: str, **fields: Any) -> ApprovalDecision:
+def decision_for(
+    tasks: Table, task_id: str, verb: Literal["approve", "reject", "cancel"], **fields: Any,
+) -> ApprovalDecision:
     """A decision naming what /approvals shows of the task now: this app id (the default), its agent, its parking."""
     record = leases.TaskRecord.from_json(tasks[task_id])
-    return ApprovalDecision(task_id=task_id, decision=verb, app_id=Settings().app_id, agent=record.agent,  # type: ignore[arg-type]
+    return ApprovalDecision(task_id=task_id, decision=verb, app_id=Settings().app_id, agent=record.agent,
                             parked=approvals.parked_ms_of(record), **fields)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Literal
 
 from agents_stream.tables import approvals, leases
 from agents_stream.tables.definitions import Tables
@@ -62,8 +62,8 @@ def _park(f: LedgerHarness, call_id: str, reason: str) -> int:
     return approvals.parked_ms_of(record)
 
 
-def _decision(verb: str = "approve", **fields: Any) -> bytes:
-    decision = ApprovalDecision(task_id="t-1", decision=verb, by="ann", via="http", **fields)  # type: ignore[arg-type]
+def _decision(verb: Literal["approve", "reject", "cancel"] = "approve", **fields: Any) -> bytes:
+    decision = ApprovalDecision(task_id="t-1", decision=verb, by="ann", via="http", **fields)
     return with_signature(SECRET, decision).model_dump_json(exclude_none=True).encode()
 
 

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,6 +20,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from agents_stream.config import ApprovalLevel, ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.events import CallsDelegated, LeaseExpired, TaskFailed, TaskSucceeded, encode
 from agents_stream.contract.models import TaskPayload, Usage
@@ -246,9 +246,8 @@ async def test_a_task_parked_for_approval_has_the_request_as_an_event_of_its_int
 ) -> None:
     """An approval wait is an event (approval.requested, with its reason) of the span that parked the task."""
     world = World()
-    world.ledger.gate.policies["a"] = SimpleNamespace(  # type: ignore[assignment]
-        always=True, risk_at_least=None, amount_field=None, amount_above=None, saga_steps=False,
-        levels=[SimpleNamespace(timeout_s=60.0, name="ops", webhook_url=lambda: None)],
+    world.ledger.gate.policies["a"] = ApprovalPolicy(
+        always=True, saga_steps=False, levels=[ApprovalLevel(name="ops", timeout_s=60.0)],
     )
     await world.deliver("agent.tasks.a", b"t1", _task())
     (intake,) = by_name(spans)["intake a"]

@@ -248,7 +248,9 @@ def test_history_becomes_earlier_turns_and_a_prompts_preamble() -> None:
     change = store.receive("m2", "and the other?", now=3.0)
     assert store.head is not None
     world.ledger.conversations.table = store.keys  # the history is read from the conversation's keys
-    task = world.ledger.conversations.round_task("c-1", store.head, change.effects[0])  # type: ignore[arg-type]
+    start = change.effects[0]
+    assert isinstance(start, machine.StartRound)
+    task = world.ledger.conversations.round_task("c-1", store.head, start)
     assert task.instruction == "and the other?" and conversation_of(task.task_id) == ("c-1", 2)
     assert earlier_turns(task) == [UserText("where is it?"), AssistantTurn("Lost; refunded.")]
     assert with_history(task, task.instruction).endswith("Customer: where is it?\nYou: Lost; refunded.\n\n"
@@ -318,7 +320,7 @@ async def test_bad_messages_are_dead_lettered_and_the_conversation_goes_on() -> 
     await world.deliver(TASKS, b"c-1", b'{"conversation_id": "c-1", "message_id": "m4"}')  # no agent, no text
     requests = [(k, v) for t, k, v, _ in world.sent if t == OUTCOMES]  # each asks the partition's ledger first
     for key, value in requests:
-        await world.deliver(OUTCOMES, key, value)  # type: ignore[arg-type]
+        await world.deliver(OUTCOMES, key, value)
     dlq = topics.dlq_topic(AGENT)
     reasons = [dict(h)["error_reason"] for t, _, _, h in world.sent if t == dlq]
     assert [r.decode().split(":")[0] for r in reasons] == ["message_conflict", "agent_mismatch", "schema_violation"]
@@ -497,7 +499,7 @@ async def test_a_message_that_would_make_the_head_too_large_is_dead_lettered() -
     for n in range(2, 6):  # each waits in the head while round 1 answers
         await world.deliver(TASKS, b"c-1", _message("x" * 1000, f"m{n}"))
     for key, value in [(k, v) for t, k, v, _ in world.sent if t == OUTCOMES]:
-        await world.deliver(OUTCOMES, key, value)  # type: ignore[arg-type]
+        await world.deliver(OUTCOMES, key, value)
     reasons = [dict(h)["error_reason"].decode() for t, _, _, h in world.sent if t == topics.dlq_topic(AGENT)]
     assert reasons and all(r.startswith("conversation_too_large") for r in reasons)
     head = ConversationRecord.from_json(world.conversations["c-1"])

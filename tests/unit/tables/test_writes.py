@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -88,6 +89,25 @@ def test_a_partition_is_confirmed_once_every_local_write_of_it_is() -> None:
     assert open_writes.confirmed(3, b"x", b"0", 4) == 4, "a retry's confirmation of a partition with nothing open"
     open_writes.wrote(2, b"k", b"3")
     assert open_writes.confirmed(2, b"other", b"9", 9) is None and open_writes.confirmed(2, b"k", b"3", 13) == 13
+
+
+@dataclass(frozen=True)
+class ChangelogMessage:
+    """What a table reads of a changelog record it applies (Faust's Message)."""
+
+    tp: TP
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChangelogEvent:
+    """A changelog record as Faust's recovery hands it to a table (its EventT: the message is what is read)."""
+
+    message: ChangelogMessage
 
 
 # -- LedgerTable: a real Faust table on a real RocksDB store, its changelog records left in the producer buffer ------
@@ -221,8 +241,7 @@ async def test_a_store_whose_writes_were_all_confirmed_is_kept_and_read_on_from_
         table["t-3"] = {"state": "running"}  # written while this worker runs: nothing is discarded any more
     await _spin()
     assert table.persisted_offset(changelog) == -1 and table.get("t-1") == {"state": "succeeded"}
-    replayed = SimpleNamespace(message=SimpleNamespace(tp=changelog, partition=1, offset=44, key=b'"t-9"', value=b"1",
-                                                          headers=[]))
+    replayed = ChangelogEvent(ChangelogMessage(tp=changelog, partition=1, offset=44, key=b'"t-9"', value=b"1"))
     table.apply_changelog_batch([replayed])  # recovered again (assigned back) while t-3 waits for the broker
     assert table.data.persisted_offset(changelog) is None and table.get("t-9") == 1
     _confirm(table, app, 45)
@@ -253,6 +272,7 @@ async def test_a_stale_store_is_read_again_from_the_changelog_start_where_recove
         table["t-2"] = {"state": "running"}
     await _spin()
     _confirm(table, app, 42)
+    # Faust's own Recovery._add, run on a stand-in of the Recovery it belongs to (only its tp_to_table is read)
     Recovery._add(SimpleNamespace(tp_to_table={}), table, changelog, reached)  # type: ignore[arg-type]
     assert reached[changelog] == -1, "read again from the changelog's start"
     assert table.get("t-1") is None and table.get("t-2") is None, "the stale store was emptied"
