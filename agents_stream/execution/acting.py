@@ -27,7 +27,7 @@ from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
 from agents_stream.execution import summary
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked, transcript
+from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, LoopLimits, Parked, RunSignals, transcript
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder
 from agents_stream.execution.membership import GatedAdmission
@@ -81,16 +81,17 @@ class AgentRunner:
 
         loop = Loop(
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,
-            journal_fits=partial(self._fits, len(task.model_dump_json())),
-            check_budget_s=settings.output_check_budget_s,
+            limits=LoopLimits(partial(self._fits, len(task.model_dump_json())), settings.output_check_budget_s),
             calling=ToolCalling(
                 circuits=self.ladder.circuits if self.caller.membership is None
                 else GatedAdmission(self.ladder.circuits, self.caller.membership, run),
                 backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
                 trace=run.trace, fencing_token=run.dispatch,
             ),
-            on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
-            interrupted=lambda: run.interrupted,
+            signals=RunSignals(
+                on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
+                interrupted=lambda: run.interrupted,
+            ),
         )
         end = await loop.run()
         if isinstance(end, Unavailable):

@@ -43,7 +43,8 @@ from agents_stream.tables import journal
 from agents_stream.tables.journal import AskModel, Fail, Finish, RunTools
 
 __all__ = [
-    "Ask", "Delegated", "Done", "Failed", "JournalBroken", "Loop", "Parked", "Record", "conversation", "transcript",
+    "Ask", "Delegated", "Done", "Failed", "JournalBroken", "Loop", "LoopLimits", "Parked", "Record", "RunSignals",
+    "conversation", "transcript",
 ]
 
 log = logging.getLogger(__name__)
@@ -95,6 +96,24 @@ class Failed:
     source: str
 
 
+@dataclass(frozen=True)
+class LoopLimits:
+    """What bounds a loop besides its agent's own limits: given the journal's size as JSON (bytes), whether the
+    task's record can still hold it; and how long checking an answer against its output schema may take."""
+
+    journal_fits: Callable[[int], bool] = lambda _: True
+    check_budget_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class RunSignals:
+    """The loop's two lines to its run: the control events it reports (``on_event(event, details)``), and whether
+    the run was asked to stop at the next safe point (a conversation's new message)."""
+
+    on_event: OnEvent = lambda event, details: None
+    interrupted: Callable[[], bool] = lambda: False
+
+
 class Loop:
     """One task's loop over its journal (``entries``, appended as each entry is durable)."""
 
@@ -108,11 +127,9 @@ class Loop:
         record: Record,
         spec: OutputSpec | None = None,
         system: str = "",
-        journal_fits: Callable[[int], bool] = lambda _: True,
-        check_budget_s: float = 1.0,
+        limits: LoopLimits = LoopLimits(),
         calling: ToolCalling = ToolCalling(),
-        on_event: OnEvent = lambda event, details: None,
-        interrupted: Callable[[], bool] = lambda: False,
+        signals: RunSignals = RunSignals(),
     ) -> None:
         self.agent = agent
         self.task = task
@@ -121,13 +138,12 @@ class Loop:
         self._record = record
         self.spec = spec
         self.system = "\n\n".join(filter(None, [system, agent.instructions]))
-        #: given the journal's size as JSON (bytes), whether the task's record can still hold it
-        self._fits = journal_fits
+        self._fits = limits.journal_fits
         self._bytes = len(_compact(entries))  # kept up to date as entries are added: no re-serialising per entry
-        self._check_budget_s = check_budget_s
+        self._check_budget_s = limits.check_budget_s
         self.tools = ToolCaller(agent, task, calling)  # how its tools are called: circuits, retries, trace, token
-        self._on_event = on_event
-        self._interrupted = interrupted
+        self._on_event = signals.on_event
+        self._interrupted = signals.interrupted
         self._lock = asyncio.Lock()
         self._broken = False
         self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)

@@ -10,7 +10,7 @@ from agents_stream.config import AppConfig
 from agents_stream.contract.errors import TransientError
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Done, Loop
+from agents_stream.execution.agent_loop import Done, Loop, RunSignals
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.execution.run import TurnAnswer
 from agents_stream.execution.tool_calls import ToolCalling
@@ -70,7 +70,7 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     task = TaskPayload(task_id="t-1", agent_name="a", instruction="ship it")
     first = Loop(AGENT, task, [], ask=model(10), record=record,
                  calling=ToolCalling(circuits=workers[0], backoff_base_s=0.001, backoff_cap_s=0.002),
-                 on_event=lambda e, d: events.append((e, d)))
+                 signals=RunSignals(on_event=lambda e, d: events.append((e, d))))
     end = await asyncio.wait_for(first.run(), 10)
     print(f"\ntool breaker: 10 turns asked for the failing tool; it was called {len(CALLS)} times")
     assert isinstance(end, Done) and "breaker is open" in str(end.output) and "not called" in str(end.output)
