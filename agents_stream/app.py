@@ -27,7 +27,7 @@ from agents_stream.contract.events import (
     RecordsExpired,
     encode,
 )
-from agents_stream.execution.executor import Executor
+from agents_stream.execution.executor import Executor, Outlets
 from agents_stream.execution.membership import Membership
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.faust_app import AgentsStreamApp, new_app
@@ -51,6 +51,7 @@ from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
+from agents_stream.resilience.presence import Cadence
 from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
 from agents_stream.wiring import wire
@@ -136,8 +137,7 @@ class Runtime(Service):
             on_change=self.update_flow,
             spend_report=self.spend_report,
             app_id=settings.app_id,
-            presence_s=settings.presence_interval_s,
-            report_s=settings.circuits_report_s,
+            cadence=Cadence(presence_s=settings.presence_interval_s, report_s=settings.circuits_report_s),
         )
         self.circuits_log = CircuitsLog(
             self.circuits,
@@ -150,12 +150,11 @@ class Runtime(Service):
             config,
             plans,
             self.circuits,
-            send_outcome=self.send_outcome,
-            send_control=self.send_control,
-            on_flow_change=self.update_flow,
+            Outlets(
+                send_outcome=self.send_outcome, send_control=self.send_control, on_flow_change=self.update_flow,
+                cache_lookup=self.cache_lookup, send_event=self.send_event,
+            ),
             worker_id=self.worker_id,
-            cache_lookup=self.cache_lookup,
-            send_event=self.send_event,
             membership=Membership(self._member_id, self._confirmed_at, stall_s=settings.session_timeout_s / 2,
                                   wait_s=settings.session_timeout_s),
         )
