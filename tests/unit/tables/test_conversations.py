@@ -119,9 +119,9 @@ class Store:
                                           message=_entry(message_id, text, digest), policy=policy, now=now, offset=0))
 
     def end(self, number: int, text: str, now: float = 2.0, status: str = "succeeded") -> machine.Change:
-        return self.apply(machine.round_ended(self.head, self.keys.get, cid="c-1", since=0, number=number,
-                                              status=status, text=text, task_id=f"t{number}", error=None,
-                                              completed_at=now, now=now))
+        end = machine.RoundEnd(since=0, number=number, status=status, text=text, task_id=f"t{number}", error=None,
+                               completed_at=now)
+        return self.apply(machine.round_ended(self.head, self.keys.get, end, cid="c-1", now=now))
 
 
 def _replies_of(change: machine.Change) -> list[dict[str, Any]]:
