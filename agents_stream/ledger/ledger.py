@@ -41,7 +41,7 @@ from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.cancel_decisions import Cancellation
 from agents_stream.ledger.conversation_rounds import Conversations
-from agents_stream.ledger.effects import Effects
+from agents_stream.ledger.effects import AppliedHere, Effects, Tracing
 from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import moved, requeue_headers
@@ -256,7 +256,7 @@ class Ledger:
             approval=self.gate.approval_for(task),
         )
         _, new, effects = self.gate.admit(tp, record, new, effects)  # the agent's share of parked tasks is bounded
-        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task, span=span)
+        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task, traced_by=Tracing(span))
 
     # -- outcome events ----------------------------------------------------------------
 
@@ -290,7 +290,8 @@ class Ledger:
             return
         if isinstance(event, CallsDelegated | SubtaskResult):  # agents as tools: sub-tasks out, results in
             trace = event.trace if isinstance(event, CallsDelegated) else None  # the delegating run's span
-            self.effects.apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event), trace=trace)
+            delegated = self.delegation.on_event(task_id, record, event)
+            self.effects.apply(tp, offset, task_id, *delegated, traced_by=Tracing(parent=trace))
             return
         changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:
@@ -324,8 +325,9 @@ class Ledger:
                 return durable
             new, effects, extra = changed
             self.effects.apply(
-                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_resolve, durable),
-                record_first=True, fenced=partial(_fence, durable, task_id),
+                tp, offset, task_id, record, new, effects, extra=extra, here=AppliedHere(
+                    durable=partial(_resolve, durable), fenced=partial(_fence, durable, task_id), record_first=True,
+                ),
             )
         return durable
 
