@@ -84,8 +84,7 @@ class Ledger:
         self.outcomes = topics.outcomes_topic(settings.app_id)
         self.answers_topic = topics.answers_topic(settings.app_id)
         self.scanner = Scanner(settings, executor, tables.tasks, tables.timers)
-        # Each part gets its own copy of what it knows of the agents (AppAgents is shared and frozen).
-        self.cancellation = Cancellation(settings, outbox, set(agents.names), set(agents.sagas))
+        self.cancellation = Cancellation(settings, outbox, set(agents.names), set(agents.sagas))  # each part: a copy
         self.gate = ApprovalGate(
             settings, worker_id, tables.tasks, outbox, notifier, policies=dict(agents.policies),
             saga_flagged=set(agents.saga_flagged), awaiting_in=self.scanner.awaiting_in, cancellation=self.cancellation,
