@@ -27,7 +27,7 @@ from agents_stream.contract.events import (
     RecordsExpired,
     encode,
 )
-from agents_stream.execution.executor import Executor
+from agents_stream.execution.executor import Executor, Outlets
 from agents_stream.execution.membership import Membership
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.faust_app import AgentsStreamApp, new_app
@@ -41,6 +41,7 @@ from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.takeover import Takeover
 from agents_stream.kafka.watermark import Watermark
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ops import metrics, tracing, web
@@ -50,6 +51,7 @@ from agents_stream.orchestrator import Orchestrator
 from agents_stream.providers import Provider, build_provider
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuits import Circuits
+from agents_stream.resilience.presence import Cadence
 from agents_stream.settings import Settings, bootstrap_servers
 from agents_stream.tables.definitions import Tables, define_tables
 from agents_stream.wiring import wire
@@ -135,8 +137,7 @@ class Runtime(Service):
             on_change=self.update_flow,
             spend_report=self.spend_report,
             app_id=settings.app_id,
-            presence_s=settings.presence_interval_s,
-            report_s=settings.circuits_report_s,
+            cadence=Cadence(presence_s=settings.presence_interval_s, report_s=settings.circuits_report_s),
         )
         self.circuits_log = CircuitsLog(
             self.circuits,
@@ -149,12 +150,11 @@ class Runtime(Service):
             config,
             plans,
             self.circuits,
-            send_outcome=self.send_outcome,
-            send_control=self.send_control,
-            on_flow_change=self.update_flow,
+            Outlets(
+                send_outcome=self.send_outcome, send_control=self.send_control, on_flow_change=self.update_flow,
+                cache_lookup=self.cache_lookup, send_event=self.send_event,
+            ),
             worker_id=self.worker_id,
-            cache_lookup=self.cache_lookup,
-            send_event=self.send_event,
             membership=Membership(self._member_id, self._confirmed_at, stall_s=settings.session_timeout_s / 2,
                                   wait_s=settings.session_timeout_s),
         )
@@ -166,13 +166,8 @@ class Runtime(Service):
         jobs = settings.jobs_enabled()
         self.ledger = Ledger(
             settings, self.executor, self.worker_id, tables=tables, watermark=watermark, outbox=self.outbox,
-            notifier=self.notifier,
-            policies={a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None},
-            saga_flagged={a for a, plan in plans.items() if plan.saga is not None and plan.saga.needs_approval},
-            cached_agents={a for a, plan in plans.items() if plan.config.cache_max_age_s > 0},
+            notifier=self.notifier, agents=app_agents(plans),
             orchestrator=Orchestrator(self.outbox, tables, list(config.agents), settings) if jobs else None,
-            agents=set(plans), sagas={a for a, plan in plans.items() if plan.saga is not None},
-            configs={a: plan.config for a, plan in plans.items()},
         )
         # ---- end of the parts ---------------------------------------------------------------------------------
 
@@ -392,6 +387,19 @@ class Runtime(Service):
                 self.job_events.send_soon(key=job_id.encode(), value=body)
 
 
+def app_agents(plans: dict[str, AgentPlan]) -> AppAgents:
+    """What the ledger knows of the agents this app runs, from their plans."""
+    sagas = {a: plan.saga for a, plan in plans.items() if plan.saga is not None}
+    return AppAgents(
+        names=frozenset(plans),
+        sagas=frozenset(sagas),
+        saga_flagged=frozenset(a for a, saga in sagas.items() if saga.needs_approval),
+        cached=frozenset(a for a, plan in plans.items() if plan.config.cache_max_age_s > 0),
+        policies={a: plan.config.approval for a, plan in plans.items() if plan.config.approval is not None},
+        configs={a: plan.config for a, plan in plans.items()},
+    )
+
+
 def build_app(settings: Settings | None = None, config: AppConfig | None = None) -> AgentsStreamApp:
     settings = settings or Settings.from_env()
     if settings.approval_secret_problem():
@@ -415,3 +423,4 @@ def build_app(settings: Settings | None = None, config: AppConfig | None = None)
 
 
 app = build_app()
+

@@ -155,10 +155,11 @@ class Orchestrator:
                 return
             case JobTaskResult(result=r, agent_name=agent, task_digest=digest):
                 try:
-                    new, effects = machine.on_result(
-                        record, task_id=r.task_id, status=r.status, output=r.output, confidence=r.confidence,
-                        source=r.source, error=r.error, agents=self.agents, now=now, agent=agent, digest=digest,
+                    result = machine.StepResult(
+                        task_id=r.task_id, status=r.status, output=r.output, confidence=r.confidence, source=r.source,
+                        error=r.error, agent=agent, digest=digest,
                     )
+                    new, effects = machine.on_result(record, result, agents=self.agents, now=now)
                 except (KeyError, ValueError, TypeError, AttributeError) as exc:  # the machine may refuse it
                     log.warning("Skipping job %s result event that is not a TaskResult: %r", job_id, exc)
                     return

@@ -225,12 +225,24 @@ def _again(head: ConversationRecord | None, read: Read, cid: str, message: dict[
     return Change()  # it waits: the next round answers it
 
 
-def round_ended(
-    head: ConversationRecord | None, read: Read, *, cid: str, since: int, number: int, status: str, text: str,
-    task_id: str, error: str | None, completed_at: float, now: float,
-) -> Change:
-    """Round ``number`` of the conversation begun at ``since`` ended with ``text`` (or ``error``). Applied again (a
-    redelivery), or a round of a conversation since deleted, it changes nothing."""
+@dataclass(frozen=True)
+class RoundEnd:
+    """How round ``number`` of the conversation begun at ``since`` ended: its task's status, the reply's ``text``
+    (or ``error``), the task and when it completed."""
+
+    since: int
+    number: int
+    status: str
+    text: str
+    task_id: str
+    error: str | None
+    completed_at: float
+
+
+def round_ended(head: ConversationRecord | None, read: Read, end: RoundEnd, *, cid: str, now: float) -> Change:
+    """The round ``end`` names ended. Applied again (a redelivery), or a round of a conversation since deleted, it
+    changes nothing."""
+    since, number, status, text = end.since, end.number, end.status, end.text
     if head is None or head.answering != number or head.since != since:
         return Change()
     if head.deleting is not None:  # asked to delete while this round answered: deleted now, no reply
@@ -238,7 +250,7 @@ def round_ended(
     waiting = head.waiting_list()
     answered = [m for m in waiting if m["round"] == number]
     reply = {"round": number, "message_ids": [m["id"] for m in answered], "status": status, "text": text,
-             "task_id": task_id, "error": error, "completed_at": completed_at}
+             "task_id": end.task_id, "error": end.error, "completed_at": end.completed_at}
     change = Change(effects=[SendReply(reply)],
                     events=[_event(f"reply:{number}", "reply", number, reply)])
     for m in answered:

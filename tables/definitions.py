@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import faust
 import orjson
@@ -26,11 +27,49 @@ from rocksdict import WriteBatch
 
 from agents_stream.settings import Settings
 
-__all__ = ["LedgerTable", "PromptTableManager", "Tables", "define_tables", "writing"]
+__all__ = ["KeyedTable", "LedgerTable", "PromptTableManager", "ScannedTable", "Tables", "define_tables", "scan_store",
+           "writing"]
 
 log = logging.getLogger(__name__)
 
 _MISSING = object()
+
+
+class KeyedTable(Protocol):
+    """A table as the ledger's parts read and write it (``LedgerTable`` is one; the unit tests' tables too): keys to
+    JSON values, and the changelog sends the outbox holds an event's offset for (``Outbox.changelog``)."""
+
+    #: the future of the last write's changelog send
+    last_changelog: Any
+
+    def get(self, key: str, default: Any = None, /) -> Any: ...
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+    def __setitem__(self, key: str, value: Any, /) -> None: ...
+
+    def __delitem__(self, key: str, /) -> None: ...
+
+    def __contains__(self, key: object, /) -> bool: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
+    def keys(self) -> Any: ...
+
+    def items(self) -> Any: ...
+
+    def values(self) -> Any: ...
+
+    def send_changelog(self, partition: int, key: str, value: Any, /) -> Any: ...
+
+
+class ScannedTable(KeyedTable, Protocol):
+    """A table whose partitions' local stores can also be read a slice at a time (the expiry sweep, idle
+    conversations): ``LedgerTable.scan``."""
+
+    def scan(
+        self, partition: int, after: bytes | None, limit: int, /,
+    ) -> tuple[list[tuple[str, Any]], bytes | None]: ...
 
 
 class LedgerTable(ChangelogState, faust.Table):
@@ -197,33 +236,39 @@ class LedgerTable(ChangelogState, faust.Table):
 
 
     def scan(self, partition: int, after: bytes | None, limit: int) -> tuple[list[tuple[str, Any]], bytes | None]:
-        """Up to ``limit`` entries of one partition's local store after the key ``after``, in key order, decoded
-        (fast, with orjson: an integer past 64 bits comes back as a float; the expiry sweep reads states and
-        times only); and the key to go on from (None once the partition's end is reached).
+        """Up to ``limit`` entries of one partition's local store after the key ``after`` (``scan_store``)."""
+        return scan_store(self.data, partition, after, limit)
 
-        Faust's own iteration walks every active partition from its start; the expiry sweep reads a slice at a
-        time instead. Faust 0.15.3's RocksDB store keeps one rocksdict database per partition (``_dbs``); this is
-        the one place that reads it. A partition this worker has no database for (revoked) gives nothing.
-        """
-        store = self.data
-        db = getattr(store, "_dbs", {}).get(partition)
-        if db is None:
-            return [], None
-        skip = getattr(store, "offset_key", None)
-        entries: list[tuple[str, Any]] = []
-        for raw_key, raw_value in (db.items(from_key=after) if after is not None else db.items()):
-            if raw_key == after or raw_key == skip:
-                continue
-            if len(entries) == limit:
-                return entries, after
-            after = raw_key
-            try:
-                key = orjson.loads(raw_key)  # Faust stores a str key as JSON (b'"task-1"'), whatever the schema says
-                if isinstance(key, str):
-                    entries.append((key, orjson.loads(raw_value)))
-            except ValueError:  # orjson's JSONDecodeError included
-                continue  # not an entry this app wrote: left alone
-        return entries, None
+
+def scan_store(
+    store: Any, partition: int, after: bytes | None, limit: int,
+) -> tuple[list[tuple[str, Any]], bytes | None]:
+    """Up to ``limit`` entries of one partition's local store after the key ``after``, in key order, decoded
+    (fast, with orjson: an integer past 64 bits comes back as a float; the expiry sweep reads states and
+    times only); and the key to go on from (None once the partition's end is reached).
+
+    Faust's own iteration walks every active partition from its start; the expiry sweep reads a slice at a
+    time instead. Faust 0.15.3's RocksDB store keeps one rocksdict database per partition (``_dbs``); this is
+    the one place that reads it. A partition this worker has no database for (revoked) gives nothing.
+    """
+    db = getattr(store, "_dbs", {}).get(partition)
+    if db is None:
+        return [], None
+    skip = getattr(store, "offset_key", None)
+    entries: list[tuple[str, Any]] = []
+    for raw_key, raw_value in (db.items(from_key=after) if after is not None else db.items()):
+        if raw_key == after or raw_key == skip:
+            continue
+        if len(entries) == limit:
+            return entries, after
+        after = raw_key
+        try:
+            key = orjson.loads(raw_key)  # Faust stores a str key as JSON (b'"task-1"'), whatever the schema says
+            if isinstance(key, str):
+                entries.append((key, orjson.loads(raw_value)))
+        except ValueError:  # orjson's JSONDecodeError included
+            continue  # not an entry this app wrote: left alone
+    return entries, None
 
 
 class PromptTableManager(faust.tables.TableManager):
@@ -245,17 +290,18 @@ class PromptTableManager(faust.tables.TableManager):
 class Tables:
     """Every table of the app. The ledger agent is the only writer of each (docs/faust.md, "Tables")."""
 
-    tasks: LedgerTable  # task_id → TaskRecord JSON, plus poison markers and spend (agents_stream.tables.leases)
-    answers: LedgerTable  # task fingerprint → the last good answer (the cache tier)
-    jobs: LedgerTable  # job_id → JobRecord JSON (agents_stream.tables.jobs)
-    timers: LedgerTable  # parked tasks and running jobs: what the scanner watches
+    tasks: ScannedTable  # task_id → TaskRecord JSON, plus poison markers and spend (agents_stream.tables.leases)
+    answers: KeyedTable  # task fingerprint → the last good answer (the cache tier)
+    jobs: KeyedTable  # job_id → JobRecord JSON (agents_stream.tables.jobs)
+    timers: KeyedTable  # parked tasks and running jobs: what the scanner watches
     #: conversation_id → ConversationRecord JSON (agents_stream.tables.conversations); a plain dict in unit tests
     #: that have no conversations
-    conversations: LedgerTable = field(default_factory=dict)  # type: ignore[assignment]
+    conversations: ScannedTable = field(default_factory=dict)  # type: ignore[assignment]
 
     def all(self) -> list[LedgerTable]:
-        tables = [self.tasks, self.answers, self.jobs, self.timers]
-        return tables + ([self.conversations] if isinstance(self.conversations, LedgerTable) else [])
+        """The app's Faust tables (a worker's are all of them; a unit test's stand-ins are none)."""
+        tables = [self.tasks, self.answers, self.jobs, self.timers, self.conversations]
+        return [table for table in tables if isinstance(table, LedgerTable)]
 
 
 def _table(app: faust.App, settings: Settings, name: str, help: str) -> LedgerTable:

@@ -39,7 +39,7 @@ from agents_stream.tables.leases import (
     TaskRecord,
 )
 
-__all__ = ["SendTask", "arrive", "delegate", "sub_task_id", "waiting_for"]
+__all__ = ["CallResult", "SendTask", "arrive", "delegate", "sub_task_id", "waiting_for"]
 
 
 @dataclass(frozen=True)
@@ -100,18 +100,31 @@ def is_from_call(
     return expected is None or digest is None or digest == expected
 
 
+@dataclass(frozen=True)
+class CallResult:
+    """A sub-task's result for the call that delegated it: the sub-task's id, the call's id, the agent that ran it,
+    its result, and the digest of the payload that ran (None from a worker that predates it)."""
+
+    sub_task: str
+    call_id: str
+    agent: str
+    result: dict[str, Any]
+    digest: str | None = None
+
+
 def arrive(
-    record: TaskRecord | None, *, task_id: str, sub_task: str, call_id: str, agent: str, result: dict[str, Any],
-    now: float, me: str, ttl: float, digest: str | None = None, fits: Callable[[TaskRecord], str | None] | None = None,
+    record: TaskRecord | None, arrived: CallResult, *, task_id: str, now: float, me: str, ttl: float,
+    fits: Callable[[TaskRecord], str | None] | None = None,
 ) -> tuple[TaskRecord | None, list[Effect | SendTask]]:
-    """A sub-task's result (``sub_task``'s, for task ``task_id``): journaled at its call; the last one dispatches
+    """A sub-task's result (``arrived``, for task ``task_id``): journaled at its call; the last one dispatches
     the loop again (to this worker). A result that is not the call's own (``is_from_call``) changes nothing.
 
     ``fits`` says why the record would be too large (or None when it fits): then a failed result saying so is
     journaled in the sub-task's place."""
+    sub_task, call_id, agent, result = arrived.sub_task, arrived.call_id, arrived.agent, arrived.result
     pending = waiting_for(record)
     if record is None or record.state != AWAITING_SUBTASKS or not is_from_call(
-        record, task_id, sub_task=sub_task, call_id=call_id, agent=agent, digest=digest,
+        record, task_id, sub_task=sub_task, call_id=call_id, agent=agent, digest=arrived.digest,
     ):
         return record, []
     state = json.loads(record.waiting or "{}")

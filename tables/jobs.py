@@ -25,6 +25,7 @@ from agents_stream.tables.json_record import JsonRecord
 from agents_stream.tables.plans import MAX_STEPS, PLAN_SCHEMA, PLANNER_STEP, PlanError, Step, validate_plan
 
 __all__ = [
+    "StepResult",
     "CANCELLED",
     "DISPATCHED",
     "FAILED",
@@ -180,33 +181,38 @@ def submit(
     return _start(new, steps, Control("job.started", {"steps": len(steps)}), now=now)
 
 
+@dataclass(frozen=True)
+class StepResult:
+    """A job task's result as the job reads it: what it says (``status``: succeeded, partial or failed), and who
+    it is from (``agent``, ``digest``: None when the sender did not say)."""
+
+    task_id: str
+    status: str
+    output: Any = None
+    confidence: str | None = None
+    source: str | None = None
+    error: str | None = None
+    agent: str | None = None
+    digest: str | None = None
+
+
 def on_result(
-    record: JobRecord | None,
-    *,
-    task_id: str,
-    status: str,
-    output: Any = None,
-    confidence: str | None = None,
-    source: str | None = None,
-    error: str | None = None,
-    agents: Collection[str],
-    now: float,
-    agent: str | None = None,
-    digest: str | None = None,
+    record: JobRecord | None, result: StepResult, *, agents: Collection[str], now: float,
 ) -> tuple[JobRecord | None, list[Effect]]:
-    """A TaskResult of one of the job's tasks arrived (``status``: succeeded, partial or failed).
+    """A TaskResult of one of the job's tasks arrived.
 
     Only the first result of a dispatched task counts: a duplicate, a late
     result after a cancel, or a result of a task never dispatched changes nothing.
     A result of another agent or task (``agent``, ``digest``, when given) than the
     step's is refused with an alert: a producer's own ``<job>/<step>`` task cannot answer.
     """
+    task_id, status, output, error = result.task_id, result.status, result.output, result.error
     if status not in (SUCCEEDED, PARTIAL, FAILED):
         raise ValueError(f"unknown task status {status!r}")
     if record is None or record.terminal:
         return record, []
     step_id = step_of(record.job_id, task_id)
-    refused = _foreign(record, step_id, task_id, agent, digest)
+    refused = _foreign(record, step_id, task_id, result.agent, result.digest)
     if refused is not None:
         return record, [refused]
     if step_id == PLANNER_STEP:
@@ -223,7 +229,7 @@ def on_result(
     if step_id is None or step_id not in record.steps or record.steps[step_id]["status"] != DISPATCHED:
         return record, []
     steps = {k: dict(v) for k, v in record.steps.items()}
-    steps[step_id].update(status=status, output=output, confidence=confidence, source=source, error=error)
+    steps[step_id].update(status=status, output=output, confidence=result.confidence, source=result.source, error=error)
     skipped = []
     if status == FAILED:
         for sid in _downstream(record, step_id):

@@ -129,28 +129,38 @@ class Notify:
 Effect = Dispatch | EmitResult | DeadLetter | Control | Track | ReleaseOffsets | Notify
 
 
+@dataclass(frozen=True)
+class TaskMessage:
+    """A task message as the ledger read it: what a record that starts from it keeps of it.
+
+    ``requeue_id`` and ``history``: set by ``agents-stream dlq requeue`` (its headers); ``digest``: the payload's
+    (contract.models.task_digest); ``trace``: the intake span's traceparent."""
+
+    agent: str
+    payload: str
+    topic: str
+    partition: int
+    offset: int
+    requeue_id: str | None = None
+    history: str | None = None
+    digest: str | None = None
+    trace: str | None = None
+
+
 def receive(
     record: TaskRecord | None,
+    message: TaskMessage,
     *,
-    agent: str,
-    payload: str,
-    topic: str,
-    partition: int,
-    offset: int,
     now: float,
     me: str,
     ttl: float,
     max_attempts: int,
     running_here: bool,
-    requeue_id: str | None = None,
-    history: str | None = None,
     approval: tuple[str, list[float]] | None = None,
-    digest: str | None = None,
-    trace: str | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:
     """A task message arrived (first delivery, duplicate, redelivery after a crash, or an operator's requeue).
 
-    A requeue (``requeue_id`` set, from ``agents-stream dlq requeue``) of a task
+    A requeue (``message.requeue_id`` set, from ``agents-stream dlq requeue``) of a task
     that failed or was dead-lettered starts it again with its attempt counter
     reset; the same requeue delivered twice is an ordinary duplicate.
 
@@ -158,15 +168,13 @@ def receive(
     instead of dispatching it. Its offset is not tracked: the parked record is
     the task's recorded state, so the offset commits once that is durable.
 
-    ``trace`` (the intake span's traceparent) is kept by a task that starts here (new, or requeued).
+    The message's ``trace`` is kept by a task that starts here (new, or requeued).
     """
+    requeue_id = message.requeue_id
     if record is None or (
         requeue_id is not None and record.state in (FAILED, DEAD_LETTERED) and record.requeue_id != requeue_id
     ):
-        return _first_delivery(
-            record, agent=agent, payload=payload, topic=topic, partition=partition, offset=offset, now=now, me=me,
-            ttl=ttl, requeue_id=requeue_id, history=history, approval=approval, digest=digest, trace=trace,
-        )
+        return _first_delivery(record, message, now=now, me=me, ttl=ttl, approval=approval)
     if record.terminal:
         # A finished task never reaches a provider again; a redelivery re-emits its result.
         if record.result is not None:
@@ -187,39 +195,27 @@ def receive(
 
 
 def _first_delivery(
-    record: TaskRecord | None,
-    *,
-    agent: str,
-    payload: str,
-    topic: str,
-    partition: int,
-    offset: int,
-    now: float,
-    me: str,
-    ttl: float,
-    requeue_id: str | None,
-    history: str | None,
+    record: TaskRecord | None, message: TaskMessage, *, now: float, me: str, ttl: float,
     approval: tuple[str, list[float]] | None,
-    digest: str | None = None,
-    trace: str | None = None,
 ) -> tuple[TaskRecord, list[Effect]]:
     """A new task, or a requeue of a failed or dead-lettered one: lease it here and dispatch (or park) it."""
+    requeue_id = message.requeue_id
     new = TaskRecord(
         state=RUNNING,
-        agent=agent,
+        agent=message.agent,
         dispatch=1,
         owner=me,
         lease_until=now + ttl,
-        payload=payload,
-        topic=topic,
-        partition=partition,
-        offset=offset,
+        payload=message.payload,
+        topic=message.topic,
+        partition=message.partition,
+        offset=message.offset,
         received_at=now,
         requeue_id=requeue_id,
         requeues=(record.requeues if record else 0) + (1 if requeue_id else 0),
-        history=history,
-        digest=digest,
-        trace=trace,
+        history=message.history,
+        digest=message.digest,
+        trace=message.trace,
     )
     effects: list[Effect] = [Track(), Dispatch(1)]
     if approval is not None:

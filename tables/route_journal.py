@@ -1,7 +1,7 @@
 """A routed run's journal: the route decided, the escalations, and each handler's own part of it (pure).
 
 A routed agent's run (execution/handlers.py) journals its decision before any handler runs, as a ``route`` entry
-of the task's journal (a StepDone, durable before the handler starts), and each escalation as an ``escalated``
+of the task's journal (a JournalEntry, durable before the handler starts), and each escalation as an ``escalated``
 entry. A run started again on that journal (a crash, a takeover, a hold, an interrupt) reads them back here: it
 never routes again (no rule read again, no classifier asked again) and goes on with the handler the journal
 names, on that handler's part of the journal — the entries after the last route or escalation.

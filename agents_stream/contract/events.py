@@ -3,8 +3,9 @@
 Four topic families, each a union discriminated by ``kind``::
 
     OUTCOMES    agent.outcomes.<app>, keyed by task_id (or a poison marker)
-                TaskSucceeded | TaskFailed | Heartbeat | StepDone | CallParked | CallsDelegated | SubtaskResult
-                | ApprovalTimeout | LeaseExpired | CacheReply | DeadLetterRequest | DeadLettered
+                TaskSucceeded | TaskFailed | Heartbeat | StepDone | JournalEntry | CallParked | CallsDelegated
+                | SubtaskResult | ApprovalTimeout | LeaseExpired | CacheReply | DeadLetterRequest | DeadLettered
+                (a JournalEntry is kind "step" on the wire, as a StepDone: contract/checkpoints.py)
     ANSWERS     agent.answers.<app>, keyed by fingerprint      CacheLookup | CacheStore
     JOB_EVENTS  agent.job.events, keyed by job_id              JobTaskResult | JobDeadline
     CIRCUITS    agent.circuits, keyed by provider or worker    CircuitHello | CircuitTransition | CircuitFailure
@@ -24,10 +25,11 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union, get_args
+from typing import Annotated, Any, ClassVar, Generic, Literal, Protocol, TypeVar, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, field_serializer
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, TypeAdapter, ValidationError, field_serializer
 
+from agents_stream.contract.checkpoints import JOURNAL_TAG, JournalEntry, StepDone, outcome_tag
 from agents_stream.contract.circuit_records import (
     CircuitFailure,
     CircuitHello,
@@ -48,7 +50,8 @@ __all__ = [
     "CircuitFailure", "CircuitHello", "DelegatedCall", "SubtaskResult",
     "CircuitProbe", "CircuitProbeCancel", "CircuitRateLimited", "CircuitSuccess", "CircuitTransition", "CircuitsEvent",
     "DeadLetterRequest", "DeadLettered", "EventDecodeError", "Family", "FannedInResult", "Heartbeat",
-    "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "LeaseExpired", "OutcomeEvent",
+    "InternalEvent", "ApprovalTimeout", "JobDeadline", "JobEvent", "JobTaskResult", "JournalEntry", "LeaseExpired",
+    "OutcomeEvent",
     "RecordsExpired", "StepDone", "TaskFailed", "TaskSucceeded", "Where", "decode", "decode_answer", "encode",
     "encode_answer",
     "read_event",
@@ -113,16 +116,6 @@ class Heartbeat(_Versioned):
     worker: str
     dispatch: int
     owner: str
-
-
-class StepDone(_Versioned):
-    """Step ``index`` of a multi-step task or a saga report finished with ``output``: checkpoint it."""
-
-    kind: Literal["step"] = "step"
-    worker: str
-    dispatch: int
-    index: int
-    output: Any
 
 
 class CallParked(_Versioned):
@@ -248,12 +241,18 @@ class DeadLettered(_Versioned):
     kind: Literal["dead_lettered"] = "dead_lettered"
 
 
+# Tagged by kind, except the journal entry: it shares kind "step" with the step checkpoint (checkpoints.outcome_tag).
 OutcomeEvent = Annotated[
     Union[
-        TaskSucceeded, TaskFailed, Heartbeat, StepDone, CallParked, CallsDelegated, SubtaskResult, ApprovalTimeout,
-        LeaseExpired, CacheReply, DeadLetterRequest, DeadLettered, RecordsExpired,
+        Annotated[TaskSucceeded, Tag("succeeded")], Annotated[TaskFailed, Tag("failed")],
+        Annotated[Heartbeat, Tag("heartbeat")], Annotated[StepDone, Tag("step")],
+        Annotated[JournalEntry, Tag(JOURNAL_TAG)], Annotated[CallParked, Tag("call_parked")],
+        Annotated[CallsDelegated, Tag("delegated")], Annotated[SubtaskResult, Tag("subtask_result")],
+        Annotated[ApprovalTimeout, Tag("approval_timeout")], Annotated[LeaseExpired, Tag("expired")],
+        Annotated[CacheReply, Tag("cache_reply")], Annotated[DeadLetterRequest, Tag("dead_letter")],
+        Annotated[DeadLettered, Tag("dead_lettered")], Annotated[RecordsExpired, Tag("records_expired")],
     ],
-    Field(discriminator="kind"),
+    Discriminator(outcome_tag),
 ]
 
 
@@ -347,7 +346,7 @@ class Family(Generic[E]):
 
 
 def _family(name: str, union: Any) -> Family[Any]:
-    members = get_args(get_args(union)[0])
+    members = [get_args(m)[0] if get_origin(m) is Annotated else m for m in get_args(get_args(union)[0])]
     return Family(name, TypeAdapter(union), frozenset(m.model_fields["kind"].default for m in members))
 
 

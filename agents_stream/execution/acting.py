@@ -3,7 +3,7 @@
 Every model turn goes to the first rung that is available (primary, then the
 alternates: a conversation begun on one provider continues on the next, its
 history translated by that provider's client); with none available the task is
-held, its journal kept. Each journal entry is sent as a StepDone outcome and
+held, its journal kept. Each journal entry is sent as a JournalEntry outcome and
 confirmed by the broker before the loop acts on it, so the ledger keeps it in
 the task's record and a re-dispatch resumes from it.
 """
@@ -19,7 +19,7 @@ from agents_stream.contract.events import (
     CallParked,
     CallsDelegated,
     DelegatedCall,
-    StepDone,
+    JournalEntry,
     TaskFailed,
     TaskSucceeded,
 )
@@ -27,7 +27,7 @@ from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
 from agents_stream.execution import summary
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked, transcript
+from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, LoopLimits, Parked, RunSignals, transcript
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.ladder import Ladder
 from agents_stream.execution.membership import GatedAdmission
@@ -35,6 +35,7 @@ from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.plan import AgentPlan
 from agents_stream.execution.run import Rejected, Run, TurnAnswer, Unavailable
 from agents_stream.execution.steps import SendOutcome
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 from agents_stream.providers.conversation import Conversation
 from agents_stream.settings import Settings
@@ -75,18 +76,22 @@ class AgentRunner:
             return await self._turn(run, plan, conversation)
 
         async def record(index: int, entry: dict[str, Any]) -> None:
-            step = StepDone(worker=run.worker, dispatch=run.dispatch, index=index, output=entry)
-            await self._send_outcome(task.task_id, step)
+            journaled = JournalEntry(worker=run.worker, dispatch=run.dispatch, index=index, output=entry)
+            await self._send_outcome(task.task_id, journaled)
 
         loop = Loop(
             agent, task, run.steps_done, ask=ask, record=record, spec=spec, system=plan.config.system,
-            journal_fits=partial(self._fits, len(task.model_dump_json())),
-            check_budget_s=settings.output_check_budget_s,
-            circuits=self.ladder.circuits if self.caller.membership is None
-            else GatedAdmission(self.ladder.circuits, self.caller.membership, run),
-            on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
-            backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
-            trace=run.trace, fencing_token=run.dispatch, interrupted=lambda: run.interrupted,
+            limits=LoopLimits(partial(self._fits, len(task.model_dump_json())), settings.output_check_budget_s),
+            calling=ToolCalling(
+                circuits=self.ladder.circuits if self.caller.membership is None
+                else GatedAdmission(self.ladder.circuits, self.caller.membership, run),
+                backoff_base_s=settings.backoff_base_s, backoff_cap_s=settings.backoff_cap_s, rng=self._rng,
+                trace=run.trace, fencing_token=run.dispatch,
+            ),
+            signals=RunSignals(
+                on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
+                interrupted=lambda: run.interrupted,
+            ),
         )
         end = await loop.run()
         if isinstance(end, Unavailable):

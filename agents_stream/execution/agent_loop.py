@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import random
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
@@ -30,7 +29,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.history import earlier_turns, shown
 from agents_stream.execution.outputs import CheckAborted, FormatError, OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
-from agents_stream.execution.tool_calls import Admission, ToolCaller
+from agents_stream.execution.tool_calls import ToolCaller, ToolCalling
 from agents_stream.execution.tools import ToolError, error_detail, result_text
 from agents_stream.providers.conversation import (
     AssistantTurn,
@@ -44,7 +43,8 @@ from agents_stream.tables import journal
 from agents_stream.tables.journal import AskModel, Fail, Finish, RunTools
 
 __all__ = [
-    "Ask", "Delegated", "Done", "Failed", "JournalBroken", "Loop", "Parked", "Record", "conversation", "transcript",
+    "Ask", "Delegated", "Done", "Failed", "JournalBroken", "Loop", "LoopLimits", "Parked", "Record", "RunSignals",
+    "conversation", "transcript",
 ]
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,24 @@ class Failed:
     source: str
 
 
+@dataclass(frozen=True)
+class LoopLimits:
+    """What bounds a loop besides its agent's own limits: given the journal's size as JSON (bytes), whether the
+    task's record can still hold it; and how long checking an answer against its output schema may take."""
+
+    journal_fits: Callable[[int], bool] = lambda _: True
+    check_budget_s: float = 1.0
+
+
+@dataclass(frozen=True)
+class RunSignals:
+    """The loop's two lines to its run: the control events it reports (``on_event(event, details)``), and whether
+    the run was asked to stop at the next safe point (a conversation's new message)."""
+
+    on_event: OnEvent = lambda event, details: None
+    interrupted: Callable[[], bool] = lambda: False
+
+
 class Loop:
     """One task's loop over its journal (``entries``, appended as each entry is durable)."""
 
@@ -109,16 +127,9 @@ class Loop:
         record: Record,
         spec: OutputSpec | None = None,
         system: str = "",
-        journal_fits: Callable[[int], bool] = lambda _: True,
-        check_budget_s: float = 1.0,
-        circuits: Admission | None = None,
-        on_event: OnEvent = lambda event, details: None,
-        backoff_base_s: float = 0.2,
-        backoff_cap_s: float = 5.0,
-        rng: random.Random | None = None,
-        trace: str | None = None,
-        fencing_token: int = 0,
-        interrupted: Callable[[], bool] = lambda: False,
+        limits: LoopLimits = LoopLimits(),
+        calling: ToolCalling = ToolCalling(),
+        signals: RunSignals = RunSignals(),
     ) -> None:
         self.agent = agent
         self.task = task
@@ -127,15 +138,12 @@ class Loop:
         self._record = record
         self.spec = spec
         self.system = "\n\n".join(filter(None, [system, agent.instructions]))
-        #: given the journal's size as JSON (bytes), whether the task's record can still hold it
-        self._fits = journal_fits
+        self._fits = limits.journal_fits
         self._bytes = len(_compact(entries))  # kept up to date as entries are added: no re-serialising per entry
-        self._check_budget_s = check_budget_s
-        self.tools = ToolCaller(agent, task, circuits=circuits, backoff_base_s=backoff_base_s,
-                                backoff_cap_s=backoff_cap_s, rng=rng or random.Random(), trace=trace,
-                                fencing_token=fencing_token)
-        self._on_event = on_event
-        self._interrupted = interrupted
+        self._check_budget_s = limits.check_budget_s
+        self.tools = ToolCaller(agent, task, calling)  # how its tools are called: circuits, retries, trace, token
+        self._on_event = signals.on_event
+        self._interrupted = signals.interrupted
         self._lock = asyncio.Lock()
         self._broken = False
         self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)

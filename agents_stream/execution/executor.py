@@ -15,6 +15,7 @@ import asyncio
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from mode import Service
@@ -49,12 +50,25 @@ from agents_stream.providers.base import Provider
 from agents_stream.resilience.circuits import Circuits
 from agents_stream.settings import Settings
 
-__all__ = ["Executor", "LookupFn", "SendControl", "SendOutcome"]
+__all__ = ["Executor", "LookupFn", "Outlets", "SendControl", "SendOutcome"]
 
 log = logging.getLogger(__name__)
 
 #: how long stop() waits for cancelled slots, and for each provider to close
 _CLOSE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Outlets:
+    """Where the executor's runs send what they report: each outcome to the ledger (``send_outcome``), control
+    events, a round's streamed text (``send_event``; None: not streamed), cache lookups (None: no cache), and the
+    flow, told when a change of the held or queued runs changes what may be read (``on_flow_change``)."""
+
+    send_outcome: SendOutcome
+    send_control: SendControl
+    on_flow_change: Callable[[], None]
+    cache_lookup: LookupFn | None = None
+    send_event: SendEvent | None = None
 
 
 class Executor(Service):
@@ -68,14 +82,10 @@ class Executor(Service):
         config: AppConfig,
         plans: dict[str, AgentPlan],
         circuits: Circuits,
-        send_outcome: SendOutcome,
-        send_control: SendControl,
-        on_flow_change: Callable[[], None],
+        outlets: Outlets,
         worker_id: str,
-        cache_lookup: LookupFn | None = None,
         rng: random.Random | None = None,
         grace_s: float | None = None,
-        send_event: SendEvent | None = None,
         membership: Membership | None = None,
     ) -> None:
         super().__init__()
@@ -86,15 +96,17 @@ class Executor(Service):
         self.worker_id = worker_id
         #: how long stop() lets running calls finish (default: AGENTS_STREAM_SHUTDOWN_GRACE_S)
         self.grace_s = settings.shutdown_grace_s if grace_s is None else grace_s
+        send_outcome, send_control, on_flow_change = outlets.send_outcome, outlets.send_control, outlets.on_flow_change
         self._send_outcome = send_outcome
         self._on_flow_change = on_flow_change
         rng = rng or random.Random()
         # a round's text streams to agent.conversation.events as the model writes it (execution/chunks.py)
+        send_event = outlets.send_event
         chunks = Chunks(send_event, settings.partitions) if send_event is not None and settings.stream_text else None
         #: whether a run may still act here (None: always): stamped on each run at dispatch
         self.membership = membership
         self.caller = Caller(settings, config, circuits, send_control, rng, chunks, membership)
-        self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, cache_lookup)
+        self.ladder = Ladder(settings, plans, circuits, self.caller, send_control, on_flow_change, outlets.cache_lookup)
         # a routed agent's handler runs on the same runners; its journal entries go where its part of the journal is
         self.handlers = Handlers(self.caller, plans, send_outcome, self._run_plan)
         self.step_runner = StepRunner(settings, self.ladder, self.handlers.send, send_control, rng)

@@ -4,7 +4,7 @@ A routed agent (``[agents.<name>.routing]``, execution/routing_definitions.py) a
 tasks (a conversation's round, or a task) goes to one of its handlers — other agents of the config, weakest
 first. Before any handler runs, the run decides: the first rule that matches, else the classifier (a small model,
 asked through the circuits like any call), else the fallback; the decision, its reason and the classifier's cost
-are journaled as a ``route`` entry (a StepDone, durable before the handler starts; tables/route_journal.py). A run
+are journaled as a ``route`` entry (a JournalEntry, durable before the handler starts; tables/route_journal.py). A run
 started again on that journal (a crash, a takeover, a hold) never decides again: no rule is read and no
 classifier asked a second time, and the same handler goes on from its own part of the journal.
 
@@ -23,7 +23,15 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
-from agents_stream.contract.events import CallParked, CallsDelegated, OutcomeEvent, StepDone, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import (
+    CallParked,
+    CallsDelegated,
+    JournalEntry,
+    OutcomeEvent,
+    StepDone,
+    TaskFailed,
+    TaskSucceeded,
+)
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
 from agents_stream.execution import summary
@@ -73,11 +81,11 @@ class Handlers:
         self._parts: dict[str, _Part] = {}
 
     async def send(self, task_id: str, event: OutcomeEvent) -> None:
-        """The runners' outcome sender: a handler's journal entry is numbered in the task's whole journal and
-        sent under the task's own id."""
+        """The runners' outcome sender: a handler's journal entry (or step checkpoint, a handler that runs steps or
+        a saga) is numbered in the task's whole journal and sent under the task's own id."""
         part = self._parts.get(task_id)
         if part is not None:
-            if isinstance(event, StepDone) and event.dispatch == part.dispatch:
+            if isinstance(event, StepDone | JournalEntry) and event.dispatch == part.dispatch:
                 event = event.model_copy(update={"index": event.index - part.prefix + part.base})
             task_id = part.task_id
         await self._send_outcome(task_id, event)
@@ -209,8 +217,8 @@ class Handlers:
 
     async def _journal(self, run: Run, entry: dict[str, Any]) -> None:
         """One entry of the route in the task's journal, durable before the run goes on (or it raises, as a turn)."""
-        step = StepDone(worker=run.worker, dispatch=run.dispatch, index=len(run.steps_done), output=entry)
-        await self._send_outcome(run.task.task_id, step)
+        kept = JournalEntry(worker=run.worker, dispatch=run.dispatch, index=len(run.steps_done), output=entry)
+        await self._send_outcome(run.task.task_id, kept)
         run.steps_done.append(entry)
 
 

@@ -4,7 +4,7 @@ The ledger puts in a round's task the summary so far and the items that fell out
 (``TaskPayload.conversation.summary``, tables/summaries.py). Before the round's first model turn its run asks the
 agent's summary provider (``[agents.<name>.summary]``) to fold those items into the summary, through the
 circuits like any call (its breaker, rate limits and retries), and journals what came of it as a ``summary``
-entry (a StepDone, durable before the loop goes on). A run started again on that journal (after a crash, a
+entry (a JournalEntry, durable before the loop goes on). A run started again on that journal (after a crash, a
 takeover, a hold, an interrupt) finds the entry and never asks again. A summariser that fails (its breaker open,
 its retries spent, an empty answer) is journaled too, with its ``error``: the round goes on at once with the
 summary it had and its window, and the next round tries again from there. The round's reply never waits for a
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agents_stream.contract.events import StepDone
+from agents_stream.contract.events import JournalEntry
 from agents_stream.contract.models import SummaryInput
 from agents_stream.execution.call import Caller
 from agents_stream.execution.history import journaled
@@ -81,8 +81,8 @@ class Summariser:
                         task.agent_name, config.provider)
             return
         entry = await self._summarise(run, plan, given, config.max_chars)
-        step = StepDone(worker=run.worker, dispatch=run.dispatch, index=len(run.steps_done), output=entry)
-        await self._send_outcome(task.task_id, step)  # durable (or raises: the run stops, as for a turn)
+        kept = JournalEntry(worker=run.worker, dispatch=run.dispatch, index=len(run.steps_done), output=entry)
+        await self._send_outcome(task.task_id, kept)  # durable (or raises: the run stops, as for a turn)
         run.steps_done.append(entry)
 
     async def _summarise(self, run: Run, plan: AgentPlan, given: SummaryInput, max_chars: int) -> dict[str, Any]:

@@ -12,6 +12,7 @@ import asyncio
 import logging
 import random
 import re
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import aiohttp
@@ -26,7 +27,7 @@ from agents_stream.resilience.backoff import backoff
 from agents_stream.resilience.circuit import Permit
 from agents_stream.tables import journal
 
-__all__ = ["Admission", "ToolCaller"]
+__all__ = ["Admission", "ToolCaller", "ToolCalling"]
 
 log = logging.getLogger(__name__)
 
@@ -42,21 +43,32 @@ class Admission(Protocol):
     def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None: ...
 
 
+@dataclass(frozen=True)
+class ToolCalling:
+    """How a run calls its tools: admitted by ``circuits`` (None: no breaker asked), a failure worth retrying retried
+    after a backoff between ``backoff_base_s`` and ``backoff_cap_s`` (jitter from ``rng``; None: a fresh one), each
+    call a span under ``trace`` (None: not traced) and given ``fencing_token``, the run's dispatch number."""
+
+    circuits: Admission | None = None
+    backoff_base_s: float = 0.2
+    backoff_cap_s: float = 5.0
+    rng: random.Random | None = None
+    trace: str | None = None
+    fencing_token: int = 0
+
+
 class ToolCaller:
     """Runs the tool calls of one task's loop."""
 
-    def __init__(
-        self, agent: Agent, task: TaskPayload, *, circuits: Admission | None, backoff_base_s: float,
-        backoff_cap_s: float, rng: random.Random, trace: str | None = None, fencing_token: int = 0,
-    ) -> None:
+    def __init__(self, agent: Agent, task: TaskPayload, calling: ToolCalling = ToolCalling()) -> None:
         self.agent = agent
         self.task = task
-        self.fencing_token = fencing_token  # the run's dispatch number, given to each tool (ToolContext)
+        self.fencing_token = calling.fencing_token  # the run's dispatch number, given to each tool (ToolContext)
         #: the traceparent each call's span hangs under (ops/tracing.py); None: not traced
-        self.trace = trace
-        self._circuits = circuits
-        self._backoff = (backoff_base_s, backoff_cap_s)
-        self._rng = rng
+        self.trace = calling.trace
+        self._circuits = calling.circuits
+        self._backoff = (calling.backoff_base_s, calling.backoff_cap_s)
+        self._rng = calling.rng or random.Random()
 
     def delegation_problem(self, tool: Tool, call: dict[str, Any]) -> str | None:
         """Why a call of an agent tool cannot become a sub-task (the model is told), or None when it can."""

@@ -5,9 +5,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any, Callable, Hashable
+from typing import Any, Callable, Hashable, Protocol
 
-import faust
 from faust.types import TP
 
 from agents_stream.background import Background
@@ -25,6 +24,17 @@ SEED_S = 5.0
 Alert = Callable[[str, dict[str, Any]], None]
 
 
+class FlowApp(Protocol):
+    """What the flow reads of the Faust app (``faust.App`` is one): its consumer, made when the app starts, and
+    whether a table recovery runs. Its ``rebalancing`` and ``tables.recovery`` are read where the app has them."""
+
+    @property
+    def consumer(self) -> Any: ...
+
+    @property
+    def in_recovery(self) -> bool: ...
+
+
 class Flow:
     """Which input partitions this worker fetches, and reading them again when records never arrived.
 
@@ -34,7 +44,7 @@ class Flow:
 
     def __init__(
         self,
-        app: faust.App,
+        app: FlowApp,
         watermark: Watermark,
         managed_topics: frozenset[str],
         agents: list[str],

@@ -8,17 +8,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from functools import partial
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from agents_stream.contract.events import LeaseExpired, encode
 from agents_stream.kafka.delivery import Undeliverable, until_confirmed
 from agents_stream.kafka.members import group_members
 from agents_stream.settings import Settings
-from agents_stream.tables.definitions import Tables
 from agents_stream.tables.epochs import epoch_key
 
-__all__ = ["EPOCH_CLAIM_S", "TAKEOVER_SCAN_S", "Takeover"]
+__all__ = ["EPOCH_CLAIM_S", "TAKEOVER_SCAN_S", "ClaimedTable", "ClaimedTables", "Takeover"]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,24 @@ MEMBERS_RETRY_S = 1.0
 EPOCH_CLAIM_S = 30.0
 
 
+class ClaimedTable(Protocol):
+    """A table as the takeover claims its partitions (``LedgerTable`` is one): a higher owner epoch, and the
+    changelog send that carries it."""
+
+    @property
+    def name(self) -> str: ...
+
+    def claim_epoch(self, partition: int) -> tuple[int, Any]: ...
+
+    def send_changelog(self, partition: int, key: str, value: Any, /) -> Any: ...
+
+
+class ClaimedTables(Protocol):
+    """The tables whose partitions the takeover claims (``Tables`` is them)."""
+
+    def all(self) -> Sequence[ClaimedTable]: ...
+
+
 class Takeover:
     """The rebalance's part of fencing. ``partitions()``: the partition numbers this worker owns now;
     ``scan_gone(now)``: (task_id, dispatch) of the tasks whose lease's owner left (Ledger.scan_gone);
@@ -38,7 +56,7 @@ class Takeover:
     this app's outcomes topic; ``alert(error)``: a broker send keeps failing."""
 
     def __init__(
-        self, settings: Settings, group: str, worker_id: str, tables: Tables, *,
+        self, settings: Settings, group: str, worker_id: str, tables: ClaimedTables, *,
         partitions: Callable[[], list[int]], scan_gone: Callable[[float], list[tuple[str, int]]],
         learned: Callable[[frozenset[str] | None], None], send_outcome: Callable[[bytes, bytes], Any],
         alert: Callable[[BaseException], None],

@@ -23,7 +23,7 @@ from agents_stream.contract.events import (
 )
 from agents_stream.execution.outputs import fingerprint
 from agents_stream.kafka.outbox import Outbox, Send
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import KeyedTable
 from agents_stream.tables.leases import TaskRecord
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class AnswerCache:
     """The answers table (one partition per fingerprint) and the store requests good results send to it."""
 
     def __init__(
-        self, table: LedgerTable, outbox: Outbox, *, answers_topic: str, outcomes_topic: str, worker_id: str,
+        self, table: KeyedTable, outbox: Outbox, *, answers_topic: str, outcomes_topic: str, worker_id: str,
         agents: set[str],
     ) -> None:
         self.table = table

@@ -182,11 +182,12 @@ class Conversations:
             return
         cid, since, number = parsed
         result = json.loads(task.result) if task.result else {"status": "failed", "error": f"round {task.state}"}
-        change = machine.round_ended(
-            conversation_record(self.table, cid), self.table.get, cid=cid, since=since, number=number,
-            status=result.get("status") or "failed", text=reply_text(result), task_id=task_id,
-            error=result.get("error"), completed_at=task.finished_at or time.time(), now=time.time(),
+        end = machine.RoundEnd(
+            since=since, number=number, status=result.get("status") or "failed", text=reply_text(result),
+            task_id=task_id, error=result.get("error"), completed_at=task.finished_at or time.time(),
         )
+        head = conversation_record(self.table, cid)
+        change = machine.round_ended(head, self.table.get, end, cid=cid, now=time.time())
         self._apply(tp, offset, cid, change)
 
     def _apply(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -28,7 +29,29 @@ from agents_stream.tables.definitions import Tables
 from agents_stream.tables.delegation import SendTask
 from agents_stream.tables.leases import TaskRecord
 
-__all__ = ["Effects"]
+__all__ = ["AppliedHere", "Effects", "Tracing"]
+
+
+@dataclass(frozen=True)
+class Tracing:
+    """Where a transition's spans go (ledger/spans.py): ``span``, the intake's, takes its events; ``parent``: the
+    traceparent its spans hang under, when not the record's."""
+
+    span: tracing.Span | None = None
+    parent: str | None = None
+
+
+@dataclass(frozen=True)
+class AppliedHere:
+    """How the transition of an outcome applied where it ran (``Ledger.apply_here``) is carried out: ``durable`` is
+    called once all of it is durable, or ``fenced`` instead when the partition moved before its writes were
+    confirmed (Outbox.deliver): nothing of it is acted on here. ``record_first``: a result or dead letter is sent
+    only once the record is durable (such an outcome has no outcome record to apply again: a crash between the two
+    must not leave a result whose task runs again)."""
+
+    durable: Callable[[], object] | None = None
+    fenced: Callable[[], object] | None = None
+    record_first: bool = False
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +93,13 @@ class Effects:
         effects: Sequence[Effect],
         task: TaskPayload | None = None,
         extra: list[Send] | None = None,
-        durable: Callable[[], object] | None = None,
-        span: tracing.Span | None = None,
-        trace: str | None = None,
-        record_first: bool = False,
-        fenced: Callable[[], object] | None = None,
+        traced_by: Tracing = Tracing(),
+        here: AppliedHere = AppliedHere(),
     ) -> None:
         """Write ``new`` (when it differs from ``old``), carry out ``effects``; ``extra`` sends are held with the
-        offset too; ``durable`` is called once all of it is durable. ``span`` (the intake's) takes the transition's
-        events; ``trace``: the traceparent its spans hang under, when not the record's (ledger/spans.py).
-
-        ``record_first``: a result or dead letter is sent only once the record is durable (an outcome applied where
-        it ran has no outcome record to apply again: a crash between the two must not leave a result whose task
-        runs again). ``fenced`` is called instead of ``durable`` when the partition moved before the writes were
-        confirmed (Outbox.deliver): nothing of the transition is acted on here."""
+        offset too. ``traced_by``: where its spans go; ``here``: an outcome applied where it ran (AppliedHere)."""
+        span, trace = traced_by.span, traced_by.parent
+        durable, fenced, record_first = here.durable, here.fenced, here.record_first
         sends: list[Send] = list(extra or [])
         ending: list[Send] = []  # the result, its fan-in and caller, a dead letter
         after: list[Callable[[], object]] = []

@@ -28,7 +28,7 @@ from faust.types import TP
 
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.settings import Settings
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import ScannedTable
 from agents_stream.tables.expiry import expired, past_ttl, source
 
 __all__ = ["Expiry"]
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 
 
 class Expiry:
-    def __init__(self, settings: Settings, table: LedgerTable, outbox: Outbox) -> None:
+    def __init__(self, settings: Settings, table: ScannedTable, outbox: Outbox) -> None:
         self.settings = settings
         self.table = table
         self.outbox = outbox

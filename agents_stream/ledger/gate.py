@@ -23,7 +23,7 @@ from agents_stream.ledger.records import record_of
 from agents_stream.ops.notify import Notifier, decision_signed, link, slack_message
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals, leases, route_journal
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import KeyedTable
 from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class ApprovalGate:
     """Approval policies by agent, and the transitions decisions and timeouts make (applied by the ledger)."""
 
     def __init__(
-        self, settings: Settings, worker_id: str, table: LedgerTable, outbox: Outbox, notifier: Notifier, *,
+        self, settings: Settings, worker_id: str, table: KeyedTable, outbox: Outbox, notifier: Notifier, *,
         policies: dict[str, ApprovalPolicy], saga_flagged: set[str], awaiting_in: Callable[[TP, str], int],
         cancellation: Cancellation,
     ) -> None:

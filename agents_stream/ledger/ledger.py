@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 from faust.types import TP
 
-from agents_stream.config import AgentConfig, ApprovalPolicy
+from agents_stream.config import ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.conversation_messages import conversation_of, is_message, message_from
 from agents_stream.contract.errors import Fenced, PoisonMessage
@@ -23,6 +23,7 @@ from agents_stream.contract.events import (
     DeadLettered,
     DeadLetterRequest,
     Heartbeat,
+    JournalEntry,
     LeaseExpired,
     OutcomeEvent,
     RecordsExpired,
@@ -36,10 +37,11 @@ from agents_stream.contract.models import TaskPayload, decode_record, task_from
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import identity, sizes, spans
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.cancel_decisions import Cancellation
 from agents_stream.ledger.conversation_rounds import Conversations
-from agents_stream.ledger.effects import Effects
+from agents_stream.ledger.effects import AppliedHere, Effects, Tracing
 from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.gate import ApprovalGate
 from agents_stream.ledger.intake import moved, requeue_headers
@@ -70,10 +72,7 @@ class Ledger:
 
     def __init__(
         self, settings: Settings, executor: Runs, worker_id: str, *, tables: Tables, watermark: Watermark,
-        outbox: Outbox, notifier: Notifier, policies: dict[str, ApprovalPolicy] | None = None,
-        saga_flagged: set[str] | None = None, cached_agents: set[str] | None = None,
-        orchestrator: Orchestrator | None = None, agents: set[str] | None = None, sagas: set[str] | None = None,
-        configs: dict[str, AgentConfig] | None = None,
+        outbox: Outbox, notifier: Notifier, agents: AppAgents = AppAgents(), orchestrator: Orchestrator | None = None,
     ) -> None:
         self.settings = settings
         self.executor = executor
@@ -85,16 +84,14 @@ class Ledger:
         self.outcomes = topics.outcomes_topic(settings.app_id)
         self.answers_topic = topics.answers_topic(settings.app_id)
         self.scanner = Scanner(settings, executor, tables.tasks, tables.timers)
-        #: ``agents``: the agents this app runs (a signed cancel of one of their tasks is kept before it arrives);
-        #: ``sagas``: those of them that run sagas
-        self.cancellation = Cancellation(settings, outbox, agents or set(), sagas)
+        self.cancellation = Cancellation(settings, outbox, set(agents.names), set(agents.sagas))  # each part: a copy
         self.gate = ApprovalGate(
-            settings, worker_id, tables.tasks, outbox, notifier, policies=policies or {},
-            saga_flagged=saga_flagged or set(), awaiting_in=self.scanner.awaiting_in, cancellation=self.cancellation,
+            settings, worker_id, tables.tasks, outbox, notifier, policies=dict(agents.policies),
+            saga_flagged=set(agents.saga_flagged), awaiting_in=self.scanner.awaiting_in, cancellation=self.cancellation,
         )
         self.cache = AnswerCache(
             tables.answers, outbox, answers_topic=self.answers_topic, outcomes_topic=self.outcomes,
-            worker_id=worker_id, agents=cached_agents or set(),
+            worker_id=worker_id, agents=set(agents.cached),
         )
         self.poison = Poison(tables.tasks, outbox, self.outcomes, worker_id)
         self.expiry = Expiry(settings, tables.tasks, outbox)
@@ -107,7 +104,7 @@ class Ledger:
             cancellation=self.cancellation, scanner=self.scanner, recent=self.recent,
         )
         self.conversations = Conversations(  # messages arrive on the task topics; each round is a task here
-            tables.conversations, tables.tasks, outbox, self.poison, agents=configs or {},
+            tables.conversations, tables.tasks, outbox, self.poison, agents=dict(agents.configs),
             partitions=settings.partitions, record_max_bytes=settings.record_max_bytes, start=self.start_round,
             interrupt=lambda task_id: self.executor.interrupt(task_id),
         )
@@ -242,26 +239,23 @@ class Ledger:
                 "Task %s arrived again (offset %d) while %s holds its lease for %.1fs more; waiting for its outcome "
                 "or the lease to lapse", task.task_id, offset, record.owner, record.lease_until - now,
             )
+        message = leases.TaskMessage(
+            agent=task.agent_name, payload=value.decode("utf-8"), topic=tp.topic, partition=tp.partition,
+            offset=offset, requeue_id=requeue_id, history=history, digest=digest,
+            trace=span.traceparent if span is not None else None,
+        )
         new, effects = leases.receive(
             record,
-            agent=task.agent_name,
-            payload=value.decode("utf-8"),
-            topic=tp.topic,
-            partition=tp.partition,
-            offset=offset,
+            message,
             now=now,
             me=self.worker_id,
             ttl=self.settings.lease_ttl_s,
             max_attempts=self.settings.max_attempts,
             running_here=self.scanner.running_here(task.task_id, record.dispatch if record is not None else None),
-            requeue_id=requeue_id,
-            history=history,
             approval=self.gate.approval_for(task),
-            digest=digest,
-            trace=span.traceparent if span is not None else None,
         )
         _, new, effects = self.gate.admit(tp, record, new, effects)  # the agent's share of parked tasks is bounded
-        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task, span=span)
+        self.effects.apply(tp, offset, task.task_id, record, new, effects, task=task, traced_by=Tracing(span))
 
     # -- outcome events ----------------------------------------------------------------
 
@@ -295,7 +289,8 @@ class Ledger:
             return
         if isinstance(event, CallsDelegated | SubtaskResult):  # agents as tools: sub-tasks out, results in
             trace = event.trace if isinstance(event, CallsDelegated) else None  # the delegating run's span
-            self.effects.apply(tp, offset, task_id, *self.delegation.on_event(task_id, record, event), trace=trace)
+            delegated = self.delegation.on_event(task_id, record, event)
+            self.effects.apply(tp, offset, task_id, *delegated, traced_by=Tracing(parent=trace))
             return
         changed = self._lease_change(tp, task_id, record, event, at)
         if changed is not None:
@@ -306,7 +301,9 @@ class Ledger:
         elif record is not None and record.terminal and conversation_of(task_id) is not None:
             self.conversations.round_ended(tp, offset, task_id, record)  # its end again: the reply may not be durable
 
-    def apply_here(self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone) -> asyncio.Future[None] | None:
+    def apply_here(
+        self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone | JournalEntry,
+    ) -> asyncio.Future[None] | None:
         """An outcome of this worker's own executor, applied at once (no trip through the outcomes topic), when
         this ledger holds the task's offset: its partition is this worker's and its table is live here. None
         otherwise: the outcome goes on the outcomes topic to whoever owns the partition now.
@@ -327,8 +324,9 @@ class Ledger:
                 return durable
             new, effects, extra = changed
             self.effects.apply(
-                tp, offset, task_id, record, new, effects, extra=extra, durable=partial(_resolve, durable),
-                record_first=True, fenced=partial(_fence, durable, task_id),
+                tp, offset, task_id, record, new, effects, extra=extra, here=AppliedHere(
+                    durable=partial(_resolve, durable), fenced=partial(_fence, durable, task_id), record_first=True,
+                ),
             )
         return durable
 
@@ -358,7 +356,9 @@ class Ledger:
                     return None
                 new, effects, event = self._finish(task_id, record, event, now, at)
                 extra = self._account(tp, record, event, now)
-            case StepDone(index=index, output=output, dispatch=dispatch):
+            case StepDone(index=index, output=output, dispatch=dispatch) | JournalEntry(
+                index=index, output=output, dispatch=dispatch,
+            ):  # both are kept in steps_done (contract/checkpoints.py)
                 new, effects = leases.checkpoint(record, index=index, output=output, dispatch=dispatch)
                 failed = sizes.oversize(new, event, self.settings.record_max_bytes) if new is not record else None
                 if failed is not None and record is not None:  # a checkpoint past Kafka's record limit ends it

@@ -17,7 +17,7 @@ from agents_stream.contract.events import DeadLettered, DeadLetterRequest, encod
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.ledger.intake import HISTORY_HEADER, requeue_headers
 from agents_stream.ops import metrics
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import KeyedTable
 from agents_stream.tables.expiry import POISON_PREFIX, marked_message
 
 log = logging.getLogger(__name__)
@@ -49,20 +49,28 @@ def dead_letter_unreadable(
 ) -> None:
     """A record of ``what`` (an approval decision, a job request) that cannot be read: one dead letter on ``topic``."""
     log.warning("Dead-lettering %s %s[%d]@%d: %s", what, tp.topic, tp.partition, offset, poison)
-    send_dead_letter(
-        outbox, tp, offset, key, value, agent="", reason=reason_of(poison), layer="schema", attempts=1, topic=topic,
-    )
+    send_dead_letter(outbox, Unreadable(tp, offset, key, value), agent="", reason=reason_of(poison), topic=topic)
+
+
+@dataclass(frozen=True)
+class Unreadable:
+    """A record that cannot be read, where it was read: what its dead letter carries."""
+
+    tp: TP
+    offset: int
+    key: bytes | None
+    value: bytes | None
 
 
 def send_dead_letter(
-    outbox: Outbox, tp: TP, offset: int, key: bytes | None, value: bytes | None, *, agent: str, reason: str,
-    layer: str, attempts: int, headers: Iterable[tuple[str, bytes]] = (), topic: str | None = None,
-    then: Iterable[Callable[[], object]] = (), sent_since: float | None = None,
+    outbox: Outbox, message: Unreadable, *, agent: str, reason: str, headers: Iterable[tuple[str, bytes]] = (),
+    topic: str | None = None, then: Iterable[Callable[[], object]] = (), sent_since: float | None = None,
 ) -> None:
-    """Dead-letter the message at ``tp``@``offset`` (a control event says so); its offset is held until the
-    dead letter is confirmed, then ``then`` runs."""
+    """Dead-letter ``message`` (a control event says so): layer 1 ("schema"), one attempt, as it never reached a
+    provider. Its offset is held until the dead letter is confirmed, then ``then`` runs."""
+    tp, offset, key, layer = message.tp, message.offset, message.key, "schema"
     sends = [outbox.dead_letter(
-        tp, offset, key, value, agent=agent, reason=reason, layer=layer, attempts=attempts, headers=headers,
+        tp, offset, key, message.value, agent=agent, reason=reason, layer=layer, attempts=1, headers=headers,
         topic=topic, sent_since=sent_since,
     )]
     subject = (key or b"").decode("utf-8", "replace") or f"{tp.topic}:{tp.partition}:{offset}"
@@ -88,7 +96,7 @@ class Poison:
     ``dead_lettered`` event). docs/decisions.md ("One dead letter per poison message") tells why.
     """
 
-    def __init__(self, table: LedgerTable, outbox: Outbox, outcomes: str, worker_id: str) -> None:
+    def __init__(self, table: KeyedTable, outbox: Outbox, outcomes: str, worker_id: str) -> None:
         self.table = table
         self.outbox = outbox
         self.outcomes = outcomes
@@ -128,9 +136,8 @@ class Poison:
                 tp.topic, tp.partition, offset, poison, topics.dlq_topic(agent),
             )
             send_dead_letter(
-                self.outbox, tp, offset, key, value, agent=agent, reason=reason_of(poison), layer="schema",
-                attempts=1, headers=extra, sent_since=sent_since,
-                then=[lambda: self.outbox.retrying(self._mark(tp, marker, done))],
+                self.outbox, Unreadable(tp, offset, key, value), agent=agent, reason=reason_of(poison), headers=extra,
+                sent_since=sent_since, then=[lambda: self.outbox.retrying(self._mark(tp, marker, done))],
             )
 
         self._pending[(tp, offset)] = _Pending(dead_letter, done)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from agents_stream.contract.errors import Fenced
 from agents_stream.contract.events import (
     CallParked,
     CallsDelegated,
     Heartbeat,
+    JournalEntry,
     OutcomeEvent,
     StepDone,
     TaskFailed,
@@ -19,15 +20,23 @@ from agents_stream.contract.events import (
     encode,
 )
 from agents_stream.kafka.delivery import until_confirmed
-from agents_stream.ledger.ledger import Ledger
 
-__all__ = ["JOURNAL_DURABLE_S", "OutcomeRoute"]
+__all__ = ["JOURNAL_DURABLE_S", "AppliesHere", "OutcomeRoute"]
 
 log = logging.getLogger(__name__)
 
 #: how long an agent loop waits for a journal entry applied here to be durable before its run gives up (the lease
 #: then lapses and the task resumes from its journal; the outbox keeps retrying the send meanwhile)
 JOURNAL_DURABLE_S = 120.0
+
+
+class AppliesHere(Protocol):
+    """What the route needs of the ledger (``Ledger`` is one): an outcome of this worker's executor applied at once,
+    with the future of its durability, or None when the ledger does not hold the task (``Ledger.apply_here``)."""
+
+    def apply_here(
+        self, task_id: str, event: TaskSucceeded | TaskFailed | StepDone | JournalEntry,
+    ) -> asyncio.Future[None] | None: ...
 
 
 class OutcomeRoute:
@@ -40,7 +49,7 @@ class OutcomeRoute:
     """
 
     def __init__(
-        self, ledger: Ledger, produce: Callable[[bytes, bytes], Any], *, member: Callable[[], bool],
+        self, ledger: AppliesHere, produce: Callable[[bytes, bytes], Any], *, member: Callable[[], bool],
         send_control: Callable[[str, str, str | None, dict[str, Any]], None], stopping: Callable[[], bool],
         owns: Callable[[str], bool] = lambda task_id: True,
     ) -> None:
@@ -59,11 +68,11 @@ class OutcomeRoute:
         else sent on the outcomes topic, retried until the broker confirms it (heartbeats are not retried).
 
         A run's outcomes keep their order: once one of them went on the topic (its partition moved), the rest
-        follow it there. A journal entry (StepDone) returns once it is durable here, while the partition is this
-        worker's, or once it is on the topic of a partition this worker owns; it raises Fenced when neither can be
-        known (the entry went to another worker's partition, or the partition moved before it was durable): the run
-        must not act on it. A final outcome returns at once."""
-        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone):
+        follow it there. A journal entry (JournalEntry) or a step checkpoint (StepDone) returns once it is durable
+        here, while the partition is this worker's, or once it is on the topic of a partition this worker owns; it
+        raises Fenced when neither can be known (the entry went to another worker's partition, or the partition
+        moved before it was durable): the run must not act on it. A final outcome returns at once."""
+        if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone | JournalEntry):
             run = (task_id, outcome.dispatch)
             durable = None
             if run not in self.via_topic and self.member():
@@ -76,17 +85,17 @@ class OutcomeRoute:
                     )
                     self.send_control("alert.ledger_error", task_id, None, {"error": repr(exc)[:500]})
             if durable is not None:
-                if isinstance(outcome, StepDone):  # the loop acts on the entry only once it is durable
+                if isinstance(outcome, StepDone | JournalEntry):  # the run acts on it only once it is durable
                     try:
                         await asyncio.wait_for(asyncio.shield(durable), timeout=JOURNAL_DURABLE_S)
                     except TimeoutError:
                         raise TimeoutError(
-                            f"the journal entry {outcome.index} of {task_id} was not durable within "
+                            f"the {_named(outcome)} of {task_id} was not durable within "
                             f"{JOURNAL_DURABLE_S:.0f}s (is the broker reachable?); the run stops here and resumes from "
                             "its journal once its lease lapses"
                         ) from None
                 return
-            if isinstance(outcome, StepDone):
+            if isinstance(outcome, StepDone | JournalEntry):
                 self.via_topic.add(run)
             else:
                 self.via_topic.discard(run)
@@ -108,14 +117,19 @@ class OutcomeRoute:
             what=f"the outcome of {task_id}",
             alert=lambda exc: self.send_control("alert.broker_send_failing", task_id, None, {"error": repr(exc)}),
         )
-        if isinstance(outcome, StepDone) and not self.owns(task_id):
+        if isinstance(outcome, StepDone | JournalEntry) and not self.owns(task_id):
             self.via_topic.discard((task_id, outcome.dispatch))  # the run ends here: only its release follows
             # On the topic, the entry is applied by the partition's owner, if its run still holds the lease; this
             # run cannot know whether it was, so it must not act on it: it stops, and the owner carries the task
             # on from its journal (docs/security.md, "Fencing").
             raise Fenced(
-                f"task {task_id}: journal entry {outcome.index} of dispatch {outcome.dispatch} went to the partition's "
+                f"task {task_id}: {_named(outcome)} of dispatch {outcome.dispatch} went to the partition's "
                 "owner on the outcomes topic (this worker no longer holds the task); the run stops without acting on it"
             )
         if self.stopping() and isinstance(outcome, (TaskSucceeded, TaskFailed)):
             self.finishing.add(task_id)
+
+
+def _named(entry: StepDone | JournalEntry) -> str:
+    """How a message names the entry: an agent loop's journal entry, or a step (or saga report) checkpoint."""
+    return f"journal entry {entry.index}" if isinstance(entry, JournalEntry) else f"step checkpoint {entry.index}"

@@ -15,8 +15,10 @@ __all__ = ["Runs"]
 class Runs(Protocol):
     """The runs going on in this worker, as the ledger starts and stops them."""
 
-    #: the worker these runs are on (a lease names it)
-    worker_id: str
+    @property
+    def worker_id(self) -> str:
+        """The worker these runs are on (a lease names it); the ledger only reads it."""
+        ...
 
     def has(self, task_id: str) -> bool:
         """A run of ``task_id`` is here: queued, held or calling."""

@@ -15,7 +15,7 @@ from agents_stream.ledger.records import record_of
 from agents_stream.ledger.runs import Runs
 from agents_stream.settings import Settings
 from agents_stream.tables import approvals
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import KeyedTable
 from agents_stream.tables.leases import AWAITING_APPROVAL, AWAITING_SUBTASKS, TaskRecord
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,7 @@ class Scanner:
     """Open tasks and parked ones (in memory, kept by ``note``, made whole by ``reindex`` after each rebalance),
     and the lease and approval-timeout scans."""
 
-    def __init__(self, settings: Settings, executor: Runs, tasks: LedgerTable, timers: LedgerTable) -> None:
+    def __init__(self, settings: Settings, executor: Runs, tasks: KeyedTable, timers: KeyedTable) -> None:
         self.settings = settings
         self.executor = executor
         self.tasks = tasks

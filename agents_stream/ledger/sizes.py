@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from agents_stream.contract.events import StepDone, TaskFailed, TaskSucceeded
+from agents_stream.contract.events import JournalEntry, StepDone, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import Usage
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 from agents_stream.tables.leases import TaskRecord
@@ -47,7 +47,7 @@ def subresult_too_large(new: TaskRecord, limit: int) -> str | None:
 
 
 def oversize(
-    new: TaskRecord | None, event: TaskSucceeded | TaskFailed | StepDone, limit: int,
+    new: TaskRecord | None, event: TaskSucceeded | TaskFailed | StepDone | JournalEntry, limit: int,
 ) -> TaskFailed | None:
     """The result_too_large failure to apply instead of ``event`` when the record it makes (``new``) would not fit
     in one Kafka record of ``limit`` bytes; None when it fits (or ``event`` is that failure already)."""
@@ -58,9 +58,8 @@ def oversize(
     size = record_bytes(new) + RECORD_OVERHEAD_BYTES
     if size <= limit:
         return None
-    what = f"the checkpoint of step {event.index + 1}" if isinstance(event, StepDone) else "the result"
-    error = f"{REASON}: with {what} the task's record is {size} bytes > AGENTS_STREAM_RECORD_MAX_BYTES {limit}"
-    if isinstance(event, StepDone):
+    error = f"{REASON}: with {_what(event)} the task's record is {size} bytes > AGENTS_STREAM_RECORD_MAX_BYTES {limit}"
+    if isinstance(event, StepDone | JournalEntry):
         return TaskFailed(
             worker=event.worker, dispatch=event.dispatch, calls=0, usage=Usage(), route=None, error=error,
             reason=error, source="checkpoint",
@@ -69,3 +68,11 @@ def oversize(
         worker=event.worker, dispatch=event.dispatch, calls=event.calls, usage=event.usage, route=event.route,
         error=error, reason=error, source=event.source,
     )
+
+
+def _what(event: TaskSucceeded | TaskFailed | StepDone | JournalEntry) -> str:
+    if isinstance(event, StepDone):
+        return f"the checkpoint of step {event.index + 1}"
+    if isinstance(event, JournalEntry):
+        return f"journal entry {event.index + 1}"
+    return "the result"

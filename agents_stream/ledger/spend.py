@@ -10,7 +10,7 @@ from faust.types import TP
 
 from agents_stream.execution import pricing
 from agents_stream.kafka.outbox import Outbox, Send
-from agents_stream.tables.definitions import LedgerTable
+from agents_stream.tables.definitions import KeyedTable
 
 
 def spend_key(agent: str, day: str, partition: int) -> str:
@@ -24,7 +24,7 @@ KEEP_DAYS = 2
 PRUNE_LOOKBACK_DAYS = 31
 
 
-def add_spend(table: LedgerTable, outbox: Outbox, tp: TP, agent: str, cost: float, now: float) -> list[Send]:
+def add_spend(table: KeyedTable, outbox: Outbox, tp: TP, agent: str, cost: float, now: float) -> list[Send]:
     """Add a finished task's cost to its partition's spend of the day; the sends are held with the outcome.
     The day's first cost also deletes the agent's keys of this partition older than ``KEEP_DAYS``."""
     if not (math.isfinite(cost) and cost > 0):
@@ -43,7 +43,7 @@ def add_spend(table: LedgerTable, outbox: Outbox, tp: TP, agent: str, cost: floa
     return sends
 
 
-def spend_report(table: LedgerTable, partitions: set[int], agents: list[str], now: float) -> dict[str, Any]:
+def spend_report(table: KeyedTable, partitions: set[int], agents: list[str], now: float) -> dict[str, Any]:
     """{agent: {day: {partition: usd}}} for this worker's partitions, for the circuits' presence events."""
     day = pricing.day_key(now)
     report: dict[str, Any] = {}

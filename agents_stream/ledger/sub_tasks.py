@@ -41,10 +41,10 @@ class Delegation:
         """The transition of a delegation (sub-tasks published) or of a sub-task's result (journaled)."""
         if isinstance(event, SubtaskResult):
             limit = self.settings.record_max_bytes
+            arrived = delegation.CallResult(event.task_id, event.call_id, event.agent, event.result, event.digest)
             new, effects = delegation.arrive(
-                record, task_id=task_id, sub_task=event.task_id, call_id=event.call_id, agent=event.agent,
-                result=event.result, digest=event.digest, now=time.time(), me=self.worker_id,
-                ttl=self.settings.lease_ttl_s, fits=lambda r: sizes.subresult_too_large(r, limit),
+                record, arrived, task_id=task_id, now=time.time(), me=self.worker_id, ttl=self.settings.lease_ttl_s,
+                fits=lambda r: sizes.subresult_too_large(r, limit),
             )
             if new is record:
                 log.debug("Sub-task result %s for %s changes nothing (a duplicate, not awaited, or not the call's "

@@ -20,7 +20,7 @@ from agents_stream.contract.errors import CircuitOpen
 from agents_stream.resilience import breaker, breaker_events
 from agents_stream.resilience.breaker import Transition
 from agents_stream.resilience.circuit import Circuit, LogRecord, Permit, circuit_id
-from agents_stream.resilience.presence import Presence
+from agents_stream.resilience.presence import Cadence, Presence
 from agents_stream.resilience.ratelimit import ramp, rebucket, share, take
 
 __all__ = ["MAX_RETRY_AFTER_S", "Circuits", "LogRecord", "Permit", "Publish", "circuit_id"]
@@ -62,8 +62,7 @@ class Circuits:
         on_change: Callable[[], None],
         spend_report: Callable[[], dict[str, Any]] = dict,
         app_id: str = "",
-        presence_s: float = 5.0,
-        report_s: float = 1.0,
+        cadence: Cadence = Cadence(),
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.worker_id = worker_id
@@ -80,9 +79,9 @@ class Circuits:
         self._on_transition = on_transition
         self._on_change = on_change
         self._spend_report = spend_report
-        self.presence_s = presence_s
+        self.presence_s = presence_s = cadence.presence_s
         #: how often report_successes is due (the circuits log's service calls it)
-        self.report_s = report_s
+        self.report_s = cadence.report_s
         self._clock = clock
         self.app_id = app_id
         self._changed = asyncio.Event()  # breaker state, Retry-After or probe places changed

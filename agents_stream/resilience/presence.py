@@ -10,10 +10,20 @@ amount is ignored. docs/decisions.md, "Internal topics cannot stall a partition"
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Iterable, Mapping
 
-__all__ = ["MAX_SPEND_ENTRIES", "MAX_WORKERS", "SPEND_DAYS", "Presence"]
+__all__ = ["MAX_SPEND_ENTRIES", "MAX_WORKERS", "SPEND_DAYS", "Cadence", "Presence"]
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often a worker writes its own records to the circuits log: its presence and spend (``presence_s``; a
+    worker silent for three of them is gone), and its calls' successes (``report_s``)."""
+
+    presence_s: float = 5.0
+    report_s: float = 1.0
 
 #: workers whose presence is kept (the most recently heard); a real cluster has a few dozen
 MAX_WORKERS = 1000

@@ -36,6 +36,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked, transcript
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.run import TurnAnswer, Unavailable
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import (
     AssistantTurn,
@@ -322,7 +323,7 @@ async def run_agent(
     rng = random.Random(0)
     while True:
         loop = Loop(agent, task, entries, ask=ask, record=record, spec=spec, system=system,
-                    backoff_base_s=0.01, backoff_cap_s=0.05, rng=rng)
+                    calling=ToolCalling(backoff_base_s=0.01, backoff_cap_s=0.05, rng=rng))
         end = await loop.run()
         decided = _decide(end, approve, entries) or await _delegate(end, agents, task, entries)
         if not decided:

@@ -29,7 +29,7 @@ from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.agent_loop import Delegated, Done, Failed, Loop, Parked
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer
-from agents_stream.execution.tool_calls import ToolCaller
+from agents_stream.execution.tool_calls import ToolCaller, ToolCalling
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import Conversation, ToolCall, Turn
 from agents_stream.tables import journal
@@ -143,7 +143,7 @@ class _Recorded(ToolCaller):
 
     def __init__(self, agent: Agent, task: TaskPayload, results: dict[tuple[int, str], dict[str, Any]],
                  args_known: bool, stop: Any) -> None:
-        super().__init__(agent, task, circuits=None, backoff_base_s=0.0, backoff_cap_s=0.0, rng=random.Random(0))
+        super().__init__(agent, task, ToolCalling(backoff_base_s=0.0, backoff_cap_s=0.0, rng=random.Random(0)))
         self.results = results
         self.args_known = args_known
         self.stop = stop

@@ -15,7 +15,7 @@ from agents_stream.config import AppConfig
 from agents_stream.contract.events import OutcomeEvent, encode
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
-from agents_stream.execution.executor import Executor
+from agents_stream.execution.executor import Executor, Outlets
 from agents_stream.execution.membership import Membership
 from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.providers import Provider, build_provider
@@ -149,8 +149,9 @@ async def worker(
 
     executor = Executor(
         Settings(**{**FAST, **(settings or {})}), config, plans, circuits,
-        send_outcome=send_outcome, send_control=send_control, on_flow_change=flow_changed, worker_id="w1",
-        cache_lookup=cache_lookup, rng=random.Random(7), send_event=send_event, membership=membership,
+        Outlets(send_outcome=send_outcome, send_control=send_control, on_flow_change=flow_changed,
+                cache_lookup=cache_lookup, send_event=send_event),
+        worker_id="w1", rng=random.Random(7), membership=membership,
     )
     w = Worker(executor, circuits, log)
     holder.append(w)

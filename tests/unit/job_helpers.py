@@ -47,10 +47,11 @@ def submit(plan: Any = None, *, record: JobRecord | None = None, goal: str | Non
 
 def result(record: JobRecord | None, step: str, status: str = SUCCEEDED, output: Any = None, *,
            error: str | None = None, now: float = T0 + 1):
-    return jobs.on_result(
-        record, task_id=f"{JOB}/{step}", status=status, output=f"out-{step}" if output is None else output,
-        confidence="failed" if status == FAILED else "high", source="primary", error=error, agents=AGENTS, now=now,
+    stepped = jobs.StepResult(
+        f"{JOB}/{step}", status, output=f"out-{step}" if output is None else output,
+        confidence="failed" if status == FAILED else "high", source="primary", error=error,
     )
+    return jobs.on_result(record, stepped, agents=AGENTS, now=now)
 
 
 def dispatched(effects: list) -> list[str]:

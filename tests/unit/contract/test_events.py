@@ -37,6 +37,7 @@ from agents_stream.contract.events import (
     Heartbeat,
     JobDeadline,
     JobTaskResult,
+    JournalEntry,
     LeaseExpired,
     OutcomeEvent,
     RecordsExpired,
@@ -142,6 +143,16 @@ OLD_CIRCUITS: list[tuple[type[ev.InternalEvent], dict[str, Any]]] = [
     (CircuitRateLimited, circuit("rate_limited", CID, until=1700000012.5)),  # a sender without retry_after
 ]
 OLD += [(CIRCUITS, cls, body) for cls, body in OLD_CIRCUITS]
+OLD += [
+    # AgentRunner.run's journal entries as the previous version sent them (no "journal"): a step checkpoint here,
+    # which the ledger keeps in steps_done as it keeps a JournalEntry
+    (OUTCOMES, StepDone, outcome({"kind": "step", "dispatch": 2, "index": 0,
+                                  "output": {"kind": "turn", "turn": 0, "text": "hi", "calls": []}})),
+    # AgentRunner.run's and Summariser.ensure's journal entries
+    (OUTCOMES, JournalEntry, outcome({"kind": "step", "dispatch": 2, "index": 1,
+                                      "output": {"kind": "tool", "turn": 0, "call_id": "c1", "result": "ok"},
+                                      "journal": True})),
+]
 
 
 @pytest.mark.parametrize("family, cls, body", OLD, ids=[f"{f.name}-{b['kind']}-{i}" for i, (f, _, b) in enumerate(OLD)])
@@ -201,6 +212,7 @@ NEW: list[tuple[Family[Any], Any]] = [
     (OUTCOMES, TaskFailed(worker=W, dispatch=1, calls=2, usage=USAGE, route=None, error="e", reason="r", source="s")),
     (OUTCOMES, Heartbeat(worker=W, dispatch=1, owner=W)),
     (OUTCOMES, StepDone(worker=W, dispatch=1, index=0, output={"event": "action_failed", "step": "s", "error": "x"})),
+    (OUTCOMES, JournalEntry(worker=W, dispatch=1, index=2, output={"kind": "summary", "turn": -1, "text": "s"})),
     (OUTCOMES, ApprovalTimeout(level=2, worker=W)),
     (OUTCOMES, LeaseExpired(dispatch=1, worker=W)),
     (OUTCOMES, CacheReply(dispatch=1, worker=W, answer=ANSWER)),
@@ -236,6 +248,64 @@ def test_every_kind_round_trips(family: Family[Any], event: Any) -> None:
 def test_the_round_trips_cover_every_kind() -> None:
     for family in (OUTCOMES, ANSWERS, JOB_EVENTS, CIRCUITS):
         assert {e.kind for f, e in NEW if f is family} == family.kinds
+
+
+def _previous_step_done() -> type[ev.InternalEvent]:
+    """StepDone as the previous version declares it, for a journal entry, a step and a saga report alike."""
+    from typing import Literal
+
+    class PreviousStepDone(ev.InternalEvent):
+        schema_version: int = 1
+        kind: Literal["step"] = "step"
+        worker: str
+        dispatch: int
+        index: int
+        output: Any
+
+    return PreviousStepDone
+
+
+def test_a_journal_entry_is_the_previous_versions_step_record_plus_a_field_it_ignores() -> None:
+    """Rolling upgrades: a worker of the previous version reads this version's journal entry as the step it always
+    was (its decoder is strict and ignores unknown fields), with the same dispatch, index and entry."""
+    entry = {"kind": "turn", "turn": 3, "text": None, "calls": [{"id": "c", "name": "refund", "arguments": {}}]}
+    raw = encode(JournalEntry(worker=W, dispatch=4, index=7, output=entry))
+    previous = _previous_step_done().model_validate_json(raw, strict=True)
+    assert previous.model_dump() == {"schema_version": 1, "kind": "step", "worker": W, "dispatch": 4, "index": 7,
+                                     "output": entry}
+    assert json.loads(raw) == {**json.loads(encode(previous)), "journal": True}
+    # ... and the same bytes without the field are what the previous version itself sent for it
+    assert json.loads(encode(StepDone(worker=W, dispatch=4, index=7, output=entry))) == json.loads(encode(previous))
+
+
+def test_a_step_checkpoint_is_the_previous_versions_step_record_byte_for_byte() -> None:
+    report = {"event": "action_succeeded", "step": "pay", "output": {"id": 1}}
+    raw = encode(StepDone(worker=W, dispatch=1, index=0, output=report))
+    assert raw == encode(_previous_step_done().model_validate_json(raw, strict=True))
+    assert "journal" not in json.loads(raw)
+
+
+def test_a_step_record_of_the_previous_version_reads_as_a_step_checkpoint_and_keeps_its_bytes() -> None:
+    """Without the field (a step, or a journal entry the previous version sent) the record is a StepDone; the ledger
+    keeps its output in steps_done as it keeps a JournalEntry's, so an old worker's journal entry loses nothing."""
+    entry = {"kind": "tool", "turn": 0, "call_id": "c", "result": "ok"}
+    old = _previous_step_done()(worker=W, dispatch=2, index=1, output=entry)
+    event = decode(encode(old), OUTCOMES)
+    assert type(event) is StepDone and (event.dispatch, event.index, event.output) == (2, 1, entry)
+    assert encode(event) == encode(old)
+
+
+@pytest.mark.parametrize("marker", [False, None, 1, "true"])
+def test_only_journal_true_marks_a_journal_entry(marker: Any) -> None:
+    body = outcome({"kind": "step", "dispatch": 1, "index": 0, "output": {"kind": "turn"}, "journal": marker})
+    assert type(decode(json.dumps(body), OUTCOMES)) is StepDone
+
+
+def test_a_journal_entry_is_an_object() -> None:
+    body = outcome({"kind": "step", "dispatch": 1, "index": 0, "output": "text", "journal": True})
+    with pytest.raises(EventDecodeError, match="output") as info:
+        decode(json.dumps(body), OUTCOMES)
+    assert info.value.kind == "step"
 
 
 def test_fields_sent_only_with_a_value_are_left_out_when_none() -> None:
@@ -351,7 +421,9 @@ def test_a_wrong_type_names_the_field() -> None:
 
 def test_the_union_picks_the_model_of_the_kind() -> None:
     """Each kind decodes to its own class, whatever other fields look alike."""
-    picked = {decode(json.dumps(b), f).kind: type(decode(json.dumps(b), f)) for f, _, b in OLD}
+    picked = {decode(json.dumps(b), f).kind: type(decode(json.dumps(b), f)) for f, _, b in OLD if "journal" not in b}
+    journal = [type(decode(json.dumps(b), f)) for f, _, b in OLD if "journal" in b]
+    assert journal == [JournalEntry], "a step marked as a journal entry is one, whatever its kind says"
     assert picked["expired"] is LeaseExpired and picked["heartbeat"] is Heartbeat and picked["step"] is StepDone
     assert picked["lookup"] is CacheLookup and picked["store"] is CacheStore and picked["deadline"] is JobDeadline
     assert picked["failure"] is CircuitFailure and picked["success"] is CircuitSuccess
@@ -370,6 +442,8 @@ def describe(event: OutcomeEvent) -> str:
             return f"alive:{owner}"
         case StepDone(index=index):
             return f"step:{index}"
+        case JournalEntry(index=index):
+            return f"journal:{index}"
         case CacheReply(answer=None):
             return "miss"
         case CacheReply(answer=CachedAnswer(task_id=task_id)):
@@ -392,7 +466,7 @@ def test_readers_can_match_on_the_type() -> None:
     assert seen == [
         "answer:high", "answer:low", "answer:medium", "partial", "failed:invalid_output: x", f"alive:{W}", "step:0",
         "step:1", "approval_timeout", "expired", "hit:t0", "miss", "dead_letter", "dead_lettered",
-        "parked:refund", "delegated:1", "subresult:c1", "expired:2",
+        "parked:refund", "delegated:1", "subresult:c1", "expired:2", "step:0", "journal:1",
     ]
 
 

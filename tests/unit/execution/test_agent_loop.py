@@ -16,9 +16,19 @@ from pydantic import BaseModel
 from agents_stream.contract.errors import TransientError
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Done, Failed, JournalBroken, Loop, conversation, transcript
+from agents_stream.execution.agent_loop import (
+    Done,
+    Failed,
+    JournalBroken,
+    Loop,
+    LoopLimits,
+    RunSignals,
+    conversation,
+    transcript,
+)
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.run import Rejected, TurnAnswer, Unavailable
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.execution.tools import FatalToolError, ToolContext, ToolError, tool
 from agents_stream.ops.cli_views import render_transcript
 from agents_stream.providers.base import Usage
@@ -139,7 +149,7 @@ async def run_to_end(world: World, agent: Agent = SUPPORT, max_restarts: int = 5
     durable: list[Any] = []
     for _ in range(max_restarts):
         loop = Loop(agent, TASK, list(durable), ask=make_ask(world, kw.get("model", support_model)),
-                    record=make_record(world, durable), backoff_base_s=0.001, backoff_cap_s=0.002)
+                    record=make_record(world, durable), calling=ToolCalling(backoff_base_s=0.001, backoff_cap_s=0.002))
         try:
             return await loop.run(), durable
         except BaseException as exc:  # a crash, possibly inside the tools' task group
@@ -364,7 +374,8 @@ async def test_a_journal_that_would_not_fit_the_record_ends_the_task() -> None:
         sizes.append(size)
         return len(sizes) < 3
 
-    loop = Loop(SUPPORT, TASK, [], ask=make_ask(World()), record=make_record(World(), durable), journal_fits=fits)
+    loop = Loop(SUPPORT, TASK, [], ask=make_ask(World()), record=make_record(World(), durable),
+                limits=LoopLimits(journal_fits=fits))
     end = await loop.run()
     assert isinstance(end, Failed) and end.reason.startswith("journal_too_large") and len(durable) == 2
     assert sizes[:2] == [len(json.dumps(durable[:n], separators=(",", ":"))) for n in (1, 2)], (
@@ -494,7 +505,7 @@ async def test_a_failed_tool_calls_text_is_in_the_transcript_the_event_the_log_a
     durable: list[Any] = []
     events: list[tuple[str, dict[str, Any]]] = []
     loop = Loop(agent, TASK, durable, ask=make_ask(World(), model), record=make_record(World(), durable),
-                on_event=lambda event, details: events.append((event, details)))
+                signals=RunSignals(on_event=lambda event, details: events.append((event, details))))
     with caplog.at_level("INFO", logger="agents_stream.execution.agent_loop"):
         end = await loop.run()
     assert isinstance(end, Done)

@@ -24,8 +24,8 @@ CALL = {"turn": 1, "id": "c9", "tool": "refund"}
 
 def running(dispatch: int = 2) -> leases.TaskRecord:
     record, _ = leases.receive(
-        None, agent="support", payload=PAYLOAD, topic="agent.tasks.support", partition=0, offset=3, now=T0, me="w1",
-        ttl=30.0, max_attempts=3, running_here=False,
+        None, leases.TaskMessage(agent="support", payload=PAYLOAD, topic="agent.tasks.support", partition=0, offset=3),
+        now=T0, me="w1", ttl=30.0, max_attempts=3, running_here=False,
     )
     record, _ = leases.checkpoint(record, index=0, output={"kind": "turn", "turn": 0})
     return leases.TaskRecord(**{**record.to_json(), "dispatch": dispatch}) if dispatch != 1 else record

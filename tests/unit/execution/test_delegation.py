@@ -25,8 +25,8 @@ SUBTASKS = [("c1", "analyzer", "lead-1/c1", '{"task_id":"lead-1/c1"}'),
 
 def running() -> leases.TaskRecord:
     record, _ = leases.receive(
-        None, agent="lead", payload=PAYLOAD, topic="agent.tasks.lead", partition=0, offset=3, now=T0, me="w1",
-        ttl=30.0, max_attempts=3, running_here=False,
+        None, leases.TaskMessage(agent="lead", payload=PAYLOAD, topic="agent.tasks.lead", partition=0, offset=3),
+        now=T0, me="w1", ttl=30.0, max_attempts=3, running_here=False,
     )
     return record
 
@@ -49,8 +49,8 @@ def test_results_are_journaled_as_they_come_and_the_last_resumes_the_loop() -> N
     result = {"task_id": "lead-1/c1", "status": "succeeded", "output": "fine"}
 
     def arrive(record: Any, call_id: str, agent: str) -> Any:
-        return delegation.arrive(record, task_id="lead-1", sub_task=f"lead-1/{call_id}", call_id=call_id,
-                                 agent=agent, result=result, now=T0 + 5, me="w2", ttl=30.0)
+        arrived = delegation.CallResult(f"lead-1/{call_id}", call_id, agent, result)
+        return delegation.arrive(record, arrived, task_id="lead-1", now=T0 + 5, me="w2", ttl=30.0)
 
     one, effects = arrive(parked, "c1", "analyzer")
     assert one.state == AWAITING_SUBTASKS and effects == [] and delegation.waiting_for(one) == {"c2": "summarizer"}

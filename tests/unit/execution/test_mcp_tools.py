@@ -28,7 +28,7 @@ from agents_stream.execution.mcp_tools import (
     result_text,
 )
 from agents_stream.execution.plan import AgentPlan, mcp_servers, with_tool_circuits
-from agents_stream.execution.tool_calls import ToolCaller
+from agents_stream.execution.tool_calls import ToolCaller, ToolCalling
 from agents_stream.execution.tools import ToolContext, ToolError, tool
 from agents_stream.providers.local import LocalProvider
 
@@ -170,8 +170,8 @@ async def test_a_transient_failure_is_retried_with_the_same_key_and_counts_again
     server = Server([ConnectionError("lost"), TimeoutError("slow"), {"content": [{"type": "text", "text": "T-9"}]}])
     agent = Agent("desk", instructions="", tools=[ticket_tool(server)])
     breakers = Breakers()
-    caller = ToolCaller(agent, TASK, circuits=breakers, backoff_base_s=0.001, backoff_cap_s=0.001,
-                        rng=random.Random(0))
+    caller = ToolCaller(agent, TASK, ToolCalling(circuits=breakers, backoff_base_s=0.001, backoff_cap_s=0.001,
+                                                 rng=random.Random(0)))
     entry = await caller.call(0, {"id": "c1", "name": "create_ticket", "arguments": {"title": "x"}})
     assert entry["content"] == "T-9" and entry["error"] is False and entry["attempts"] == 3
     assert [c[2] for c in server.calls] == [{KEY_META: "t-1:0:c1", ATTEMPT_META: n} for n in (1, 2, 3)]
@@ -182,8 +182,8 @@ async def test_an_answered_error_is_not_retried():
     """isError (and a server's protocol error) is an answer: one attempt, the model is told, not retried."""
     server = Server([{"isError": True, "content": [{"type": "text", "text": "refused"}]}])
     agent = Agent("desk", instructions="", tools=[ticket_tool(server)])
-    caller = ToolCaller(agent, TASK, circuits=Breakers(), backoff_base_s=0.001, backoff_cap_s=0.001,
-                        rng=random.Random(0))
+    caller = ToolCaller(agent, TASK, ToolCalling(circuits=Breakers(), backoff_base_s=0.001, backoff_cap_s=0.001,
+                                                 rng=random.Random(0)))
     entry = await caller.call(0, {"id": "c1", "name": "create_ticket", "arguments": {"title": "x"}})
     assert entry["error"] is True and entry["content"] == "refused" and len(server.calls) == 1
 

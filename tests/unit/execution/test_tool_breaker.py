@@ -4,16 +4,16 @@ number of times, and then the model is told it is unavailable without a call."""
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 from agents_stream.config import AppConfig
 from agents_stream.contract.errors import TransientError
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.agent_loop import Done, Loop
-from agents_stream.execution.plan import with_tool_circuits
+from agents_stream.execution.agent_loop import Done, Loop, RunSignals
+from agents_stream.execution.plan import AgentPlan, with_tool_circuits
 from agents_stream.execution.run import TurnAnswer
+from agents_stream.execution.tool_calls import ToolCalling
 from agents_stream.execution.tools import ToolContext, tool
 from agents_stream.providers.base import Usage
 from agents_stream.providers.conversation import Conversation, ToolCall, ToolResult, Turn
@@ -34,6 +34,12 @@ AGENT = Agent("a", "x", tools=[carrier], max_turns=30, max_tool_calls=30, max_to
 BASE = AppConfig.model_validate({"providers": {"local": {"kind": "local"}}, "agents": {"a": {"providers": ["local"]}}})
 
 
+def loop_plan(agent: Agent) -> AgentPlan:
+    """The plan of an agent that runs as a loop, with no MCP server: what with_tool_circuits reads of it."""
+    return AgentPlan(config=BASE.agents["a"], tiers=[], light=None, classifier=None, cache=False, partial=False,
+                     agent=agent)
+
+
 def model(calls: int) -> Any:
     """Calls the carrier once a turn for ``calls`` turns, then answers with what the last result said."""
     async def ask(conv: Conversation) -> TurnAnswer:
@@ -50,7 +56,7 @@ async def record(index: int, entry: dict[str, Any]) -> None:
 
 
 async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> None:
-    config, names = with_tool_circuits(BASE, {"a": SimpleNamespace(agent=AGENT, mcp=())})  # type: ignore[dict-item]
+    config, names = with_tool_circuits(BASE, {"a": loop_plan(AGENT)})
     assert names == [carrier.circuit] and carrier.circuit.endswith("test_tool_breaker.carrier")
     log = MemoryCircuitsLog()
     workers = []
@@ -62,8 +68,9 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     CALLS.clear()
     events: list[tuple[str, dict]] = []
     task = TaskPayload(task_id="t-1", agent_name="a", instruction="ship it")
-    first = Loop(AGENT, task, [], ask=model(10), record=record, circuits=workers[0], backoff_base_s=0.001,
-                 backoff_cap_s=0.002, on_event=lambda e, d: events.append((e, d)))
+    first = Loop(AGENT, task, [], ask=model(10), record=record,
+                 calling=ToolCalling(circuits=workers[0], backoff_base_s=0.001, backoff_cap_s=0.002),
+                 signals=RunSignals(on_event=lambda e, d: events.append((e, d))))
     end = await asyncio.wait_for(first.run(), 10)
     print(f"\ntool breaker: 10 turns asked for the failing tool; it was called {len(CALLS)} times")
     assert isinstance(end, Done) and "breaker is open" in str(end.output) and "not called" in str(end.output)
@@ -71,7 +78,7 @@ async def test_a_tool_that_always_fails_opens_its_breaker_for_every_worker() -> 
     assert workers[1].state(carrier.circuit) == "open", "the other worker folded the opening from the log"
     before = len(CALLS)
     second = Loop(AGENT, TaskPayload(task_id="t-2", agent_name="a", instruction="ship it"), [], ask=model(2),
-                  record=record, circuits=workers[1])
+                  record=record, calling=ToolCalling(circuits=workers[1]))
     end = await asyncio.wait_for(second.run(), 10)
     assert isinstance(end, Done) and "breaker is open" in str(end.output)
     assert len(CALLS) == before, "a worker that never called the tool does not call it while its breaker is open"
@@ -99,7 +106,7 @@ PEAK: list[int] = []
 async def test_a_tools_concurrency_limit_holds_its_calls_to_it_across_a_turn() -> None:
     """Three calls of one turn to a tool with max_concurrency=1: they run one after another, none refused."""
     agent = Agent("b", "x", tools=[single_lane])
-    config, names = with_tool_circuits(BASE, {"b": SimpleNamespace(agent=agent, mcp=())})  # type: ignore[dict-item]
+    config, names = with_tool_circuits(BASE, {"b": loop_plan(agent)})
     log = MemoryCircuitsLog()
     circuits = Circuits(config, ["local", *names], "w0", send=log.send, on_transition=lambda *t: None,
                         on_change=lambda: None, app_id="app")
@@ -115,6 +122,6 @@ async def test_a_tools_concurrency_limit_holds_its_calls_to_it_across_a_turn() -
     PEAK.clear()
     journal: list[Any] = []
     end = await asyncio.wait_for(Loop(agent, TaskPayload(task_id="t", agent_name="b", instruction="x"), journal,
-                                      ask=ask, record=record, circuits=circuits).run(), 10)
+                                      ask=ask, record=record, calling=ToolCalling(circuits=circuits)).run(), 10)
     assert isinstance(end, Done) and max(PEAK) == 1 and len(PEAK) == 3
     assert [e["error"] for e in journal if e["kind"] == "tool"] == [False, False, False]

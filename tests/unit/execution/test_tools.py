@@ -147,6 +147,6 @@ def test_the_agents_guides_first_example_runs_as_written() -> None:
     support = space["SUPPORT"]
     assert isinstance(support, Agent) and set(support.by_name) == {"lookup_order", "refund"}
     ctx = ToolContext(task=TaskPayload(task_id="t-1", agent_name="support", instruction="x"), turn=0, call_id="c",
-                      key="t-1:0:c", attempt=1, deadline=0.0, log=None)  # type: ignore[arg-type]
+                      key="t-1:0:c", attempt=1, deadline=0.0, log=logging.LoggerAdapter(logging.getLogger("agents.md")))
     lookup = support.by_name["lookup_order"]
     assert asyncio.run(lookup.invoke(ctx, lookup.validate({"order_id": "o-1"})))["amount"] == 42.5

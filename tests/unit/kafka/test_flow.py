@@ -5,8 +5,7 @@ rebuilt finds no record (a finished task ran again and was answered twice, in th
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
-from typing import Any
+from dataclasses import dataclass, field
 
 import faust
 from faust.types import TP
@@ -43,13 +42,33 @@ class Consumer:
         self.active -= tps
 
 
-def _flow() -> tuple[Flow, Any, Consumer]:
+@dataclass
+class Recovery:
+    """Faust's table recovery as the flow reads it: the event a new recovery sets when it starts."""
+
+    signal_recovery_start: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class TableManager:
+    recovery: Recovery = field(default_factory=Recovery)
+
+
+@dataclass
+class App:
+    """The Faust app as the flow reads it (``kafka.flow.FlowApp``)."""
+
+    consumer: Consumer
+    in_recovery: bool = False
+    rebalancing: bool = False
+    tables: TableManager = field(default_factory=TableManager)
+
+
+def _flow() -> tuple[Flow, App, Consumer]:
     consumer = Consumer()
-    recovery = SimpleNamespace(signal_recovery_start=asyncio.Event())
     # a recovery of the generation before ended during this rebalance: Faust's "Worker ready" cleared the flag
-    app = SimpleNamespace(consumer=consumer, in_recovery=False, rebalancing=False,
-                          tables=SimpleNamespace(recovery=recovery))
-    flow = Flow(app, Watermark(), frozenset({TASKS.topic}), ["a"], blocked=lambda agent: False,  # type: ignore[arg-type]
+    app = App(consumer)
+    flow = Flow(app, Watermark(), frozenset({TASKS.topic}), ["a"], blocked=lambda agent: False,
                 ready=lambda: True, alert=lambda event, details: None, stall_after_s=30.0)
     return flow, app, consumer
 

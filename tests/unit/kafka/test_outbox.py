@@ -78,7 +78,7 @@ async def test_a_changelog_retry_sends_the_keys_current_value():
             return loop.create_future()
 
     table = Table(k="v2")
-    send = _outbox(Producer()).changelog(table, 3, "k")  # type: ignore[arg-type]
+    send = _outbox(Producer()).changelog(table, 3, "k")
     assert send() is first and resent == []
     send()
     assert resent == [(3, "k", "v2")]

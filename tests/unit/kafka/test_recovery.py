@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Callable
 
 from faust.types import TP
@@ -14,10 +14,18 @@ from agents_stream.kafka.recovery import RecoveryWatch
 A, B, C = TP("app-tasks-changelog", 1), TP("app-tasks-changelog", 3), TP("app-jobs-changelog", 1)
 
 
-def recovery(offsets: dict[TP, int], highwaters: dict[TP, int], in_recovery: bool = True) -> SimpleNamespace:
-    return SimpleNamespace(
-        in_recovery=in_recovery, active_offsets=Counter(offsets), active_highwaters=Counter(highwaters),
-    )
+@dataclass
+class Recovery:
+    """What the watch reads of Faust's table recovery: whether one runs, and each changelog partition's applied
+    offset and high watermark."""
+
+    in_recovery: bool
+    active_offsets: Counter[TP]
+    active_highwaters: Counter[TP]
+
+
+def recovery(offsets: dict[TP, int], highwaters: dict[TP, int], in_recovery: bool = True) -> Recovery:
+    return Recovery(in_recovery, Counter(offsets), Counter(highwaters))
 
 
 class Consumer:
@@ -31,6 +39,19 @@ class Consumer:
     async def position(self, tp: TP) -> int:
         self.on_position()
         return 99
+
+
+@dataclass
+class TableManager:
+    recovery: Recovery
+
+
+@dataclass
+class App:
+    """What the watch reads of the Faust app: its tables' recovery and its consumer."""
+
+    tables: TableManager
+    consumer: Consumer
 
 
 def test_a_partition_with_records_left_and_no_progress_is_read_again_from_the_record_after_the_applied_one():
@@ -63,7 +84,7 @@ def test_nothing_is_sought_outside_recovery_and_a_new_recovery_starts_its_clock_
 
 def test_check_seeks_the_stalled_partitions_through_the_consumer():
     consumer = Consumer()
-    app = SimpleNamespace(tables=SimpleNamespace(recovery=recovery({A: 12, C: 5}, {A: 98, C: 5})), consumer=consumer)
+    app = App(TableManager(recovery({A: 12, C: 5}, {A: 98, C: 5})), consumer)
     watch = RecoveryWatch(app=app, stall_after_s=10)
     asyncio.run(watch.check(now=0))
     asyncio.run(watch.check(now=10))
@@ -77,7 +98,7 @@ def test_a_recovery_that_ends_while_the_watch_asks_is_not_sought():
         r.in_recovery = False
 
     consumer = Consumer(on_position=records_came_after_all)
-    app = SimpleNamespace(tables=SimpleNamespace(recovery=r), consumer=consumer)
+    app = App(TableManager(r), consumer)
     watch = RecoveryWatch(app=app, stall_after_s=10)
     asyncio.run(watch.check(now=0))
     asyncio.run(watch.check(now=10))

@@ -5,19 +5,42 @@ three tasks with two results)."""
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from dataclasses import dataclass, field
 from typing import Any
 
-from agents_stream.kafka.takeover import Takeover
+from agents_stream.kafka.takeover import ClaimedTable, Takeover
 from agents_stream.settings import Settings
 
 TOPIC = "agent.tasks.a"
 
 
+@dataclass
+class TheseTables:
+    """The tables a takeover claims (``ClaimedTables``): none unless given."""
+
+    tables: list[ClaimedTable] = field(default_factory=list)
+
+    def all(self) -> list[ClaimedTable]:
+        return self.tables
+
+
+@dataclass
+class ClosedTable:
+    """A table whose store is closed: its claim fails (``ClaimedTable``)."""
+
+    name: str = "tasks"
+
+    def claim_epoch(self, partition: int) -> tuple[int, Any]:
+        raise RuntimeError("the store is closed")
+
+    def send_changelog(self, partition: int, key: str, value: Any, /) -> Any:
+        raise AssertionError("no epoch was claimed: nothing to send")
+
+
 def _takeover(assigned: list[int]) -> Takeover:
-    tables: Any = SimpleNamespace(all=lambda: [])  # no table: the claim has nothing to send
     return Takeover(
-        Settings(), "group", "w1", tables, partitions=lambda: list(assigned), scan_gone=lambda now: [],
+        Settings(), "group", "w1", TheseTables(),  # no table: the claim has nothing to send
+        partitions=lambda: list(assigned), scan_gone=lambda now: [],
         learned=lambda members: None, send_outcome=lambda key, value: None, alert=lambda exc: None,
     )
 
@@ -45,10 +68,7 @@ async def test_a_revoked_partition_waits_for_the_next_claim() -> None:
 async def test_a_claim_that_fails_does_not_hold_the_partitions_for_good() -> None:
     """A claim the brokers did not confirm is logged (tables/epochs.py explains what it risks); the partitions go
     on, as they did before the claim existed — a stuck partition would lose every task on it."""
-    def claim_epoch(partition: int) -> Any:
-        raise RuntimeError("the store is closed")
-
     takeover = _takeover([3])
-    takeover.tables = SimpleNamespace(all=lambda: [SimpleNamespace(name="tasks", claim_epoch=claim_epoch)])  # type: ignore[assignment]
+    takeover.tables = TheseTables([ClosedTable()])
     await takeover.claim_epochs()
     assert takeover.admit(TOPIC, 3, 0)

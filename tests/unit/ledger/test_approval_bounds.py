@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 from agents_stream.tables import approvals, leases
@@ -23,12 +22,13 @@ from agents_stream.kafka.deadletters import DeadLetter
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger import scanner as scanning
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import cli_common, dlq
 from agents_stream.ops import notify as links
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns, Table, faust_event
+from tests.unit.ledger_fakes import ConfirmingChannel, FakeRuns, FaustEvent, PlainTable, Table, faust_event
 
 SECRET = "a-secret-of-at-least-thirty-two-characters"
 AGENT = "refunds"
@@ -38,8 +38,9 @@ T0 = 1_000.0
 
 def parked_record(now: float = T0, timeouts: tuple[float, ...] = (10.0, 20.0)) -> leases.TaskRecord:
     record, _ = leases.receive(
-        None, agent=AGENT, payload='{"task_id":"r-1","agent_name":"refunds","instruction":"x"}', topic=TP0.topic,
-        partition=0, offset=5, now=now, me="w1", ttl=30.0, max_attempts=3, running_here=False,
+        None, leases.TaskMessage(agent=AGENT, payload='{"task_id":"r-1","agent_name":"refunds","instruction":"x"}',
+                                 topic=TP0.topic, partition=0, offset=5),
+        now=now, me="w1", ttl=30.0, max_attempts=3, running_here=False,
         approval=("amount 500 > 100", list(timeouts)),
     )
     assert record is not None
@@ -164,12 +165,12 @@ def test_the_index_returns_only_due_levels_drops_stale_entries_and_asks_again_la
     assert index.waiting(TP0, AGENT) == 0 and index.due(1e9, retry_after=1.0) == []
 
 
-class CountingTable(dict):  # type: ignore[type-arg]
+class CountingTable(PlainTable):
     """A table that counts reads, to show which scans read it."""
 
     reads = 0
 
-    def get(self, key: Any, default: Any = None) -> Any:
+    def get(self, key: str, default: Any = None, /) -> Any:
         CountingTable.reads += 1
         return super().get(key, default)
 
@@ -185,7 +186,7 @@ def test_scanning_parked_tasks_reads_no_table_after_the_reindex():
         record = parked_record(T0 + i)
         tasks[f"r-{i}"] = record.to_json()
         timers[f"task/r-{i}"] = {"kind": "task"}
-    scanner = scanning.Scanner(Settings(), FakeRuns(), tasks, timers)  # type: ignore[arg-type]
+    scanner = scanning.Scanner(Settings(), FakeRuns(), tasks, timers)
     assert scanner.reindex() == 50
     CountingTable.reads = 0
     assert scanner.scan_parked(T0 + 5) == []
@@ -212,7 +213,7 @@ async def test_a_reindex_that_cannot_read_the_table_does_not_raise_and_the_next_
     tasks, timers = Table(), ClosedOnce()
     tasks["r-0"] = parked_record(T0).to_json()
     timers["task/r-0"] = {"kind": "task"}
-    scanner = scanning.Scanner(Settings(), FakeRuns(), tasks, timers)  # type: ignore[arg-type]
+    scanner = scanning.Scanner(Settings(), FakeRuns(), tasks, timers)
     scanner.after_rebalance()
     assert scanner.reindex_due and scanner.approvals_pending([AGENT]) == {AGENT: 0}
     assert scanner.scan_parked(T0 + 12) == [("r-0", 0)]
@@ -303,10 +304,12 @@ def test_the_pacer_starts_at_most_rate_posts_per_second():
 
 # -- helpers ---------------------------------------------------------------------------------------
 
-def decision_for(tasks: Table, task_id: str, verb: str, **fields: Any) -> ApprovalDecision:
+def decision_for(
+    tasks: Table, task_id: str, verb: Literal["approve", "reject", "cancel"], **fields: Any,
+) -> ApprovalDecision:
     """A decision naming what /approvals shows of the task now: this app id (the default), its agent, its parking."""
     record = leases.TaskRecord.from_json(tasks[task_id])
-    return ApprovalDecision(task_id=task_id, decision=verb, app_id=Settings().app_id, agent=record.agent,  # type: ignore[arg-type]
+    return ApprovalDecision(task_id=task_id, decision=verb, app_id=Settings().app_id, agent=record.agent,
                             parked=approvals.parked_ms_of(record), **fields)
 
 
@@ -321,34 +324,28 @@ def _ledger(settings: Settings) -> tuple[Ledger, Table, list[tuple[str, bytes | 
     """A ledger with an approval policy for every task of AGENT, whose sends are kept as (topic, value, headers)."""
     sent: list[tuple[str, bytes | None, Any]] = []
 
-    def channel(topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            sent.append((topic, value, headers or []))
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result("ok")
-            return fut
-
-        return SimpleNamespace(send_soon=send_soon)
+    def channel(topic: str) -> ConfirmingChannel:
+        return ConfirmingChannel(topic, lambda topic, key, value, headers: sent.append((topic, value, headers or [])))
 
     async def no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
         raise AssertionError("a first dead letter looks nothing up")
 
     outbox = Outbox(channel, Watermark(), "w1", find_dead_letter=no_lookup)
     tasks = Table()
-    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())
     policy = ApprovalPolicy(always=True, levels=[ApprovalLevel(name="lead", timeout_s=60)])
     ledger = Ledger(
-        settings, executor=FakeRuns(), worker_id="w1", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
-        outbox=outbox, notifier=links.Notifier(), policies={AGENT: policy},
+        settings, executor=FakeRuns(), worker_id="w1", tables=tables, watermark=outbox.watermark,
+        outbox=outbox, notifier=links.Notifier(), agents=AppAgents(policies={AGENT: policy}),
     )
     return ledger, tasks, sent
 
 
-def _event(tp: TP, offset: int, key: bytes, value: bytes) -> SimpleNamespace:
+def _event(tp: TP, offset: int, key: bytes, value: bytes) -> FaustEvent:
     return faust_event(tp, offset, key, value)
 
 
-def _task_event(offset: int, task_id: str) -> SimpleNamespace:
+def _task_event(offset: int, task_id: str) -> FaustEvent:
     body = json.dumps({"task_id": task_id, "agent_name": AGENT, "instruction": "refund"}).encode()
     return _event(TP0, offset, task_id.encode(), body)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
 from agents_stream.tables import cancel, leases
@@ -19,13 +18,14 @@ from agents_stream.contract.events import Heartbeat, encode
 from agents_stream.contract.models import ApprovalDecision, ParentRef, TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Rejected, Run
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.records import parked, timer_key
 from agents_stream.ops.notify import Notifier, decision_signed, with_signature
 from agents_stream.settings import Settings
 from agents_stream.testing.fakellm import FakeLLM, ok
 from tests.unit.fake_worker import worker
-from tests.unit.ledger_fakes import EVENT_TIMESTAMP, FakeRuns, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import EVENT_TIMESTAMP, FakeRuns, LedgerHarness, Table, faust_event, recording_outbox
 
 SECRET = "s" * 32
 SETTINGS = Settings(approval_secret=SECRET)
@@ -97,8 +97,8 @@ def test_a_task_cancelled_before_it_arrived_is_answered_when_it_comes() -> None:
                                    offset=7, now=20.0, result="R")
     assert effects == [leases.EmitResult("R")] and came.result == "R" and came.offset == 7
     assert cancel.cancelled_before_arrival(came) is None, "answered once; a redelivery re-emits the stored result"
-    assert leases.receive(came, agent="analyzer", payload="{}", topic="agent.tasks.analyzer", partition=3, offset=8,
-                          now=30.0, me="w1", ttl=30.0, max_attempts=3, running_here=False) == (
+    again = leases.TaskMessage(agent="analyzer", payload="{}", topic="agent.tasks.analyzer", partition=3, offset=8)
+    assert leases.receive(came, again, now=30.0, me="w1", ttl=30.0, max_attempts=3, running_here=False) == (
         came, [leases.EmitResult("R")])
 
 
@@ -109,14 +109,15 @@ def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None 
     outbox, sent = recording_outbox()
     tasks, timers = tasks if tasks is not None else Table(), Table()
     runs = FakeRuns()
-    ledger = Ledger(Settings(approval_secret=SECRET, partitions=1, **settings), executor=runs,  # type: ignore[arg-type]
+    ledger = Ledger(Settings(approval_secret=SECRET, partitions=1, **settings), executor=runs,
                     worker_id="w1", tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=timers),
-                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), agents=agents)
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
+                    agents=AppAgents(names=frozenset(agents or ())))
     if record is not None:
         tasks["t-1"] = record.to_json()
         if parked(record):
             timers[timer_key("t-1")] = {"kind": "task"}
-    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, stopped=runs.cancelled, dispatched=runs.dispatched)
+    return LedgerHarness(ledger, tasks, sent, runs)
 
 
 def _decision(task_id: str = "t-1", *, signed: bool = True, **fields: Any) -> bytes:

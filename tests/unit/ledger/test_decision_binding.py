@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
-from typing import Any
+from typing import Any, Literal
 
 from agents_stream.tables import approvals, leases
 from agents_stream.tables.definitions import Tables
@@ -17,10 +16,11 @@ from agents_stream.config import ApprovalLevel, ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.events import CallParked, encode
 from agents_stream.contract.models import ApprovalDecision, TaskPayload
+from agents_stream.ledger.app_agents import AppAgents
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier, with_signature
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, LedgerHarness, Table, faust_event, recording_outbox
 
 SECRET = "s" * 32
 SETTINGS = Settings(approval_secret=SECRET, partitions=1)
@@ -30,27 +30,29 @@ DECISIONS = TP(topics.APPROVALS, 0)
 TASK = TaskPayload(task_id="t-1", agent_name="support", instruction="refund order 7")
 
 
-def _ledger() -> SimpleNamespace:
+def _ledger() -> LedgerHarness:
     outbox, sent = recording_outbox()
     tasks = Table()
     policy = ApprovalPolicy(levels=[ApprovalLevel(name="lead", timeout_s=600)])
-    ledger = Ledger(SETTINGS, executor=FakeRuns(), worker_id="w1",  # type: ignore[arg-type]
-                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
-                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(), policies={"support": policy})
+    runs = FakeRuns()
+    ledger = Ledger(SETTINGS, executor=runs, worker_id="w1",
+                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),
+                    watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
+                    agents=AppAgents(policies={"support": policy}))
     tasks["t-1"] = leases.TaskRecord(
         state=leases.RUNNING, agent="support", dispatch=2, owner="w1", lease_until=1e12,
         payload=TASK.model_dump_json(), topic=topics.task_topic("support"), partition=0, offset=4, received_at=0.0,
     ).to_json()
-    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, offsets={})
+    return LedgerHarness(ledger, tasks, sent, runs)
 
 
-def _handle(f: SimpleNamespace, tp: TP, value: bytes) -> None:
+def _handle(f: LedgerHarness, tp: TP, value: bytes) -> None:
     """The next record of ``tp`` (each partition's offsets in a row, as the consumer reads them)."""
     f.offsets[tp] = f.offsets.get(tp, 0) + 1
     f.ledger.handle(faust_event(tp, f.offsets[tp], b"t-1", value))
 
 
-def _park(f: SimpleNamespace, call_id: str, reason: str) -> int:
+def _park(f: LedgerHarness, call_id: str, reason: str) -> int:
     """The loop's run reports a guarded call: the task parks at it. Returns the parking, as /approvals shows it."""
     dispatch = leases.TaskRecord.from_json(f.tasks["t-1"]).dispatch
     _handle(f, MINE, encode(CallParked(worker="w1", dispatch=dispatch, turn=dispatch, call_id=call_id, tool="refund",
@@ -60,17 +62,17 @@ def _park(f: SimpleNamespace, call_id: str, reason: str) -> int:
     return approvals.parked_ms_of(record)
 
 
-def _decision(verb: str = "approve", **fields: Any) -> bytes:
-    decision = ApprovalDecision(task_id="t-1", decision=verb, by="ann", via="http", **fields)  # type: ignore[arg-type]
+def _decision(verb: Literal["approve", "reject", "cancel"] = "approve", **fields: Any) -> bytes:
+    decision = ApprovalDecision(task_id="t-1", decision=verb, by="ann", via="http", **fields)
     return with_signature(SECRET, decision).model_dump_json(exclude_none=True).encode()
 
 
-def _state(f: SimpleNamespace) -> tuple[str, dict[str, Any]]:
+def _state(f: LedgerHarness) -> tuple[str, dict[str, Any]]:
     record = leases.TaskRecord.from_json(f.tasks["t-1"])
     return record.state, approvals.state(record)
 
 
-def _controls(f: SimpleNamespace, event: str) -> list[dict[str, Any]]:
+def _controls(f: LedgerHarness, event: str) -> list[dict[str, Any]]:
     said = [json.loads(v or b"") for t, v in f.sent if t == topics.CONTROL]
     return [c for c in said if c["event"] == event]
 

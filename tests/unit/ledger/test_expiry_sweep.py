@@ -9,11 +9,11 @@ import asyncio
 import json
 import math
 import time
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 from agents_stream.tables import leases
-from agents_stream.tables.definitions import LedgerTable, Tables
+from agents_stream.tables.definitions import Tables, scan_store
 from agents_stream.tables.expiry import expired as expired_on_0
 from faust.types import TP
 from rocksdict import Options, Rdict
@@ -24,9 +24,30 @@ from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, PlainTable, Table, faust_event, recording_outbox
 
 NOW = 1_000_000.0
+NO_OUTBOX, _ = recording_outbox()  # the sweep only reads: what it finds the test reads from its answer
+
+
+@dataclass
+class RocksStore:
+    """Faust's RocksDB store as the sweep reads it: one rocksdict database per partition (``_dbs``), and the key
+    Faust keeps the partition's changelog offset under."""
+
+    _dbs: dict[int, Rdict]
+    offset_key: bytes
+
+
+class StoredTable(PlainTable):
+    """A table whose scans read a real store (LedgerTable.scan's own reading, ``scan_store``)."""
+
+    def __init__(self, store: RocksStore) -> None:
+        super().__init__()
+        self.store = store
+
+    def scan(self, partition: int, after: bytes | None, limit: int, /) -> tuple[list[tuple[str, Any]], bytes | None]:
+        return scan_store(self.store, partition, after, limit)
 MINE = topics.outcomes_topic(Settings().app_id)
 #: the task topic's log start is past offset 1 (the records' message) and 7 (the markers')
 GONE = {("agent.tasks.a", 0): 8}
@@ -77,7 +98,7 @@ def test_an_entry_past_its_time_to_live_stays_while_its_task_message_can_be_read
 
 def test_the_time_to_live_is_never_shorter_than_the_task_topics_retention() -> None:
     def ttl(ttl_s: float, retention: float | None) -> float:
-        return Expiry(Settings(record_ttl_s=ttl_s), Table(), None).set_ttl(retention)  # type: ignore[arg-type]
+        return Expiry(Settings(record_ttl_s=ttl_s), PlainTable(), NO_OUTBOX).set_ttl(retention)
 
     assert ttl(0, 7 * 86400) == 7 * 86400, "0 means the retention"
     assert ttl(3600, 7 * 86400) == 7 * 86400, "a shorter setting is raised to the retention"
@@ -95,9 +116,7 @@ def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_pa
     for i, key in enumerate(keys):
         finished = NOW - 500 if i % 2 == 0 else NOW - 10
         db[json.dumps(key).encode()] = json.dumps(_record(leases.SUCCEEDED, finished)).encode()  # as Faust keeps it
-    table = SimpleNamespace(data=SimpleNamespace(_dbs={0: db}, offset_key=offset_key))
-    scan = lambda partition, after, limit: LedgerTable.scan(table, partition, after, limit)  # type: ignore[arg-type]  # noqa: E731
-    expiry = Expiry(Settings(expiry_batch=3), SimpleNamespace(scan=scan), None)  # type: ignore[arg-type]
+    expiry = Expiry(Settings(expiry_batch=3), StoredTable(RocksStore({0: db}, offset_key)), NO_OUTBOX)
 
     def sweep(partitions: set[int]) -> dict[int, list[str]]:  # as the worker's timer does it (Runtime.sweep_expired)
         expiry.keep(partitions)
@@ -132,8 +151,8 @@ def test_the_sweep_reads_a_partition_in_slices_and_starts_over_at_its_end(tmp_pa
 async def test_the_ledger_tombstones_what_is_still_expired_when_the_event_comes_back() -> None:
     outbox, sent = recording_outbox()
     tasks = Table()
-    ledger = Ledger(Settings(), executor=FakeRuns(), worker_id="w1",  # type: ignore[arg-type]
-                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
+    ledger = Ledger(Settings(), executor=FakeRuns(), worker_id="w1",
+                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     ledger.expiry.set_ttl(100.0)
     ledger.expiry.log_starts = dict(GONE)

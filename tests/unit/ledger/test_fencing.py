@@ -5,8 +5,7 @@ worker that left the group is taken over at once (docs/security.md, "Fencing")."
 from __future__ import annotations
 
 import asyncio
-from dataclasses import replace
-from types import SimpleNamespace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -15,14 +14,14 @@ from agents_stream.tables.leases import RUNNING, Dispatch, TaskRecord
 from faust.types import TP
 
 from agents_stream.contract.errors import Fenced
-from agents_stream.contract.events import StepDone
+from agents_stream.contract.events import JournalEntry
 from agents_stream.kafka.members import client_id, in_group, instance_of, members_of, replaced_by, worker_id
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.route import OutcomeRoute
 from agents_stream.ledger.scanner import Scanner
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns
+from tests.unit.ledger_fakes import FakeRuns, NotHolding, PlainTable
 
 TP1 = TP("agent.tasks.a", 1)
 PAYLOAD = '{"task_id":"t1","agent_name":"a","instruction":"x"}'
@@ -70,13 +69,20 @@ class Producer:
     def __init__(self) -> None:
         self.futures: list[asyncio.Future[Any]] = []
 
-    def channel(self, topic: str) -> Any:
-        def send_soon(*, key: Any, value: Any, partition: Any = None, headers: Any = None) -> asyncio.Future[Any]:
-            fut = asyncio.get_running_loop().create_future()
-            self.futures.append(fut)
-            return fut
+    def channel(self, topic: str) -> ProducerTopic:
+        return ProducerTopic(self)
 
-        return SimpleNamespace(send_soon=send_soon)
+
+@dataclass
+class ProducerTopic:
+    """A topic of the Producer (``kafka.outbox.Channel``): its sends wait for the test to confirm them."""
+
+    producer: Producer
+
+    def send_soon(self, *, key: Any, value: Any, partition: Any = None, headers: Any = None) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.producer.futures.append(fut)
+        return fut
 
 
 def _outbox(member: Any = lambda: True) -> tuple[Outbox, Producer]:
@@ -194,11 +200,11 @@ def _confirming(sent: list[bytes]) -> Any:
 async def test_a_journal_entry_sent_to_the_partitions_owner_stops_the_run() -> None:
     sent: list[bytes] = []
     produce = _confirming(sent)
-    ledger = SimpleNamespace(apply_here=lambda task_id, event: None)  # this ledger does not hold the task
-    route = OutcomeRoute(ledger, produce, member=lambda: True,  # type: ignore[arg-type]
+    ledger = NotHolding()  # this ledger does not hold the task
+    route = OutcomeRoute(ledger, produce, member=lambda: True,
                          send_control=lambda *a: None, stopping=lambda: False, owns=lambda task_id: False)
     with pytest.raises(Fenced):
-        await route.send("t1", StepDone(worker="w1", dispatch=1, index=3, output={"kind": "turn"}))
+        await route.send("t1", JournalEntry(worker="w1", dispatch=1, index=3, output={"kind": "turn"}))
     assert len(sent) == 1, "the entry still goes to the owner, who keeps it if the run holds the lease"
 
 
@@ -207,10 +213,10 @@ async def test_a_journal_entry_of_a_resumed_task_on_this_workers_own_partition_g
     worker's own ledger, and the loop goes on once the broker has them."""
     sent: list[bytes] = []
     produce = _confirming(sent)
-    route = OutcomeRoute(SimpleNamespace(apply_here=lambda task_id, event: None), produce,  # type: ignore[arg-type]
+    route = OutcomeRoute(NotHolding(), produce,
                          member=lambda: True, send_control=lambda *a: None, stopping=lambda: False,
                          owns=lambda task_id: True)
-    await route.send("t1", StepDone(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
+    await route.send("t1", JournalEntry(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
     assert len(sent) == 1
 
 
@@ -227,7 +233,7 @@ def test_members_are_read_from_client_ids_of_a_stable_group_only() -> None:
 
 
 def test_the_scanner_takes_over_only_leases_of_workers_outside_the_group() -> None:
-    scanner = Scanner(Settings(), FakeRuns(worker_id="w2"), {}, {})  # type: ignore[arg-type]
+    scanner = Scanner(Settings(), FakeRuns(worker_id="w2"), PlainTable(), PlainTable())
     scanner.note("t-dead", _record(dispatch=1, owner="w-dead"))
     scanner.note("t-alive", _record(dispatch=1, owner="w3"))
     scanner.note("t-mine", _record(dispatch=1, owner="w2"))
@@ -250,7 +256,7 @@ def test_under_static_membership_a_member_is_its_instance_id_and_its_predecessor
     assert replaced_by(before, me) and not replaced_by(me, me) and not replaced_by(other, me)
     assert not replaced_by("host:1:aa", "host:2:bb"), "without static membership nobody takes another's place"
 
-    scanner = Scanner(Settings(), FakeRuns(worker_id=me), {}, {})  # type: ignore[arg-type]
+    scanner = Scanner(Settings(), FakeRuns(worker_id=me), PlainTable(), PlainTable())
     scanner.note("t-before", _record(dispatch=1, owner=before))
     scanner.note("t-other", _record(dispatch=1, owner=other))
     scanner.note("t-left", _record(dispatch=1, owner="pod-3@host:9:dd"))

@@ -28,7 +28,7 @@ from agents_stream.orchestrator import Orchestrator
 from agents_stream.resilience.circuits import MAX_RETRY_AFTER_S
 from agents_stream.resilience.presence import MAX_WORKERS, Presence
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
 
 SETTINGS = Settings()
 OUTCOMES = topics.outcomes_topic(SETTINGS.app_id)
@@ -36,17 +36,6 @@ ANSWERS = topics.answers_topic(SETTINGS.app_id)
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.", job_id="j1")
 NOON = 1_795_953_600.0  # 2026-11-29 12:00 UTC
 
-
-
-class Executor:
-    def has(self, task_id: str) -> bool:
-        return False
-
-    def cache_answer(self, task_id: str, answer: Any) -> None:
-        pass
-
-    def dispatch(self, *args: Any) -> None:
-        pass
 
 
 def outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
@@ -57,14 +46,14 @@ def outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
 def ledger() -> tuple[Ledger, Outbox, list[tuple[str, bytes | None]]]:
     box, sent = outbox()
     tasks = Table()
-    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())
     record = leases.TaskRecord(
         state=leases.RUNNING, agent="a", dispatch=1, owner="w2", lease_until=1e12, payload=TASK.model_dump_json(),
         topic="agent.tasks.a", partition=0, offset=4, received_at=0.0,
     )
     tasks["t1"] = record.to_json()
     led = Ledger(
-        SETTINGS, executor=Executor(), worker_id="w1", tables=tables, watermark=box.watermark,  # type: ignore[arg-type]
+        SETTINGS, executor=FakeRuns(), worker_id="w1", tables=tables, watermark=box.watermark,
         outbox=box, notifier=Notifier(), orchestrator=Orchestrator(box, tables, ["a"], SETTINGS),
     )
     return led, box, sent
@@ -189,13 +178,13 @@ async def test_the_first_cost_of_a_day_deletes_the_spend_of_older_days() -> None
     tp = TP("agent.tasks.a", 3)
     day = 86_400
     for back in (5, 2, 1):
-        add_spend(table, box, tp, "a", 1.0, NOON - back * day)  # type: ignore[arg-type]
+        add_spend(table, box, tp, "a", 1.0, NOON - back * day)
     assert spend_key("a", "2026-11-24", 3) not in table  # deleted when 2026-11-27 began
     assert set(table) == {spend_key("a", d, 3) for d in ("2026-11-27", "2026-11-28")}
-    sends = add_spend(table, box, tp, "a", 1.0, NOON)  # type: ignore[arg-type]
+    sends = add_spend(table, box, tp, "a", 1.0, NOON)
     assert len(sends) == 2  # today's write and the delete of 2026-11-27
     assert set(table) == {spend_key("a", d, 3) for d in ("2026-11-28", "2026-11-29")}
-    assert add_spend(table, box, tp, "a", float("nan"), NOON) == []  # type: ignore[arg-type]
+    assert add_spend(table, box, tp, "a", float("nan"), NOON) == []
     assert json.loads(table[spend_key("a", "2026-11-29", 3)])["usd"] == 1.0
 
 

@@ -6,7 +6,6 @@ lapse. Letting it lapse re-dispatched the task on the same worker until max_atte
 from __future__ import annotations
 
 import asyncio
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,7 +22,7 @@ from agents_stream.ledger import ledger as ledger_module
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns, faust_event
+from tests.unit.ledger_fakes import ConfirmingChannel, FakeRuns, PlainTable, faust_event
 
 TASK = TaskPayload(task_id="t1", agent_name="a", instruction="Sum it up.")
 HOME = topics.partition_for(b"t1", Settings().partitions)  # the task's own partition: not moved there first
@@ -31,7 +30,17 @@ TASKS = TP("agent.tasks.a", HOME)
 OUTCOMES = TP(topics.outcomes_topic(Settings().app_id), HOME)
 
 
-class SlowTable(dict):  # type: ignore[type-arg]
+class StoppedClock:
+    """The ledger module's ``time`` with its clock stopped at ``now`` (the rest of the process keeps its own)."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+
+class SlowTable(PlainTable):
     """A table whose changelog writes wait for the broker until ``confirm`` (its partition's leader is cut off)."""
 
     def __init__(self) -> None:
@@ -39,7 +48,7 @@ class SlowTable(dict):  # type: ignore[type-arg]
         self.unconfirmed: list[asyncio.Future[Any]] = []
         self.last_changelog: asyncio.Future[Any] | None = None
 
-    def __setitem__(self, key: Any, value: Any) -> None:
+    def __setitem__(self, key: str, value: Any, /) -> None:
         super().__setitem__(key, value)
         self.last_changelog = asyncio.get_running_loop().create_future()
         self.unconfirmed.append(self.last_changelog)
@@ -51,20 +60,12 @@ class SlowTable(dict):  # type: ignore[type-arg]
 
 
 def _world() -> tuple[Ledger, SlowTable, list[tuple[str, int]]]:
-    def channel(topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            fut = asyncio.get_running_loop().create_future()
-            fut.set_result("ok")
-            return fut
-
-        return SimpleNamespace(send_soon=send_soon)
-
     dispatched: list[tuple[str, int]] = []
     runs = FakeRuns(on_dispatch=lambda asked: dispatched.append((asked.task.task_id, asked.dispatch)))
-    outbox = Outbox(channel, Watermark(), "w1", find_dead_letter=_no_lookup, confirm_timeout_s=3600.0)
+    outbox = Outbox(ConfirmingChannel, Watermark(), "w1", find_dead_letter=_no_lookup, confirm_timeout_s=3600.0)
     tasks = SlowTable()
-    tables = Tables(tasks=tasks, answers=SlowTable(), jobs=SlowTable(), timers=SlowTable())  # type: ignore[arg-type]
-    ledger = Ledger(Settings(), executor=runs, worker_id="w1", tables=tables,  # type: ignore[arg-type]
+    tables = Tables(tasks=tasks, answers=SlowTable(), jobs=SlowTable(), timers=SlowTable())
+    ledger = Ledger(Settings(), executor=runs, worker_id="w1", tables=tables,
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     return ledger, tasks, dispatched
 
@@ -91,7 +92,7 @@ async def test_a_lease_whose_record_waits_for_the_broker_does_not_lapse_on_its_o
     later = record.lease_until + 5 * Settings().lease_ttl_s  # the broker stays silent past the lease, many times
     assert ledger.scan(later) == [], "the scanner asked to re-dispatch a task its own worker is about to start"
 
-    monkeypatch.setattr(ledger_module, "time", SimpleNamespace(time=lambda: later))
+    monkeypatch.setattr(ledger_module, "time", StoppedClock(later))
     for offset in range(Settings().max_attempts):  # a LeaseExpired sent anyway (by an earlier scan) changes nothing
         ledger.handle(faust_event(OUTCOMES, offset, b"t1", encode(LeaseExpired(dispatch=1, worker="w1"))))
         await _spin()

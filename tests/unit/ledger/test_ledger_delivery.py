@@ -9,20 +9,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
+from dataclasses import dataclass
 from typing import Any
 
 from agents_stream.tables.definitions import Tables
 from faust.types import TP
 
 from agents_stream.contract import topics
+from agents_stream.kafka.deadletters import DeadLetter
 from agents_stream.kafka.outbox import Outbox
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ledger.poison import DEAD_LETTER_REQUEST, MARK_EVENT, poison_key
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import faust_event
+from tests.unit.ledger_fakes import FaustEvent, NoRuns, PlainTable, faust_event
 
 TP0 = TP("agent.tasks.a", 0)
 OUTCOMES = topics.outcomes_topic(Settings().app_id)
@@ -48,17 +49,27 @@ class Broker:
         self.sent: list[tuple[str, bytes | None, asyncio.Future]] = []
         self.controls: list[bytes | None] = []
 
-    def channel(self, topic: str) -> SimpleNamespace:
-        def send_soon(*, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None):
-            fut = asyncio.get_running_loop().create_future()
-            if topic == topics.CONTROL:
-                self.controls.append(value)
-                fut.set_result("ok")
-            else:
-                self.sent.append((topic, value, fut))
-            return fut
+    def channel(self, topic: str) -> BrokerTopic:
+        return BrokerTopic(self, topic)
 
-        return SimpleNamespace(send_soon=send_soon)
+
+@dataclass
+class BrokerTopic:
+    """One topic of the Broker (``kafka.outbox.Channel``)."""
+
+    broker: Broker
+    topic: str
+
+    def send_soon(
+        self, *, key: bytes | None, value: bytes | None, partition: int | None = None, headers: Any = None,
+    ) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if self.topic == topics.CONTROL:
+            self.broker.controls.append(value)
+            fut.set_result("ok")
+        else:
+            self.broker.sent.append((self.topic, value, fut))
+        return fut
 
 
 async def _no_lookup(dlq: str, source: tuple[str, int, int], since: float) -> None:
@@ -69,11 +80,11 @@ def _outbox(broker: Broker | None = None, find: Any = _no_lookup, **kwargs: Any)
     return Outbox((broker or Broker()).channel, Watermark(), "w", find_dead_letter=find, **kwargs)
 
 
-def _ledger(outbox: Outbox, tasks: dict | None = None) -> Ledger:
+def _ledger(outbox: Outbox, tasks: PlainTable | None = None) -> Ledger:
     tasks = Table() if tasks is None else tasks
-    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())
     return Ledger(
-        Settings(), executor=None, worker_id="w", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
+        Settings(), executor=NoRuns(), worker_id="w", tables=tables, watermark=outbox.watermark,
         outbox=outbox, notifier=Notifier(),
     )
 
@@ -146,7 +157,7 @@ async def test_deliveries_pending_at_shutdown_keep_their_offsets_held():
     assert outbox.watermark.commit_offset(TP0) == 5
 
 
-class Table(dict):
+class Table(PlainTable):
     """The task table as the ledger uses it: a dict whose writes leave a changelog future (confirmed at once)."""
 
     last_changelog: asyncio.Future | None = None
@@ -158,7 +169,7 @@ class Table(dict):
 
 
 def _poison_ledger(
-    find: Any = _no_lookup, tasks: dict | None = None, **kwargs: Any,
+    find: Any = _no_lookup, tasks: PlainTable | None = None, **kwargs: Any,
 ) -> tuple[Ledger, list[tuple[str, bytes | None, asyncio.Future]]]:
     """A ledger whose sends are recorded as (topic, value, future); the test confirms them."""
     broker = Broker()
@@ -253,7 +264,7 @@ async def test_a_delivery_confirmed_after_a_revoke_does_not_release_the_hold_of_
     assert ledger.watermark.commit_offset(TP0) == 10
 
 
-def _event(tp: TP, offset: int, value: bytes, key: bytes = b"k") -> SimpleNamespace:
+def _event(tp: TP, offset: int, value: bytes, key: bytes = b"k") -> FaustEvent:
     return faust_event(tp, offset, key, value)
 
 
@@ -290,13 +301,14 @@ class SlowTable(Table):
 
 async def test_the_marker_says_sending_in_the_changelog_before_the_dead_letter_goes():
     """So a worker that dies after its dead letter leaves the next owner a sign to look for it on the topic."""
-    ledger, sent = _poison_ledger(tasks=SlowTable())
+    tasks = SlowTable()
+    ledger, sent = _poison_ledger(tasks=tasks)
     marker = poison_key(TP1.topic, 63)
     ledger.handle(_event(TP1, 63, PILL))
     ledger.handle(_event(TP(OUTCOMES, 1), 0, DEAD_LETTER_REQUEST, key=marker.encode()))
     assert json.loads(ledger.table[marker])["by"] == "w"
     assert _kinds(ledger, sent) == ["dead_letter"], "no dead letter before the changelog has the marker"
-    ledger.table.changelog[0].set_result("ok")
+    tasks.changelog[0].set_result("ok")
     await _spin(10)
     assert _kinds(ledger, sent) == ["dead_letter", "dlq"]
     await _confirm_all(sent)
@@ -338,7 +350,7 @@ async def _redeliver_and_ask(ledger: Ledger, sent: list) -> None:
 async def test_a_dead_letter_an_owner_sent_before_dying_unmarked_is_marked_not_sent_again():
     """The moderate chaos run's last double dead letter: a worker was SIGKILLed after its dead letter reached the
     topic and before its dead_lettered event did. The next owner finds it there."""
-    ledger, sent, lookups = _begun_by_a_dead_owner(found=SimpleNamespace(ref="agent.tasks.a.dlq:3:0"))
+    ledger, sent, lookups = _begun_by_a_dead_owner(found=DeadLetter("agent.tasks.a.dlq", 3, 0, None, None, {}))
     await _redeliver_and_ask(ledger, sent)
     await _confirm_all(sent)
     assert lookups == [("agent.tasks.a.dlq", (TP1.topic, 1, 63), 1000.0)]
@@ -370,7 +382,8 @@ async def _dead_letter_whose_send_fails(found: object) -> tuple[Ledger, list, li
 
 
 async def test_a_dead_letter_whose_failed_send_landed_all_the_same_is_not_sent_again():
-    ledger, sent, lookups = await _dead_letter_whose_send_fails(found=SimpleNamespace(ref="agent.tasks.a.dlq:2:5"))
+    landed = DeadLetter("agent.tasks.a.dlq", 2, 5, None, None, {})
+    ledger, sent, lookups = await _dead_letter_whose_send_fails(found=landed)
     assert [lookup[:2] for lookup in lookups] == [("agent.tasks.a.dlq", (TP1.topic, 1, 63))], (
         "looked on the topic before re-sending")
     assert _kinds(ledger, sent) == ["dead_letter", "dlq", "dead_lettered"], "not sent a second time"

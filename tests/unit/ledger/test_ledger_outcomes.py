@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -39,7 +38,7 @@ from agents_stream.ledger.cache import AnswerCache
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import EVENT_TIMESTAMP, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import EVENT_TIMESTAMP, FaustEvent, NoRuns, Table, faust_event, recording_outbox
 
 OUTCOMES = topics.outcomes_topic(Settings().app_id)
 ANSWERS = topics.answers_topic(Settings().app_id)
@@ -58,7 +57,7 @@ def _outbox() -> tuple[Outbox, list[tuple[str, bytes | None]]]:
     return recording_outbox(_no_lookup)
 
 
-def _event(tp: TP, offset: int, key: bytes, value: bytes, timestamp: float | None = AT_S) -> SimpleNamespace:
+def _event(tp: TP, offset: int, key: bytes, value: bytes, timestamp: float | None = AT_S) -> FaustEvent:
     return faust_event(tp, offset, key, value, timestamp=timestamp)
 
 
@@ -127,9 +126,9 @@ def _running_ledger() -> tuple[Ledger, Table, Outbox, list[tuple[str, bytes | No
     """A ledger whose table holds task t1 running under dispatch 1 (owner w2)."""
     outbox, sent = _outbox()
     tasks = Table()
-    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    tables = Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table())
     ledger = Ledger(
-        Settings(), executor=None, worker_id="w1", tables=tables, watermark=outbox.watermark,  # type: ignore[arg-type]
+        Settings(), executor=NoRuns(), worker_id="w1", tables=tables, watermark=outbox.watermark,
         outbox=outbox, notifier=Notifier(),
     )
     record = leases.TaskRecord(

@@ -8,22 +8,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from agents_stream.tables import leases
 from agents_stream.tables.definitions import Tables
 from faust.types import TP
 
 from agents_stream.contract import topics
-from agents_stream.contract.events import StepDone
+from agents_stream.contract.events import JournalEntry, StepDone
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Answer, Run
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
-from tests.unit.ledger_fakes import FakeRuns, Table, faust_event, recording_outbox
+from tests.unit.ledger_fakes import FakeRuns, LedgerHarness, Table, faust_event, recording_outbox
 
 AGENT = "a"
 TOPIC = topics.task_topic(AGENT)
@@ -52,19 +52,17 @@ class PendingTable(Table):
         self.unconfirmed.clear()
 
 
-def _ledger(tasks: Table | None = None, member: Any = lambda: True) -> SimpleNamespace:
+def _ledger(tasks: Table | None = None, member: Any = lambda: True) -> LedgerHarness:
     outbox, sent = recording_outbox(member=member)
     tasks = tasks if tasks is not None else Table()
-    dispatched: list[Any] = []
     runs = FakeRuns()
-    dispatched = runs.dispatched
-    ledger = Ledger(Settings(partitions=4), executor=runs, worker_id="w1",  # type: ignore[arg-type]
-                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),  # type: ignore[arg-type]
+    ledger = Ledger(Settings(partitions=4), executor=runs, worker_id="w1",
+                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=Table()),
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
-    return SimpleNamespace(ledger=ledger, tasks=tasks, sent=sent, dispatched=dispatched, watermark=outbox.watermark)
+    return LedgerHarness(ledger, tasks, sent, runs)
 
 
-def _received(f: SimpleNamespace, tp: TP = HOME, offset: int = 7) -> None:
+def _received(f: LedgerHarness, tp: TP = HOME, offset: int = 7) -> None:
     """The task arrived on ``tp``@``offset`` and was leased and dispatched here."""
     f.watermark.start(tp, offset)
     f.ledger.handle(faust_event(tp, offset, b"t1", TASK.model_dump_json().encode()))
@@ -74,7 +72,7 @@ def _run() -> Run:
     return Run(TASK, 1, "w1")
 
 
-async def _finished_here(output: str) -> SimpleNamespace:
+async def _finished_here(output: str) -> LedgerHarness:
     """A ledger that received the task, ran it here and applied its answer ``output`` where it ran."""
     f = _ledger()
     _received(f)
@@ -84,7 +82,7 @@ async def _finished_here(output: str) -> SimpleNamespace:
     return f
 
 
-async def _applied_with_its_record_unconfirmed(member: Any = lambda: True) -> tuple[SimpleNamespace, PendingTable, Any]:
+async def _applied_with_its_record_unconfirmed(member: Any = lambda: True) -> tuple[LedgerHarness, PendingTable, Any]:
     """A ledger that received the task (offset 0, its lease record confirmed) and applied its answer where it ran,
     the finished record's changelog send not yet confirmed: the ledger, its task table, apply_here's future."""
     tasks = PendingTable()
@@ -98,7 +96,7 @@ async def _applied_with_its_record_unconfirmed(member: Any = lambda: True) -> tu
     return f, tasks, durable
 
 
-def _results(f: SimpleNamespace) -> list[str]:
+def _results(f: LedgerHarness) -> list[str]:
     """The sends to agent.results so far."""
     return [t for t, _ in f.sent if t == topics.RESULTS]
 
@@ -135,7 +133,11 @@ async def test_an_outcome_of_a_task_this_ledger_does_not_hold_goes_on_the_topic(
     assert f.tasks["t1"]["state"] == leases.RUNNING
 
 
-async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confirmed() -> None:
+# A journal entry, and a step checkpoint (what a previous version sent for a journal entry too): applied alike.
+@pytest.mark.parametrize("kept", [JournalEntry, StepDone])
+async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confirmed(
+    kept: type[JournalEntry] | type[StepDone],
+) -> None:
     """The loop acts on a journal entry only once it is durable: the future waits for the table's changelog."""
     tasks = PendingTable()
     tasks.unconfirmed = []
@@ -145,7 +147,7 @@ async def test_a_journal_entry_applied_here_is_awaited_until_its_write_is_confir
     tasks.confirm_all()
     await _spin()
     assert f.dispatched
-    durable = f.ledger.apply_here("t1", StepDone(worker="w1", dispatch=1, index=0, output={"turn": 1}))
+    durable = f.ledger.apply_here("t1", kept(worker="w1", dispatch=1, index=0, output={"turn": 1}))
     assert durable is not None
     await _spin()
     assert not durable.done(), "settled before its write was confirmed"

@@ -54,9 +54,10 @@ def _parked() -> Any:
 
 def _arrive(record: Any, call_id: str, agent: str, *, sub_task: str | None = None, digest: str | None = None,
             result: dict[str, Any] | None = None, limit: int | None = None) -> Any:
+    arrived = delegation.CallResult(sub_task or f"lead-1/{call_id}", call_id, agent,
+                                    result or {"status": "succeeded", "output": "fine"}, digest)
     return delegation.arrive(
-        record, task_id="lead-1", sub_task=sub_task or f"lead-1/{call_id}", call_id=call_id, agent=agent,
-        result=result or {"status": "succeeded", "output": "fine"}, digest=digest, now=T0 + 5, me="w2", ttl=30.0,
+        record, arrived, task_id="lead-1", now=T0 + 5, me="w2", ttl=30.0,
         fits=None if limit is None else lambda r: sizes.subresult_too_large(r, limit),
     )
 

@@ -41,3 +41,41 @@ def test_the_executor_and_the_fake_are_the_runs_the_ledger_needs(mypy_lines) -> 
     errors = [line for line in lines if line.startswith("error")]
     assert len(errors) == 1, lines
     assert 'Incompatible return value type (got "WithoutCancel", expected "Runs")' in errors[0], lines
+
+
+ROUTE_SEAM = """
+from agents_stream.ledger.ledger import Ledger
+from agents_stream.ledger.route import AppliesHere
+from tests.unit.ledger_fakes import NotHolding
+
+
+class WithoutApplyHere:
+    def handle(self, event: object) -> None: ...
+
+
+def ledger(led: Ledger) -> AppliesHere:
+    return led
+
+
+def fake(f: NotHolding) -> AppliesHere:
+    return f
+
+
+def partial(w: WithoutApplyHere) -> AppliesHere:
+    return w
+
+
+reveal_type(ledger)
+reveal_type(fake)
+"""
+
+
+def test_the_ledger_and_the_fake_are_what_the_outcome_route_needs(mypy_lines) -> None:
+    """The route (ledger/route.py) needs of the ledger only apply_here: the Ledger and NotHolding both are it."""
+    lines = mypy_lines(ROUTE_SEAM)
+    notes = [line for line in lines if "Revealed type" in line]
+    assert "agents_stream.ledger.ledger.Ledger" in notes[0], lines  # found, not Any
+    assert "tests.unit.ledger_fakes.NotHolding" in notes[1], lines
+    errors = [line for line in lines if line.startswith("error")]
+    assert len(errors) == 1, lines
+    assert 'Incompatible return value type (got "WithoutApplyHere", expected "AppliesHere")' in errors[0], lines

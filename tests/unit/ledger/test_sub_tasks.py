@@ -39,8 +39,8 @@ def _ledger(task: TaskPayload, *, state: str = leases.RUNNING, dispatch: int = 1
     tasks, timers = Table(), Table()
     runs = FakeRuns()
     dispatched = runs.dispatched
-    ledger = Ledger(SETTINGS, executor=runs, worker_id="w1",  # type: ignore[arg-type]
-                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=timers),  # type: ignore[arg-type]
+    ledger = Ledger(SETTINGS, executor=runs, worker_id="w1",
+                    tables=Tables(tasks=tasks, answers=Table(), jobs=Table(), timers=timers),
                     watermark=outbox.watermark, outbox=outbox, notifier=Notifier())
     record = leases.TaskRecord(
         state=state, agent=task.agent_name, dispatch=dispatch, owner="w2", lease_until=lease_until,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from agents_stream.tables.jobs import JobRecord
@@ -142,10 +143,12 @@ def test_moved_partitions_forget_what_could_still_change() -> None:
 
 
 def record(state: str, **extra: object) -> TaskRecord:
-    fields = dict(state=state, agent="analyzer", dispatch=1, owner="w1", lease_until=0.0, payload='{"task_id": "t"}',
-                  topic="agent.tasks.analyzer", partition=2, offset=7, received_at=10.0)
+    fields: dict[str, Any] = dict(
+        state=state, agent="analyzer", dispatch=1, owner="w1", lease_until=0.0, payload='{"task_id": "t"}',
+        topic="agent.tasks.analyzer", partition=2, offset=7, received_at=10.0,
+    )
     fields.update(extra)
-    return TaskRecord(**fields)  # type: ignore[arg-type]
+    return TaskRecord(**fields)
 
 
 def test_a_task_is_listed_with_its_agent_state_attempts_and_job() -> None:

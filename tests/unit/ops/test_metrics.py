@@ -22,12 +22,11 @@ from faust.types import TP
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents_stream.contract.errors import PermanentError, RateLimited, TransientError
-from agents_stream.kafka.outbox import Outbox
-from agents_stream.kafka.watermark import Watermark
 from agents_stream.ledger.ledger import Ledger
 from agents_stream.ops import metrics
 from agents_stream.ops.notify import Notifier
 from agents_stream.settings import Settings
+from tests.unit.ledger_fakes import NoRuns, PlainTable, recording_outbox
 
 
 def _raised_from(cause: BaseException) -> TransientError:
@@ -167,12 +166,11 @@ def test_a_requeued_task_that_ends_again_counts_again() -> None:
 
 
 def _ledger() -> Ledger:
-    watermark = Watermark()
-    outbox = Outbox(lambda topic: None, watermark, "w", find_dead_letter=None)  # type: ignore[arg-type,return-value]
-    tables = Tables(tasks={}, answers={}, jobs={}, timers={})  # type: ignore[arg-type]
+    outbox, _ = recording_outbox()  # nothing is sent: the ledger's scanner is all these tests read
+    tables = Tables(tasks=PlainTable(), answers=PlainTable(), jobs=PlainTable(), timers=PlainTable())
     return Ledger(
-        Settings(), executor=None, worker_id="w",  # type: ignore[arg-type]
-        tables=tables, watermark=watermark, outbox=outbox, notifier=Notifier(),
+        Settings(), executor=NoRuns(), worker_id="w",
+        tables=tables, watermark=outbox.watermark, outbox=outbox, notifier=Notifier(),
     )
 
 

@@ -4,8 +4,8 @@ caller is told when the owner does not answer — against a real aiohttp server 
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 import aiohttp
 import pytest
@@ -18,20 +18,62 @@ from agents_stream.ops.routing import ROUTED_HEADER, ask_owner, owner_elsewhere
 PARTITIONS = 4
 
 
-class Request(SimpleNamespace):
+@dataclass(frozen=True)
+class RelUrl:
+    raw_path_qs: str
+
+
+@dataclass(frozen=True)
+class Request:
     """What the helpers read of a faust.web request."""
 
+    method: str
+    headers: dict[str, str]
+    rel_url: RelUrl
 
-def request(method: str = "GET", path: str = "/tasks/t-1?x=1", **headers: str) -> Any:
-    return Request(method=method, headers=headers, rel_url=SimpleNamespace(raw_path_qs=path))
+
+def request(method: str = "GET", path: str = "/tasks/t-1?x=1", **headers: str) -> Request:
+    return Request(method=method, headers=headers, rel_url=RelUrl(path))
 
 
-def app_with(owners: dict[str, list[int]], here: str, http: Any = None) -> Any:
-    table = SimpleNamespace(changelog_topic=SimpleNamespace(get_topic_name=lambda: "app-tasks-changelog"))
+@dataclass(frozen=True)
+class ChangelogTopic:
+    name: str
+
+    def get_topic_name(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Table:
+    """What the helpers read of a table: its changelog topic's name."""
+
+    changelog_topic: ChangelogTopic
+
+
+@dataclass(frozen=True)
+class Conf:
+    canonical_url: str
+
+
+@dataclass(frozen=True)
+class Router:
+    tables_metadata: Callable[[], dict[str, dict[str, list[int]]]]
+
+
+@dataclass(frozen=True)
+class App:
+    """What the helpers read of the Faust app: its URL, its HTTP client, and who owns which changelog partitions."""
+
+    conf: Conf
+    http_client: Any
+    router: Router
+
+
+def app_with(owners: dict[str, list[int]], here: str, http: Any = None) -> tuple[App, Table]:
+    table = Table(ChangelogTopic("app-tasks-changelog"))
     metadata = {url: {"app-tasks-changelog": parts} for url, parts in owners.items()}
-    app = SimpleNamespace(conf=SimpleNamespace(canonical_url=here), http_client=http,
-                          router=SimpleNamespace(tables_metadata=lambda: metadata))
-    return app, table
+    return App(Conf(here), http, Router(lambda: metadata)), table
 
 
 def test_the_owner_is_asked_unless_this_worker_owns_the_key_or_was_asked_by_another() -> None:

@@ -9,7 +9,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,11 +20,12 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
+from agents_stream.config import ApprovalLevel, ApprovalPolicy
 from agents_stream.contract import topics
 from agents_stream.contract.events import CallsDelegated, LeaseExpired, TaskFailed, TaskSucceeded, encode
 from agents_stream.contract.models import TaskPayload, Usage
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.tool_calls import ToolCaller
+from agents_stream.execution.tool_calls import ToolCaller, ToolCalling
 from agents_stream.execution.tools import ToolContext, tool
 from agents_stream.ops import tracing
 from agents_stream.ops.tracing_sdk import Traces
@@ -144,8 +144,9 @@ def test_with_tracing_off_the_worker_imports_nothing_of_opentelemetry() -> None:
 
 
 def _receive(record: TaskRecord | None, trace: str | None, **extra: Any) -> tuple[TaskRecord | None, list]:
-    return leases.receive(record, agent="a", payload="{}", topic="agent.tasks.a", partition=0, offset=1, now=10.0,
-                          me="w1", ttl=5.0, max_attempts=3, running_here=False, trace=trace, **extra)
+    message = leases.TaskMessage(agent="a", payload="{}", topic="agent.tasks.a", partition=0, offset=1, trace=trace,
+                                 **extra)
+    return leases.receive(record, message, now=10.0, me="w1", ttl=5.0, max_attempts=3, running_here=False)
 
 
 def test_the_record_keeps_the_trace_of_its_first_delivery_and_reads_old_and_newer_records() -> None:
@@ -245,9 +246,8 @@ async def test_a_task_parked_for_approval_has_the_request_as_an_event_of_its_int
 ) -> None:
     """An approval wait is an event (approval.requested, with its reason) of the span that parked the task."""
     world = World()
-    world.ledger.gate.policies["a"] = SimpleNamespace(  # type: ignore[assignment]
-        always=True, risk_at_least=None, amount_field=None, amount_above=None, saga_steps=False,
-        levels=[SimpleNamespace(timeout_s=60.0, name="ops", webhook_url=lambda: None)],
+    world.ledger.gate.policies["a"] = ApprovalPolicy(
+        always=True, saga_steps=False, levels=[ApprovalLevel(name="ops", timeout_s=60.0)],
     )
     await world.deliver("agent.tasks.a", b"t1", _task())
     (intake,) = by_name(spans)["intake a"]
@@ -315,8 +315,8 @@ async def test_a_tool_call_is_an_execute_tool_span_with_its_key_and_a_failing_on
     a call of a tool that does not exist is one too, failed."""
     agent = Agent("a", "x", tools=[lookup])
     task = TaskPayload(task_id="t1", agent_name="a", instruction="Where is it?")
-    caller = ToolCaller(agent, task, circuits=None, backoff_base_s=0.01, backoff_cap_s=0.02,
-                        rng=__import__("random").Random(1), trace=PARENT)
+    caller = ToolCaller(agent, task, ToolCalling(circuits=None, backoff_base_s=0.01, backoff_cap_s=0.02,
+                                                 rng=__import__("random").Random(1), trace=PARENT))
     entry = await caller.call(1, {"id": "c1", "name": "lookup", "arguments": {"order": "7"}})
     missing = await caller.call(1, {"id": "c2", "name": "nope", "arguments": {}})
     assert entry["error"] is False and missing["error"] is True
@@ -333,7 +333,7 @@ async def test_a_job_is_one_trace_and_each_step_task_carries_its_context(spans: 
     """A job submitted with a traceparent: its `job submit` span continues it, the job's record keeps that span's
     traceparent, and each step's task goes out under a `publish` span of it, with its traceparent in the headers."""
     world = World()
-    tables = Tables(tasks=world.tasks, answers=Table(), jobs=Table(), timers=Table())  # type: ignore[arg-type]
+    tables = Tables(tasks=world.tasks, answers=Table(), jobs=Table(), timers=Table())
     orchestrator = Orchestrator(world.ledger.outbox, tables, ["a", "b"], SETTINGS)
     request = {"job_id": "j1", "plan": {"tasks": [
         {"id": "x", "agent": "a", "instruction": "first"}, {"id": "y", "agent": "b", "instruction": "also first"}]}}

@@ -5,6 +5,7 @@ fails as a retryable error."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
@@ -30,9 +31,9 @@ MakeProvider = Callable[[str], Provider]
 
 def config(api: str, url: str, **more: object) -> ProviderConfig:
     base = f"{url}/v1" if api == "openai" else url
-    settings: dict[str, object] = {"name": f"s-{api}", "kind": api, "base_url": base, "model": "fake-model",
+    settings: dict[str, Any] = {"name": f"s-{api}", "kind": api, "base_url": base, "model": "fake-model",
                                    "api_key_env": ENV, "timeout_s": 5.0, **more}
-    return ProviderConfig(**settings)  # type: ignore[arg-type]
+    return ProviderConfig(**settings)
 
 
 @pytest_asyncio.fixture

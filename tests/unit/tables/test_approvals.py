@@ -25,11 +25,13 @@ T0 = 1_000.0
 TIMEOUTS = (10.0, 20.0)
 REJECTED_JSON = '{"task_id":"r-1","status":"failed"}'
 
+MESSAGE = leases.TaskMessage(agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5)
+
 
 def parked(now: float = T0):
     return leases.receive(
-        None, agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5, now=now,
-        me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("amount 500 > 100", list(TIMEOUTS)),
+        None, MESSAGE, now=now, me="w1", ttl=30.0, max_attempts=3, running_here=False,
+        approval=("amount 500 > 100", list(TIMEOUTS)),
     )
 
 
@@ -105,8 +107,8 @@ def test_a_redelivered_parked_task_changes_nothing():
     """Redelivery of a task waiting for a human neither dispatches it nor parks it again."""
     record, _ = parked()
     again, effects = leases.receive(
-        record, agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5, now=T0 + 5,
-        me="w3", ttl=30.0, max_attempts=3, running_here=False, approval=("amount 500 > 100", [10.0]),
+        record, MESSAGE, now=T0 + 5, me="w3", ttl=30.0, max_attempts=3, running_here=False,
+        approval=("amount 500 > 100", [10.0]),
     )
     assert again == record and effects == []
 
@@ -135,8 +137,7 @@ def test_reject_ends_the_task_with_a_failed_result_and_no_call():
     assert not any(isinstance(e, (Dispatch, leases.DeadLetter)) for e in effects)
     # a redelivery re-emits the stored result and never dispatches
     again, effects = leases.receive(
-        rejected, agent="refunds", payload=PAYLOAD, topic="agent.tasks.refunds", partition=1, offset=5, now=T0 + 9,
-        me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("x", [1.0]),
+        rejected, MESSAGE, now=T0 + 9, me="w1", ttl=30.0, max_attempts=3, running_here=False, approval=("x", [1.0]),
     )
     assert effects == [EmitResult(REJECTED_JSON)]
 

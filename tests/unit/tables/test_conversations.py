@@ -119,9 +119,9 @@ class Store:
                                           message=_entry(message_id, text, digest), policy=policy, now=now, offset=0))
 
     def end(self, number: int, text: str, now: float = 2.0, status: str = "succeeded") -> machine.Change:
-        return self.apply(machine.round_ended(self.head, self.keys.get, cid="c-1", since=0, number=number,
-                                              status=status, text=text, task_id=f"t{number}", error=None,
-                                              completed_at=now, now=now))
+        end = machine.RoundEnd(since=0, number=number, status=status, text=text, task_id=f"t{number}", error=None,
+                               completed_at=now)
+        return self.apply(machine.round_ended(self.head, self.keys.get, end, cid="c-1", now=now))
 
 
 def _replies_of(change: machine.Change) -> list[dict[str, Any]]:
@@ -171,7 +171,7 @@ def test_enqueued_messages_are_answered_together_by_the_next_round_which_sees_th
     head = store.head
     assert head is not None and [m["text"] for m in machine.round_messages(head, 2)] == ["order 7", "and order 9"]
     def history(limit: int, chars: int) -> list[dict[str, str]]:
-        return machine.history(head, store.keys.get, "c-1", 2, limit, chars)  # type: ignore[arg-type]
+        return machine.history(head, store.keys.get, "c-1", 2, limit, chars)
 
     reply = {"role": "agent", "text": "Refunded order 7?"}
     assert history(20, 10_000) == [{"role": "customer", "text": "my package never came"}, reply]
@@ -248,7 +248,9 @@ def test_history_becomes_earlier_turns_and_a_prompts_preamble() -> None:
     change = store.receive("m2", "and the other?", now=3.0)
     assert store.head is not None
     world.ledger.conversations.table = store.keys  # the history is read from the conversation's keys
-    task = world.ledger.conversations.round_task("c-1", store.head, change.effects[0])  # type: ignore[arg-type]
+    start = change.effects[0]
+    assert isinstance(start, machine.StartRound)
+    task = world.ledger.conversations.round_task("c-1", store.head, start)
     assert task.instruction == "and the other?" and conversation_of(task.task_id) == ("c-1", 2)
     assert earlier_turns(task) == [UserText("where is it?"), AssistantTurn("Lost; refunded.")]
     assert with_history(task, task.instruction).endswith("Customer: where is it?\nYou: Lost; refunded.\n\n"
@@ -318,7 +320,7 @@ async def test_bad_messages_are_dead_lettered_and_the_conversation_goes_on() -> 
     await world.deliver(TASKS, b"c-1", b'{"conversation_id": "c-1", "message_id": "m4"}')  # no agent, no text
     requests = [(k, v) for t, k, v, _ in world.sent if t == OUTCOMES]  # each asks the partition's ledger first
     for key, value in requests:
-        await world.deliver(OUTCOMES, key, value)  # type: ignore[arg-type]
+        await world.deliver(OUTCOMES, key, value)
     dlq = topics.dlq_topic(AGENT)
     reasons = [dict(h)["error_reason"] for t, _, _, h in world.sent if t == dlq]
     assert [r.decode().split(":")[0] for r in reasons] == ["message_conflict", "agent_mismatch", "schema_violation"]
@@ -451,13 +453,13 @@ def _turn(turn: int, calls: list[dict[str, Any]]) -> dict[str, Any]:
 async def test_the_ledger_stops_a_round_for_a_new_message_and_dispatches_it_again_with_it() -> None:
     from agents_stream.tables.journal import replay
 
-    from agents_stream.contract.events import LeaseExpired, StepDone
+    from agents_stream.contract.events import JournalEntry, LeaseExpired
 
     world = _world("interrupt")
     await world.deliver(TASKS, b"c-1", _message("refund order 7", "m1"))
     round1 = round_task_id("c-1", 1, 1, 0)
     call = {"id": "call_1", "name": "refund", "arguments": {"order": "7"}}
-    step = encode(StepDone(worker="w1", dispatch=1, index=0, output=_turn(0, [call])))
+    step = encode(JournalEntry(worker="w1", dispatch=1, index=0, output=_turn(0, [call])))
     await world.deliver(OUTCOMES, round1.encode(), step)
     await world.deliver(TASKS, b"c-1", _message("wait, change my address instead", "m2"))
     assert world.interrupted == [round1], "the round's run is asked to stop at its next safe point"
@@ -497,7 +499,7 @@ async def test_a_message_that_would_make_the_head_too_large_is_dead_lettered() -
     for n in range(2, 6):  # each waits in the head while round 1 answers
         await world.deliver(TASKS, b"c-1", _message("x" * 1000, f"m{n}"))
     for key, value in [(k, v) for t, k, v, _ in world.sent if t == OUTCOMES]:
-        await world.deliver(OUTCOMES, key, value)  # type: ignore[arg-type]
+        await world.deliver(OUTCOMES, key, value)
     reasons = [dict(h)["error_reason"].decode() for t, _, _, h in world.sent if t == topics.dlq_topic(AGENT)]
     assert reasons and all(r.startswith("conversation_too_large") for r in reasons)
     head = ConversationRecord.from_json(world.conversations["c-1"])

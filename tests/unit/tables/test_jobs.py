@@ -189,7 +189,7 @@ def test_duplicate_result_is_ignored() -> None:
 def test_result_of_a_task_not_in_flight_here_is_ignored(task_id: str) -> None:
     """Results for other jobs, unknown steps, or steps never dispatched are not this job's business."""
     record, _ = submit(CHAIN)
-    got, effects = jobs.on_result(record, task_id=task_id, status=SUCCEEDED, agents=AGENTS, now=T0)
+    got, effects = jobs.on_result(record, jobs.StepResult(task_id, SUCCEEDED), agents=AGENTS, now=T0)
     assert got is record and effects == []
 
 
@@ -354,7 +354,7 @@ def test_transitions_never_mutate_the_record_they_are_given() -> None:
 def test_completed_at_is_iso_utc_with_milliseconds() -> None:
     """The job result carries its completion time from ``now``, as ISO-8601 UTC with ms and Z."""
     record, _ = jobs.submit(None, job_id="j", plan=plan(task("a")), agents=AGENTS, now=0.0)
-    _, effects = jobs.on_result(record, task_id="j/a", status=SUCCEEDED, agents=AGENTS, now=0.25)
+    _, effects = jobs.on_result(record, jobs.StepResult("j/a", SUCCEEDED), agents=AGENTS, now=0.25)
     assert job_result(effects)["completed_at"] == "1970-01-01T00:00:00.250Z"
 
 
@@ -435,12 +435,12 @@ def test_a_result_from_another_agent_than_the_steps_is_refused_with_an_alert() -
     refused (an alert says why), the step stays dispatched, nothing downstream runs."""
     record, _ = submit(CHAIN)
     got, effects = jobs.on_result(
-        record, task_id=f"{JOB}/a", status=SUCCEEDED, output="forged", agents=AGENTS, now=T0, agent="writer",
+        record, jobs.StepResult(f"{JOB}/a", SUCCEEDED, output="forged", agent="writer"), agents=AGENTS, now=T0,
     )
     assert got is record and events(effects) == ["alert.job_result_refused"] and dispatched(effects) == []
     assert got.steps["a"]["status"] == DISPATCHED
     accepted, effects = jobs.on_result(
-        record, task_id=f"{JOB}/a", status=SUCCEEDED, output="real", agents=AGENTS, now=T0, agent="researcher",
+        record, jobs.StepResult(f"{JOB}/a", SUCCEEDED, output="real", agent="researcher"), agents=AGENTS, now=T0,
     )
     assert accepted.steps["a"]["status"] == SUCCEEDED and dispatched(effects) == ["b"]
 
@@ -452,10 +452,10 @@ def test_a_result_of_another_task_than_the_one_dispatched_is_refused() -> None:
     record = jobs.stamp(record, {f"{JOB}/a": "d-real"})
     assert record is not None and record.steps["a"]["digest"] == "d-real"
     got, effects = jobs.on_result(
-        record, task_id=f"{JOB}/a", status=SUCCEEDED, agents=AGENTS, now=T0, agent="researcher", digest="d-forged",
+        record, jobs.StepResult(f"{JOB}/a", SUCCEEDED, agent="researcher", digest="d-forged"), agents=AGENTS, now=T0,
     )
     assert got is record and events(effects) == ["alert.job_result_refused"]
     got, effects = jobs.on_result(
-        record, task_id=f"{JOB}/a", status=SUCCEEDED, agents=AGENTS, now=T0, agent="researcher", digest="d-real",
+        record, jobs.StepResult(f"{JOB}/a", SUCCEEDED, agent="researcher", digest="d-real"), agents=AGENTS, now=T0,
     )
     assert got.steps["a"]["status"] == SUCCEEDED

@@ -36,7 +36,7 @@ T0 = 1_000.0
 def receive(record: TaskRecord | None, *, now: float = T0, running_here: bool = False, max_attempts: int = 3,
             offset: int = 7, me: str = ME):
     return leases.receive(
-        record, agent=AGENT, payload=PAYLOAD, topic=TOPIC, partition=2, offset=offset,
+        record, leases.TaskMessage(agent=AGENT, payload=PAYLOAD, topic=TOPIC, partition=2, offset=offset),
         now=now, me=me, ttl=TTL, max_attempts=max_attempts, running_here=running_here,
     )
 
@@ -425,10 +425,9 @@ test_task_ledger_state_machine = TaskLedgerMachine.TestCase
 
 
 def requeued(record: TaskRecord | None, requeue_id: str, *, history: str | None = '[{"attempts":"3"}]'):
-    return leases.receive(
-        record, agent=AGENT, payload=PAYLOAD, topic=TOPIC, partition=2, offset=40,
-        now=T0 + 100, me=ME, ttl=TTL, max_attempts=3, running_here=False, requeue_id=requeue_id, history=history,
-    )
+    message = leases.TaskMessage(agent=AGENT, payload=PAYLOAD, topic=TOPIC, partition=2, offset=40,
+                                 requeue_id=requeue_id, history=history)
+    return leases.receive(record, message, now=T0 + 100, me=ME, ttl=TTL, max_attempts=3, running_here=False)
 
 
 @pytest.mark.parametrize("state", [FAILED, DEAD_LETTERED])

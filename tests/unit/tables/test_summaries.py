@@ -16,7 +16,7 @@ from agents_stream.tables.leases import TaskRecord
 from agents_stream.config import AgentConfig, AppConfig, SummaryConfig
 from agents_stream.contract import topics
 from agents_stream.contract.conversation_messages import round_task_id
-from agents_stream.contract.events import StepDone, TaskSucceeded, Usage, encode
+from agents_stream.contract.events import JournalEntry, TaskSucceeded, Usage, encode
 from agents_stream.contract.models import ConversationContext, HistoryItem, SummaryInput, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.history import HEADER, earlier_turns, shown, with_history
@@ -174,7 +174,7 @@ def _succeeded(output: str) -> bytes:
 def _summary_step(text: str | None, until: int, index: int = 0) -> bytes:
     entry = {"kind": "summary", "turn": -1, "text": text, "until": until, "error": None if text else "down",
              "source": "summary:cheap", "provider_calls": 1, "usage": {}}
-    return encode(StepDone(worker="w1", dispatch=1, index=index, output=entry))
+    return encode(JournalEntry(worker="w1", dispatch=1, index=index, output=entry))
 
 
 async def _rounds(world: LedgerWorld, n: int) -> None:

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import faust
 import pytest
-from agents_stream.tables.definitions import define_tables, writing
+from agents_stream.tables.definitions import LedgerTable, define_tables, writing
 from agents_stream.tables.writes import DELETED, Unconfirmed, WriteBuffer, chain
 from faust.types import TP
 from faust.types.tuples import RecordMetadata
@@ -90,12 +91,33 @@ def test_a_partition_is_confirmed_once_every_local_write_of_it_is() -> None:
     assert open_writes.confirmed(2, b"other", b"9", 9) is None and open_writes.confirmed(2, b"k", b"3", 13) == 13
 
 
+@dataclass(frozen=True)
+class ChangelogMessage:
+    """What a table reads of a changelog record it applies (Faust's Message)."""
+
+    tp: TP
+    partition: int
+    offset: int
+    key: bytes
+    value: bytes
+    headers: list[tuple[str, bytes]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChangelogEvent:
+    """A changelog record as Faust's recovery hands it to a table (its EventT: the message is what is read)."""
+
+    message: ChangelogMessage
+
+
 # -- LedgerTable: a real Faust table on a real RocksDB store, its changelog records left in the producer buffer ------
 
-def _tables(tmp_path: Path) -> tuple[faust.App, faust.Table]:
+def _tables(tmp_path: Path) -> tuple[faust.App, LedgerTable]:
     app = faust.App("unit-ledger-table", broker="kafka://127.0.0.1:1", store="rocksdb://", datadir=str(tmp_path),
                     topic_partitions=4)  # never started: the changelog records stay in its producer buffer
-    return app, define_tables(app, Settings(partitions=4)).tasks
+    tasks = define_tables(app, Settings(partitions=4)).tasks
+    assert isinstance(tasks, LedgerTable)
+    return app, tasks
 
 
 def _records(app: faust.App) -> list[tuple[bytes, bytes | None, int]]:
@@ -171,7 +193,7 @@ def _confirm(table: faust.Table, app: faust.App, offset: int) -> None:
         offset += 1
 
 
-def _reopened(app: faust.App, table: faust.Table, tmp_path: Path) -> tuple[faust.App, faust.Table]:
+def _reopened(app: faust.App, table: faust.Table, tmp_path: Path) -> tuple[faust.App, LedgerTable]:
     """The worker restarted on the same data dir (its stores closed, as a killed process leaves them)."""
     for db in table.data._dbs.values():
         db.close()
@@ -219,8 +241,7 @@ async def test_a_store_whose_writes_were_all_confirmed_is_kept_and_read_on_from_
         table["t-3"] = {"state": "running"}  # written while this worker runs: nothing is discarded any more
     await _spin()
     assert table.persisted_offset(changelog) == -1 and table.get("t-1") == {"state": "succeeded"}
-    replayed = SimpleNamespace(message=SimpleNamespace(tp=changelog, partition=1, offset=44, key=b'"t-9"', value=b"1",
-                                                          headers=[]))
+    replayed = ChangelogEvent(ChangelogMessage(tp=changelog, partition=1, offset=44, key=b'"t-9"', value=b"1"))
     table.apply_changelog_batch([replayed])  # recovered again (assigned back) while t-3 waits for the broker
     assert table.data.persisted_offset(changelog) is None and table.get("t-9") == 1
     _confirm(table, app, 45)
@@ -251,6 +272,7 @@ async def test_a_stale_store_is_read_again_from_the_changelog_start_where_recove
         table["t-2"] = {"state": "running"}
     await _spin()
     _confirm(table, app, 42)
+    # Faust's own Recovery._add, run on a stand-in of the Recovery it belongs to (only its tp_to_table is read)
     Recovery._add(SimpleNamespace(tp_to_table={}), table, changelog, reached)  # type: ignore[arg-type]
     assert reached[changelog] == -1, "read again from the changelog's start"
     assert table.get("t-1") is None and table.get("t-2") is None, "the stale store was emptied"
