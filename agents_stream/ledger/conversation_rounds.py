@@ -182,8 +182,8 @@ class Conversations:
             self.outbox.deliver(tp, offset, [self._event(cid, e) for e in events])
         self._keep_summary(tp, offset, task_id, old, new)
         record = new or old
-        if record is not None and record.terminal:
-            self.round_ended(tp, offset, task_id, record)
+        if record is not None and record.terminal:  # a finished record keeps no journal: the one before it has it
+            self.round_ended(tp, offset, task_id, record, journal=completed_steps(old) + completed_steps(new))
 
     def _keep_summary(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
         """A round journaled its summary (execution/summary.py): stored with its conversation, where the next round
@@ -206,7 +206,9 @@ class Conversations:
             self.table[key] = stored
             self.outbox.deliver(tp, offset, [self.outbox.changelog(self.table, tp.partition, key)])
 
-    def round_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
+    def round_ended(
+        self, tp: TP, offset: int, task_id: str, task: TaskRecord, journal: list[Any] | None = None,
+    ) -> None:
         """The round of task ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next
         round started. Applied again, it changes nothing."""
         parsed = round_of(task_id)
@@ -217,7 +219,7 @@ class Conversations:
         head = conversation_record(self.table, cid)
         handed = machine.Change()
         if head is not None and head.answering == number and head.since == since:  # ends now, not again
-            reason = handoff.requested(completed_steps(task))
+            reason = handoff.requested(journal if journal is not None else completed_steps(task))
             if reason is not None:  # the agent called ``handoff``: its reply goes out, then a person holds it
                 handed = handoff.hand_over(head, by="", reason=reason, source="agent", now=time.time())
                 head = handed.head or head
