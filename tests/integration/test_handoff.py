@@ -57,7 +57,8 @@ async def test_handed_to_a_person_answered_as_human_and_handed_back_with_a_note_
     cluster_factory, fake_llm,
 ):
     agent = unique("desk")
-    toml = providers_toml(fake_llm.url, ("openai",)) + f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
+    toml = providers_toml(fake_llm.url, ("openai",))
+    toml += f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
     c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN)
     worker = await c.started("a")
     cid = unique("conv")
@@ -77,7 +78,8 @@ async def test_handed_to_a_person_answered_as_human_and_handed_back_with_a_note_
 
         # while a person holds it, the customer's message goes to the inbox, not the model; a kill changes nothing
         second = await client.send(cid, agent, "hello? is anyone there?")
-        await eventually(lambda: _inbox_waits(worker, cid, second.message_id), timeout=30, what="the message in the inbox")
+        await eventually(lambda: _inbox_waits(worker, cid, second.message_id), timeout=30,
+                         what="the message in the inbox")
     worker.kill()
     worker = await c.started("a")
     await eventually(lambda: _inbox_waits(worker, cid, second.message_id), timeout=60, what="the inbox after a kill")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
 from agents_stream.tables import conversations as machine
 from agents_stream.tables import handoff
 from agents_stream.tables.conversations import Change, ConversationRecord, SendReply, StartRound
