@@ -28,9 +28,9 @@ from agents_stream.ops.routing import routed
 from agents_stream.ops.samples import SampleRing
 from agents_stream.ops.web_approvals import publish_decision, register_approval_views, send_event
 from agents_stream.ops.web_conversations import register_conversation_views
-from agents_stream.ops.web_handoff import register_handoff_views
 from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.ops.web_events import register_event_views
+from agents_stream.ops.web_handoff import register_handoff_views
 from agents_stream.ops.web_live import register_live_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
