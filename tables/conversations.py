@@ -79,17 +79,35 @@ class ConversationRecord(JsonRecord):
     updated_at: float = 0.0
     #: who asked to delete the conversation while a round answered: it is deleted when that round ends
     deleting: str | None = None
+    #: who holds the conversation now that it was handed to a person (tables/handoff.py); None: the agent answers
+    held_by: str | None = None
+    #: why it was handed over, by whom (``agent``, ``operator``, ``outage``) and when; how many handoffs so far
+    held_reason: str | None = None
+    held_source: str | None = None
+    held_at: float | None = None
+    handoffs: int = 0
+    #: JSON list of the last operator actions applied ({"id", "item"}): a double click or a redelivery is one action
+    actions: str = "[]"
     v: int = RECORD_VERSION
 
     @property
     def status(self) -> str:
+        if self.held_by is not None and self.answering is None:
+            return "with_person"
         return "idle" if self.answering is None else "answering"
 
     def waiting_list(self) -> list[dict[str, Any]]:
         return list(json.loads(self.waiting))
 
     def to_json(self) -> dict[str, Any]:
-        return {name: getattr(self, name) for name in self.__dataclass_fields__}
+        # the handoff's fields only once it was handed over: a head never handed over keeps its bytes
+        return {name: getattr(self, name) for name in self.__dataclass_fields__
+                if name not in _HANDOFF_DEFAULTS or getattr(self, name) != _HANDOFF_DEFAULTS[name]}
+
+
+#: the handoff's fields of the head and their values while it never was handed over
+_HANDOFF_DEFAULTS: dict[str, Any] = {"held_by": None, "held_reason": None, "held_source": None, "held_at": None,
+                                     "handoffs": 0, "actions": "[]"}
 
 
 # Effects: what the ledger must do after a transition.
@@ -184,7 +202,7 @@ def receive(
     head = replace(head, waiting=_dump(waiting + [entry]), messages=head.messages + 1, updated_at=now)
     if head.answering is None:
         head = _start_next(head, cid, change, now)
-    elif policy == INTERRUPT:
+    elif policy == INTERRUPT and head.held_by is None:
         change.effects.append(Interrupt(head.answering))
     change.head = head
     return change
@@ -263,9 +281,10 @@ def round_ended(head: ConversationRecord | None, read: Read, end: RoundEnd, *, c
 
 
 def _start_next(head: ConversationRecord, cid: str, change: Change, now: float) -> ConversationRecord:
-    """Start the next round for the messages waiting (none waiting: the head as it is)."""
+    """Start the next round for the messages waiting (none waiting: the head as it is). While a person holds the
+    conversation no round starts: its messages wait in the operator's inbox (tables/handoff.py)."""
     waiting = head.waiting_list()
-    if not any(m["round"] is None for m in waiting):
+    if head.held_by is not None or not any(m["round"] is None for m in waiting):
         return head
     number = head.rounds + 1
     items: list[dict[str, Any]] = []
@@ -292,9 +311,13 @@ def _item(role: str, source: dict[str, Any]) -> dict[str, Any]:
 
 
 def reply_of(item: dict[str, Any]) -> dict[str, Any]:
-    """The reply a history item of the agent stands for (ConversationReply's fields but the conversation's)."""
-    return {"round": item["round"], "message_ids": item["message_ids"], "status": item["status"],
-            "text": item["text"], "task_id": item["task_id"], "error": item["error"], "completed_at": item["at"]}
+    """The reply a history item of the agent (or of a person: ``human``) stands for (ConversationReply's fields
+    but the conversation's)."""
+    reply = {"round": item["round"], "message_ids": item["message_ids"], "status": item["status"],
+             "text": item["text"], "task_id": item["task_id"], "error": item["error"], "completed_at": item["at"]}
+    if item.get("human"):
+        reply.update(human=True, operator=item.get("operator"))
+    return reply
 
 
 def _append(head: ConversationRecord, cid: str, change: Change, items: list[dict[str, Any]]) -> ConversationRecord:
@@ -338,9 +361,21 @@ def window(
         total += len(item["text"])
         if total > chars:
             break
-        kept.append({"role": item["role"], "text": item["text"]})
+        kept.append(model_item(item))
         start = i
     return kept[::-1], start
+
+
+#: how a person's reply and an operator's note read where the model is shown the history
+PERSON_SAID = "(A person of the support team answered the customer:) "
+
+
+def model_item(item: dict[str, Any]) -> dict[str, str]:
+    """A history item as a round shows it to the model: a person's reply as the desk's (marked), a hand-back
+    note as a note (execution/history.py shows it as such)."""
+    if item["role"] == "operator":
+        return {"role": "agent", "text": PERSON_SAID + item["text"]}
+    return {"role": item["role"], "text": item["text"]}
 
 
 def page(head: ConversationRecord, read: Read, cid: str, *, before: int | None, limit: int) -> list[dict[str, Any]]:

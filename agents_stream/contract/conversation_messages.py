@@ -30,7 +30,7 @@ from agents_stream.contract.models import (
 )
 
 __all__ = [
-    "REPLIES", "ROUND_PREFIX", "ConversationContext", "ConversationDelete", "ConversationMessage", "ConversationReply",
+    "REPLIES", "ROUND_PREFIX", "ConversationAction", "ConversationContext", "ConversationDelete", "ConversationMessage", "ConversationReply",
     "HistoryItem", "conversation_of", "is_message", "message_digest", "message_from", "round_of", "round_task_id",
 ]
 
@@ -76,6 +76,9 @@ class ConversationReply(BaseModel):
     task_id: str | None = None
     error: str | None = None
     completed_at: str = Field(default_factory=utcnow_iso)
+    #: a person's reply while the conversation was handed to them (docs/guide/handoff.md), and who wrote it
+    human: bool = False
+    operator: str | None = None
 
 
 class ConversationDelete(BaseModel):
@@ -93,16 +96,40 @@ class ConversationDelete(BaseModel):
     idle_since: float | None = None
 
 
+#: what a person does with a conversation (docs/guide/handoff.md): take it (or queue it for anyone), answer, give back
+HANDOFF_ACTIONS = ("handoff", "reply", "handback")
+
+
+class ConversationAction(BaseModel):
+    """An operator's action on a conversation, on its agent's task topic keyed by conversation_id (like its
+    messages, so its ledger applies it in order with them). ``action_id`` makes a double click or a retry one
+    action. ``text``: the reason of a handoff, the reply, or the hand-back note."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+
+    schema_version: int = SCHEMA_VERSION
+    conversation_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
+    agent_name: str = Field(min_length=1)
+    action: Literal["handoff", "reply", "handback"]
+    action_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
+    by: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
+    text: str = Field(default="", max_length=16_000)
+
+
 def is_message(data: Any) -> bool:
     """A decoded record is a conversation message (not a task) when it names a conversation."""
     return isinstance(data, dict) and "conversation_id" in data
 
 
-def message_from(text: str, data: dict[str, Any], *, agent: str) -> ConversationMessage | ConversationDelete:
+def message_from(
+    text: str, data: dict[str, Any], *, agent: str,
+) -> ConversationMessage | ConversationDelete | ConversationAction:
     """A decoded message (``models.decode_record``: its text and its object) validated, or PoisonMessage with the
-    reason; one with an ``action`` is a ConversationDelete."""
-    model = ConversationDelete if "action" in data else ConversationMessage
-    message: ConversationMessage | ConversationDelete = validated(model, text)
+    reason; one with an ``action`` is a ConversationDelete, or an operator's ConversationAction."""
+    model: type[BaseModel] = ConversationMessage
+    if "action" in data:
+        model = ConversationAction if data["action"] in HANDOFF_ACTIONS else ConversationDelete
+    message: ConversationMessage | ConversationDelete | ConversationAction = validated(model, text)
     if message.agent_name != agent:
         raise PoisonMessage("agent_mismatch", f"agent_name {message.agent_name!r} sent to the topic of {agent!r}")
     return message

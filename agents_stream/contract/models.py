@@ -59,11 +59,12 @@ ROUND_PREFIX = "conv:"
 
 
 class HistoryItem(BaseModel):
-    """One earlier message (``customer``) or reply (``agent``) of a conversation, as a round shows it to the model."""
+    """One earlier message (``customer``) or reply (``agent``) of a conversation, as a round shows it to the model;
+    ``note``: what the person who held the conversation wrote to the agent when handing it back."""
 
     model_config = ConfigDict(strict=True, extra="forbid", frozen=True)
 
-    role: str = Field(pattern=r"^(customer|agent)$")
+    role: str = Field(pattern=r"^(customer|agent|note)$")
     text: str
 
 

@@ -15,6 +15,8 @@ __all__ = ["HEADER", "earlier_turns", "journaled", "shown", "with_history"]
 
 #: what the summary is introduced with where the model reads it (ahead of the window)
 HEADER = "A summary of the earlier conversation (its older messages are not shown here):"
+#: what an operator's hand-back note is introduced with (it is not the customer's words)
+NOTE_HEADER = "A note from the person of the support team who handed this conversation back to you (not the customer):"
 
 
 def journaled(entries: list[Any]) -> dict[str, Any] | None:
@@ -40,8 +42,8 @@ def earlier_turns(task: TaskPayload, summary: str | None = None) -> list[Message
     if task.conversation is None:
         return []
     turns: list[Message] = [UserText(f"{HEADER}\n{summary}")] if summary else []
-    return turns + [UserText(h.text) if h.role == "customer" else AssistantTurn(h.text)
-                    for h in task.conversation.history]
+    return turns + [UserText(h.text) if h.role == "customer" else UserText(f"{NOTE_HEADER}\n{h.text}")
+                     if h.role == "note" else AssistantTurn(h.text) for h in task.conversation.history]
 
 
 def with_history(task: TaskPayload, instruction: str, summary: str | None = None) -> str:
@@ -49,7 +51,8 @@ def with_history(task: TaskPayload, instruction: str, summary: str | None = None
     message, so its history is written out), after the summary of what came before that."""
     if task.conversation is None or not (task.conversation.history or summary):
         return instruction
-    lines = [f"{'Customer' if h.role == 'customer' else 'You'}: {h.text}" for h in task.conversation.history]
+    names = {"customer": "Customer", "note": NOTE_HEADER}
+    lines = [f"{names.get(h.role, 'You')}: {h.text}" for h in task.conversation.history]
     before = f"{HEADER}\n{summary}\n\n" if summary else ""
     so_far = "The conversation so far:\n" + "\n".join(lines) + "\n\n" if lines else ""
     return before + so_far + "The customer's new message:\n" + instruction

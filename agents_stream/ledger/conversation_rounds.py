@@ -20,6 +20,7 @@ from agents_stream.config import AgentConfig
 from agents_stream.contract import topics
 from agents_stream.contract.conversation_messages import (
     REPLIES,
+    ConversationAction,
     ConversationDelete,
     ConversationMessage,
     ConversationReply,
@@ -42,7 +43,7 @@ from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
-from agents_stream.tables import summaries
+from agents_stream.tables import handoff, summaries
 from agents_stream.tables.conversation_events import round_events
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord, completed_steps
@@ -97,14 +98,16 @@ class Conversations:
         self._idle_cursors: dict[int, bytes | None] = {}
 
     def on_record(
-        self, tp: TP, offset: int, message: ConversationMessage | ConversationDelete, value: bytes | None,
-        headers: Any,
+        self, tp: TP, offset: int, message: ConversationMessage | ConversationDelete | ConversationAction,
+        value: bytes | None, headers: Any,
     ) -> None:
-        """A message (or a delete) on its agent's task topic: re-sent to its conversation's partition first when
-        not there."""
+        """A message (a delete, an operator's action) on its agent's task topic: re-sent to its conversation's
+        partition first when not there."""
         if moved(self.outbox, self.partitions, tp, offset, message.conversation_id, value, headers):
             return
-        if isinstance(message, ConversationDelete):
+        if isinstance(message, ConversationAction):
+            self.on_action(tp, offset, message)
+        elif isinstance(message, ConversationDelete):
             self.on_delete(tp, offset, message)
         else:
             self.on_message(tp, offset, message, value or b"", headers)
@@ -121,6 +124,35 @@ class Conversations:
                      "now" if head is None or head.answering is None else "once its open round ends")
         self._apply(tp, offset, cid, machine.delete(head, self.table.get, cid, by=request.by, now=time.time(),
                                                     idle_since=request.idle_since))
+
+    def on_action(self, tp: TP, offset: int, action: ConversationAction) -> None:
+        """An operator's handoff, reply or hand back (tables/handoff.py). The views checked it against the
+        conversation already; one that no longer applies (it changed in between) is logged and dropped."""
+        cid = action.conversation_id
+        head = conversation_record(self.table, cid)
+        if head is not None and head.agent != action.agent_name:
+            log.warning("An operator's %s of conversation %s names agent %s, not its agent %s: ignored",
+                        action.action, cid, action.agent_name, head.agent)
+            return
+        now = time.time()
+        try:
+            if action.action == "handoff":
+                change = handoff.hand_over(head, by=action.by, reason=action.text or "an operator took it",
+                                           source="operator", now=now, action_id=action.action_id)
+            elif action.action == "reply":
+                change = handoff.person_reply(head, self.table.get, cid, action_id=action.action_id,
+                                              text=action.text, by=action.by, now=now)
+            else:
+                change = handoff.hand_back(head, cid, action_id=action.action_id, note=action.text, by=action.by,
+                                           now=now)
+        except handoff.Problem as problem:
+            log.warning("Conversation %s: %s's %s (action %s) does not apply and is dropped: %s; nothing was sent "
+                        "to the customer — look at the conversation and act again", cid, action.by, action.action,
+                        action.action_id, problem)
+            return
+        if change.events:
+            log.info("Conversation %s: %s by %s", cid, action.action, action.by)
+        self._apply(tp, offset, cid, change)
 
     def on_message(self, tp: TP, offset: int, message: ConversationMessage, value: bytes, headers: Any) -> None:
         """A message on its agent's task topic, on its conversation's partition."""
@@ -150,8 +182,8 @@ class Conversations:
             self.outbox.deliver(tp, offset, [self._event(cid, e) for e in events])
         self._keep_summary(tp, offset, task_id, old, new)
         record = new or old
-        if record is not None and record.terminal:
-            self.round_ended(tp, offset, task_id, record)
+        if record is not None and record.terminal:  # a finished record keeps no journal: the one before it has it
+            self.round_ended(tp, offset, task_id, record, journal=completed_steps(old) + completed_steps(new))
 
     def _keep_summary(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
         """A round journaled its summary (execution/summary.py): stored with its conversation, where the next round
@@ -174,7 +206,9 @@ class Conversations:
             self.table[key] = stored
             self.outbox.deliver(tp, offset, [self.outbox.changelog(self.table, tp.partition, key)])
 
-    def round_ended(self, tp: TP, offset: int, task_id: str, task: TaskRecord) -> None:
+    def round_ended(
+        self, tp: TP, offset: int, task_id: str, task: TaskRecord, journal: list[Any] | None = None,
+    ) -> None:
         """The round of task ``task_id`` is terminal (applied now, or found so again): its reply recorded, the next
         round started. Applied again, it changes nothing."""
         parsed = round_of(task_id)
@@ -182,12 +216,21 @@ class Conversations:
             return
         cid, since, number = parsed
         result = json.loads(task.result) if task.result else {"status": "failed", "error": f"round {task.state}"}
+        head = conversation_record(self.table, cid)
+        handed = machine.Change()
+        if head is not None and head.answering == number and head.since == since:  # ends now, not again
+            reason = handoff.requested(journal if journal is not None else completed_steps(task))
+            if reason is not None:  # the agent called ``handoff``: its reply goes out, then a person holds it
+                handed = handoff.hand_over(head, by="", reason=reason, source="agent", now=time.time())
+                head = handed.head or head
+                log.info("Conversation %s: the agent handed it to a person (%s); it waits in the operators' inbox "
+                         "(GET /handoffs, agents-stream conversations inbox)", cid, reason)
         end = machine.RoundEnd(
             since=since, number=number, status=result.get("status") or "failed", text=reply_text(result),
             task_id=task_id, error=result.get("error"), completed_at=task.finished_at or time.time(),
         )
-        head = conversation_record(self.table, cid)
         change = machine.round_ended(head, self.table.get, end, cid=cid, now=time.time())
+        change.events = handed.events + change.events
         self._apply(tp, offset, cid, change)
 
     def _apply(
@@ -311,6 +354,7 @@ class Conversations:
             conversation_id=cid, agent_name=head.agent if head is not None else "",
             message_ids=reply["message_ids"], round=reply["round"], status=reply["status"], text=reply["text"],
             task_id=reply["task_id"], error=reply["error"], completed_at=iso_utc(reply["completed_at"]),
+            human=bool(reply.get("human")), operator=reply.get("operator"),
         )
         return self.outbox.record(REPLIES, cid.encode("utf-8"), body.model_dump_json().encode("utf-8"))
 

@@ -1,4 +1,5 @@
-"""``agents-stream conversations show|delete``: a conversation read, or deleted, through a worker's web views."""
+"""``agents-stream conversations show|delete|inbox|handoff|reply|handback``: a conversation read, deleted, or
+handed to a person and back (docs/guide/handoff.md), through a worker's web views."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import sys
 import urllib.error
 import urllib.request
+import uuid
 from typing import Any
 from urllib.parse import quote
 
@@ -29,6 +31,47 @@ def register(add_parser: AddParser) -> None:
     delete.add_argument("id", metavar="CONVERSATION_ID")
     delete.add_argument("--by", default=f"{os.environ.get('USER', 'operator')}@cli", help="who deletes it")
     delete.set_defaults(func=_cmd_delete)
+    inbox = sub.add_parser("inbox", help="the conversations held by a person, or waiting for one, and their messages")
+    inbox.set_defaults(func=_cmd_inbox)
+    me = f"{os.environ.get('USER', 'operator')}@cli"
+    for name, what, text_help in (
+        ("handoff", "take a conversation from its agent (or claim one waiting for a person)", "why (optional)"),
+        ("reply", "answer the customer as a person (the conversation must be held by a person)", "the reply"),
+        ("handback", "hand the conversation back to its agent, with a note its model sees", "the note (optional)"),
+    ):
+        act = sub.add_parser(name, help=what)
+        act.add_argument("id", metavar="CONVERSATION_ID")
+        act.add_argument("text", nargs="?" if name != "reply" else None, default="", help=text_help)
+        act.add_argument("--by", default=me, help=f"who acts ({me})")
+        act.add_argument("--action-id", default=None,
+                         help="the same id again (a retry) counts once; made for you when absent")
+        act.set_defaults(func=_cmd_act, action=name)
+
+
+def _cmd_inbox(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    try:
+        status, body = get_view(settings, "/handoffs")
+    except OSError as exc:
+        return no_worker(settings, exc)
+    print(json.dumps(printable_tree(body), indent=1, ensure_ascii=False))
+    return 0 if status == 200 else 1
+
+
+def _cmd_act(args: argparse.Namespace) -> int:
+    settings = Settings.from_env()
+    body = {"by": args.by, "text": args.text, "action_id": args.action_id or uuid.uuid4().hex}
+    try:
+        status, answer = _post(settings, f"/conversations/{quote(args.id, safe='')}/{args.action}", body)
+    except OSError as exc:
+        return no_worker(settings, exc)
+    if status != 202:
+        print(f"agents-stream conversations {args.action}: {status}: {printable_tree(answer.get('error'))}",
+              file=sys.stderr)
+        return 1
+    print(f"conversation {printable_tree(args.id)}: {args.action} accepted (action {body['action_id']}: run the "
+          "same command with --action-id to retry it safely)")
+    return 0
 
 
 def _cmd_show(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from agents_stream.ops.web_approvals import publish_decision, register_approval_
 from agents_stream.ops.web_conversations import register_conversation_views
 from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.ops.web_events import register_event_views
+from agents_stream.ops.web_handoff import register_handoff_views
 from agents_stream.ops.web_live import register_live_views
 from agents_stream.orchestrator import JobRequest
 from agents_stream.settings import Settings
@@ -94,6 +95,7 @@ def register(app: Any, runtime: Worker) -> None:
     register_approval_views(app, runtime)
     register_dead_letter_views(app, settings)
     register_conversation_views(app, runtime)
+    register_handoff_views(app, runtime)
     register_event_views(app, runtime)
     _cancel_views(app, settings)
     _health_views(app, runtime)

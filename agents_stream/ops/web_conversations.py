@@ -22,13 +22,14 @@ from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.routing import ask_owner, owner_elsewhere, routed
 from agents_stream.tables import conversations as machine
+from agents_stream.tables import handoff
 from agents_stream.tables.conversations import ConversationRecord, summary_key
 from agents_stream.tables.leases import TaskRecord
 
 if TYPE_CHECKING:
     from agents_stream.ops.web import Worker
 
-__all__ = ["describe", "register_conversation_views"]
+__all__ = ["describe", "publish", "register_conversation_views", "view_of"]
 
 EXPECTED = (
     '{"agent_name": "<agent>", "text": "<the message>", "message_id": "<optional: your id, so a retry is the same '
@@ -60,6 +61,7 @@ def describe(
         "waiting": [{k: m.get(k) for k in ("id", "text", "user", "at", "round")} for m in head.waiting_list()],
         "round": None,
         "summary": _summary(read(summary_key(cid))),
+        "handoff": handoff.inbox_entry(cid, head, time.time()) if head.held_by is not None else None,
     }
     if head.answering is not None:
         task_id = round_task_id(cid, head.answering, partitions, head.since)
@@ -177,19 +179,37 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
 
 async def _agent_of(app: Any, request: Request, table: Any, cid: str, partitions: int) -> str | None:
     """The conversation's agent, read where the conversation is (this worker or its owner); None if unknown."""
+    found = await view_of(app, request, table, cid, partitions)
+    return str(found["agent"]) if found is not None else None
+
+
+async def view_of(app: Any, request: Request, table: Any, cid: str, partitions: int) -> dict[str, Any] | None:
+    """The conversation's head as ``GET /conversations/<id>?limit=1`` shows it (agent, status, ``handoff``), read
+    where the conversation is (this worker or its owner); None if unknown."""
     owner = owner_elsewhere(app, table, cid, partitions, request)
     if owner is None:
         data = table.get(cid)
-        return ConversationRecord.from_json(data).agent if data else None
+        if not data:
+            return None
+        head = ConversationRecord.from_json(data)
+        return {"agent": head.agent, "status": head.status,
+                "handoff": handoff.inbox_entry(cid, head, time.time()) if head.held_by is not None else None}
     status, _, body = await ask_owner(app, owner, request, path=f"/conversations/{quote(cid, safe='')}?limit=1")
     if status == 404:
         return None
     try:
         if status != 200:
             raise ValueError(f"HTTP {status}")
-        return str(json.loads(body)["agent"])
+        found = json.loads(body)
+        str(found["agent"])
+        return dict(found)
     except (ValueError, KeyError, TypeError) as exc:
         raise Refused(502, f"the worker owning this conversation ({owner}) answered {exc}") from None
+
+
+async def publish(app: Any, agent: str, cid: str, value: bytes, retry: str = "retry") -> tuple[int, int]:
+    """One record on the agent's task topic keyed by the conversation (an operator's action too)."""
+    return await _publish(app, agent, cid, value, retry)
 
 
 async def _send(app: Any, message: ConversationMessage) -> tuple[int, int]:

@@ -1,0 +1,11 @@
+"""A desk agent with the built-in ``handoff`` tool, for tests/integration/test_handoff.py (loaded by workers)."""
+
+from agents_stream.execution.agent_definitions import Agent
+from agents_stream.execution.handoff_tool import handoff
+
+DESK = Agent(
+    "desk",
+    instructions="You answer customers. When a customer asks for a person, call handoff with the reason.",
+    tools=[handoff],
+    max_turns=4,
+)
