@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from agents_stream.config import McpServerConfig
     from agents_stream.contract.errors import TransientError
     from agents_stream.execution.agent_definitions import Agent
+    from agents_stream.execution.handoff_tool import handoff
     from agents_stream.execution.routing_definitions import RouteMessage, Routing, Rule
     from agents_stream.execution.saga_definitions import SagaDefinition, SagaStep, StepContext
     from agents_stream.execution.tools import FatalToolError, Tool, ToolContext, ToolError, agent_tool, tool
@@ -52,13 +53,14 @@ _HOMES = {
     "ToolError": "agents_stream.execution.tools",
     "TransientError": "agents_stream.contract.errors",
     "agent_tool": "agents_stream.execution.tools",
+    "handoff": "agents_stream.execution.handoff_tool",
     "tool": "agents_stream.execution.tools",
 }
 
 __all__ = [
     "Agent", "Client", "ClientError", "FatalToolError", "McpServerConfig", "RouteMessage", "Routing", "Rule",
     "SagaDefinition", "SagaStep", "StepContext", "Tool", "ToolContext", "ToolError", "TransientError", "__version__",
-    "agent_tool", "tool",
+    "agent_tool", "handoff", "tool",
 ]
 
 if not TYPE_CHECKING:  # hidden from type checkers: a misspelt name stays an error there, not Any

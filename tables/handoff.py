@@ -108,7 +108,7 @@ def person_reply(
     waiting = head.waiting_list()
     answered = [m for m in waiting if m["round"] is None]
     change = Change()
-    items = []
+    items: list[dict[str, Any]] = []
     for m in answered:
         m["item"] = head.items + len(items)
         items.append({"role": "customer", "text": m["text"], "id": m["id"], "user": m.get("user"), "at": m["at"],

@@ -1,7 +1,7 @@
 """A desk agent with the built-in ``handoff`` tool, for tests/integration/test_handoff.py (loaded by workers)."""
 
+from agents_stream import handoff
 from agents_stream.execution.agent_definitions import Agent
-from agents_stream.execution.handoff_tool import handoff
 
 DESK = Agent(
     "desk",
