@@ -31,7 +31,8 @@ from agents_stream.contract.models import (
 
 __all__ = [
     "REPLIES", "ROUND_PREFIX", "ConversationAction", "ConversationContext", "ConversationDelete", "ConversationMessage",
-    "ConversationReply", "HistoryItem", "conversation_of", "is_message", "message_digest", "message_from", "round_of", "round_task_id",
+    "ConversationReply", "HistoryItem", "conversation_of", "is_message", "message_digest", "message_from", "round_of",
+    "round_task_id",
 ]
 
 REPLIES = topics.REPLIES

@@ -35,8 +35,9 @@ def receive(store: Store, head: ConversationRecord | None, i: str) -> tuple[Conv
 def test_a_held_conversation_starts_no_round_and_its_messages_wait_for_the_person() -> None:
     store = Store()
     head, _ = receive(store, None, "m1")
-    head = store.apply("c", machine.round_ended(head, store.get, cid="c", since=0, number=1, status="succeeded",
-                                                text="hi", task_id="t", error=None, completed_at=2.0, now=2.0))
+    head = store.apply("c", machine.round_ended(
+        head, store.get, machine.RoundEnd(since=0, number=1, status="succeeded", text="hi", task_id="t", error=None,
+                                          completed_at=2.0), cid="c", now=2.0))
     held = handoff.hand_over(head, by="", reason="asked for a person", source="agent", now=3.0)
     assert [e["kind"] for e in held.events] == ["handed_over"]
     head = store.apply("c", held)
@@ -49,8 +50,9 @@ def test_a_held_conversation_starts_no_round_and_its_messages_wait_for_the_perso
 
 def held_with_message(store: Store) -> ConversationRecord:
     head, _ = receive(store, None, "m1")
-    head = store.apply("c", machine.round_ended(head, store.get, cid="c", since=0, number=1, status="succeeded",
-                                                text="hi", task_id="t", error=None, completed_at=2.0, now=2.0))
+    head = store.apply("c", machine.round_ended(
+        head, store.get, machine.RoundEnd(since=0, number=1, status="succeeded", text="hi", task_id="t", error=None,
+                                          completed_at=2.0), cid="c", now=2.0))
     head = store.apply("c", handoff.hand_over(head, by="ana", reason="r", source="operator", now=3.0,
                                               action_id="h1"))
     head, _ = receive(store, head, "m2")
