@@ -28,6 +28,7 @@ from agents_stream.ops.routing import routed
 from agents_stream.ops.samples import SampleRing
 from agents_stream.ops.web_approvals import publish_decision, register_approval_views, send_event
 from agents_stream.ops.web_conversations import register_conversation_views
+from agents_stream.ops.web_desk import register_desk_views
 from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.ops.web_events import register_event_views
 from agents_stream.ops.web_live import register_live_views
@@ -94,6 +95,7 @@ def register(app: Any, runtime: Worker) -> None:
     register_approval_views(app, runtime)
     register_dead_letter_views(app, settings)
     register_conversation_views(app, runtime)
+    register_desk_views(app, runtime)
     register_event_views(app, runtime)
     _cancel_views(app, settings)
     _health_views(app, runtime)
