@@ -13,6 +13,10 @@ reports tokens as a tokenizer would count the request it received (its messages 
 characters a token) and its answer. Cost is what the worker itself reports in each round's result (`usage.cost`,
 from the config's `[prices]`: large 2.50 / 10.00 USD, small 0.15 / 0.60 USD per million tokens in / out); latency
 is a message sent → its reply read over HTTP. Noise: the spread of each side's mean latency over the repeats.
+Run alone: `make bench BENCH_ARGS="--only B8 --merge"` (about 4 minutes; these figures:
+`KAFKA_BOOTSTRAP=127.0.0.1:9092 .venv/bin/python bench/run.py --only B8 --merge`, the same without the install
+step); `.venv/bin/python -m bench.b8_desk 3` prints them without writing this page. Each kind's cost and latency,
+both sides: "Raw figures", B8 `by_kind`.
 """
 
 from __future__ import annotations
