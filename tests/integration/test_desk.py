@@ -110,6 +110,8 @@ async def test_the_desk_answers_each_message_with_the_cheapest_handler_and_refun
         row = next(r for r in view["conversations"] if r["conversation_id"] == cid)
         assert row["status"] == "idle" and row["waiting_s"] is None and row["rounds"] == 3, row
         assert [x["handler"] for x in row["routes"]] == [names["faq"], names["orders"], names["support"]], row
+        page, script = await worker.get("/"), await worker.get("/console/desk.js")  # the console's desk panel
+        assert 'id="desk-table"' in page and '"/desk/" + encodeURIComponent(agent)' in script
 
 
 async def desk_view(worker, desk: str, query: str = "") -> dict:
