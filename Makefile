@@ -110,8 +110,9 @@ typecheck: install
 	@mkdir -p build/typecheck/agents_stream && ln -sfn ../../../tables build/typecheck/agents_stream/tables
 	set -o pipefail; $(VENV)/bin/mypy | sed 's#^build/typecheck/agents_stream/tables/#tables/#'
 
-# Benchmarks B1-B5 (bench/run.py): prints the table and writes docs/benchmarks.md; about 12 minutes on 2 cores.
-# Not part of `make test`. BENCH_ARGS adds options (e.g. BENCH_ARGS="--quick" or "--only B1,B3").
+# Benchmarks B1-B8 (bench/run.py): prints the table and writes docs/benchmarks.md; about 12 minutes on 2 cores.
+# Not part of `make test`. BENCH_ARGS adds options (e.g. BENCH_ARGS="--quick" or "--only B1,B3"; the support desk's
+# cost and latency against the full agent alone: BENCH_ARGS="--only B8 --merge", about 4 minutes).
 # A local broker (port $${KAFKA_PORT:-9092}) is started if KAFKA_BROKER is not set and none runs; stopped again after.
 .PHONY: bench
 bench: install

@@ -37,6 +37,7 @@ from bench import (  # noqa: E402
     b5_memory,
     b6_failover_state,
     b7_conversation,
+    b8_desk,
     common,
 )
 from bench.report import Row, markdown, table  # noqa: E402
@@ -45,16 +46,17 @@ from bench.report import Row, markdown, table  # noqa: E402
 SIZES = {
     "full": {"b1_n": 10_000, "b2_n": 5_000, "b2_sync_n": 50, "b2_agent_n": 2_000, "b3_s": 30.0, "b4_rate": 80.0,
              "b4_before_s": 15.0, "b4_after_s": 90.0, "b5_n": 1_000_000, "b6_n": 1_000_000,
-             "b7_long": 1_000, "b7_burst": 1_000},
+             "b7_long": 1_000, "b7_burst": 1_000, "b8_repeats": 3},
     "quick": {"b1_n": 2_000, "b2_n": 1_000, "b2_sync_n": 15, "b2_agent_n": 300, "b3_s": 8.0, "b4_rate": 40.0,
               "b4_before_s": 10.0, "b4_after_s": 75.0, "b5_n": 50_000, "b6_n": 50_000,
-              "b7_long": 100, "b7_burst": 200},
+              "b7_long": 100, "b7_burst": 200, "b8_repeats": 1},
 }
 #: each benchmark's own time limit (seconds), full / quick
 TIMEOUTS = {"B1": (900, 300), "B2": (300, 180), "B3": (300, 180), "B4": (360, 300), "B5": (1500, 300),
-            "B6": (2400, 600), "B7": (600, 240)}
+            "B6": (2400, 600), "B7": (600, 240), "B8": (600, 300)}
 MODULES = {"B1": b1_throughput, "B2": b2_provider_latency, "B3": b3_latency, "B4": b4_failover, "B5": b5_memory,
-           "B6": b6_failover_state, "B7": b7_conversation}
+           "B6": b6_failover_state, "B7": b7_conversation,
+           "B8": b8_desk}
 DOC = ROOT / "docs" / "benchmarks.md"
 NOTES = ROOT / "bench" / "notes.md"
 PEERS_BEGIN, PEERS_END = "<!-- peers:begin -->", "<!-- peers:end -->"  # bench/peers/run.py's section of DOC
@@ -87,6 +89,8 @@ async def main(only: list[str], quick: bool, b3_rate: float | None) -> tuple[lis
                 coro = b5_memory.run(tmp, size["b5_n"])
             elif name == "B7":
                 coro = b7_conversation.run(tmp, size["b7_long"], size["b7_burst"])
+            elif name == "B8":
+                coro = b8_desk.run(tmp, size["b8_repeats"])
             else:
                 coro = b6_failover_state.run(tmp, size["b6_n"])
             print(f"[{time.strftime('%H:%M:%S')}] {name} ...", flush=True)
@@ -174,7 +178,7 @@ def write_doc(rows: list[Row], raw: dict, took: dict[str, float], quick: bool, m
 
 def cli() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default="B1,B2,B3,B4,B5,B6,B7", help="comma-separated subset, e.g. B1,B3")
+    parser.add_argument("--only", default="B1,B2,B3,B4,B5,B6,B7,B8", help="comma-separated subset, e.g. B1,B3")
     parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run; figures not final)")
     parser.add_argument("--b3-rate", type=float, default=None,
                         help="B3's rate when B1 is not run (default: half of B1's, else 500/s)")

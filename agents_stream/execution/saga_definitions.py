@@ -55,6 +55,10 @@ class SagaDefinition:
     steps: tuple[SagaStep, ...]
     #: bound of one action or compensation call
     timeout_s: float = 30.0
+    #: the task's output from its steps' outputs (by step name) once the saga completed; None: those outputs. A
+    #: saga that answers a customer (a routed desk's fixed chain) says its answer in words here. Called again on
+    #: every re-run from the checkpointed reports: a pure function of them.
+    result: Callable[[dict[str, Any]], Any] | None = None
 
     def __post_init__(self) -> None:
         pivots = [s.name for s in self.steps if s.pivot]

@@ -103,7 +103,8 @@ class StepRunner:
             state, effects = saga_machine.step(shape, state, saga_event(report))
         if state.status == saga_machine.COMPLETED:
             return TaskSucceeded(
-                **outcome.common(run), status="succeeded", partial=False, output=outputs, confidence="high",
+                **outcome.common(run), status="succeeded", partial=False,
+                output=definition.result(outputs) if definition.result else outputs, confidence="high",
                 source=f"saga:{shape.name}",
             )
         return outcome.rejected(run, Rejected(

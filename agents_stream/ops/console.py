@@ -24,6 +24,7 @@ ASSETS = {
     "deadletters.js": "text/javascript; charset=utf-8",
     "console.js": "text/javascript; charset=utf-8",
     "conversations.js": "text/javascript; charset=utf-8",
+    "desk.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
 

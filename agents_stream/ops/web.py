@@ -28,6 +28,7 @@ from agents_stream.ops.routing import routed
 from agents_stream.ops.samples import SampleRing
 from agents_stream.ops.web_approvals import publish_decision, register_approval_views, send_event
 from agents_stream.ops.web_conversations import register_conversation_views
+from agents_stream.ops.web_desk import register_desk_views
 from agents_stream.ops.web_dlq import register_dead_letter_views
 from agents_stream.ops.web_events import register_event_views
 from agents_stream.ops.web_handoff import register_handoff_views
@@ -96,6 +97,7 @@ def register(app: Any, runtime: Worker) -> None:
     register_dead_letter_views(app, settings)
     register_conversation_views(app, runtime)
     register_handoff_views(app, runtime)
+    register_desk_views(app, runtime)
     register_event_views(app, runtime)
     _cancel_views(app, settings)
     _health_views(app, runtime)
