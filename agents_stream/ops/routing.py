@@ -42,6 +42,14 @@ async def gather(app: Any, path: str, headers: dict[str, str]) -> tuple[list[Any
     return bodies, missing
 
 
+def active_partitions(app: Any, table: Any) -> set[int]:
+    """The partitions of ``table`` this worker owns now (not its standby copies, which may be behind)."""
+    here = str(app.conf.canonical_url).rstrip("/")
+    changelog = table.changelog_topic.get_topic_name()
+    return {p for url, assigned in app.router.tables_metadata().items() if str(url).rstrip("/") == here
+            for p in assigned.get(changelog, ())}
+
+
 def owner_of(app: Any, table: Any, key: str, partitions: int) -> str | None:
     """The web URL of the worker whose active partitions hold ``key`` in ``table``; None during a rebalance.
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from faust.web import Request, Response, View
 
 from agents_stream.contract.conversation_messages import round_task_id
-from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather
+from agents_stream.ops.routing import ROUTED_HEADER, active_partitions, forwarded_headers, gather
 from agents_stream.tables import route_journal
 from agents_stream.tables.conversations import SEP, ConversationRecord
 from agents_stream.tables.leases import AWAITING_APPROVAL, TaskRecord, completed_steps
@@ -74,12 +74,8 @@ def _route(record: TaskRecord) -> dict[str, Any] | None:
 def _share(app: Any, runtime: Worker, agent: str, everything: bool) -> list[dict[str, Any]]:
     """The rows of this worker's active partitions of the conversations table."""
     table = runtime.tables.conversations
-    here = str(app.conf.canonical_url).rstrip("/")
-    changelog = table.changelog_topic.get_topic_name()
-    mine = {p for url, assigned in app.router.tables_metadata().items() if str(url).rstrip("/") == here
-            for p in assigned.get(changelog, ())}
     rows, now = [], time.time()
-    for partition in sorted(mine):
+    for partition in sorted(active_partitions(app, table)):
         entries, _ = table.scan(partition, None, SCAN_LIMIT)
         for key, value in entries:
             if SEP in key or not isinstance(value, dict) or value.get("agent") != agent:

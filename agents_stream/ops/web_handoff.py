@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Iterable
 
 from faust.web import Request, Response, View
 from pydantic import ValidationError
@@ -19,7 +19,7 @@ from pydantic import ValidationError
 from agents_stream.contract.conversation_messages import ConversationAction
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
-from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather
+from agents_stream.ops.routing import ROUTED_HEADER, active_partitions, forwarded_headers, gather
 from agents_stream.ops.web_conversations import publish, view_of
 from agents_stream.tables import handoff
 from agents_stream.tables.conversations import SEP, ConversationRecord
@@ -36,11 +36,11 @@ INBOX_MAX = 500
 SCAN_MAX = 100_000
 
 
-def inbox(table: Any, partitions: int, now: float) -> list[dict[str, Any]]:
-    """The conversations held by a person (or waiting for one) on this worker's partitions, oldest handoff first.
-    Reads the local store of each partition (a standby's copy too: the views merge by conversation id)."""
+def inbox(table: Any, partitions: Iterable[int], now: float) -> list[dict[str, Any]]:
+    """The conversations held by a person (or waiting for one) on ``partitions`` (this worker's own, not its
+    standby copies, which may be behind), oldest handoff first."""
     found: list[dict[str, Any]] = []
-    for partition in range(partitions):
+    for partition in sorted(partitions):
         entries, _ = table.scan(partition, None, SCAN_MAX) if hasattr(table, "scan") else ([], None)
         for key, value in entries:
             if SEP not in key and isinstance(value, dict) and value.get("held_by") is not None:
@@ -55,7 +55,7 @@ def register_handoff_views(app: Any, runtime: Worker) -> None:
     @app.page("/handoffs")
     class Inbox(View):
         async def get(self, request: Request) -> Response:
-            mine = inbox(table, settings.partitions, time.time())
+            mine = inbox(table, active_partitions(app, table), time.time())
             if request.headers.get(ROUTED_HEADER):
                 return self.json({"worker": runtime.worker_id, "conversations": mine})
             bodies, missing = await gather(app, request.rel_url.raw_path_qs, forwarded_headers(request))
