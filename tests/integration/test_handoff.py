@@ -131,3 +131,59 @@ async def _held(worker: Any, cid: str) -> bool:
 async def _not_held(worker: Any, cid: str) -> bool:
     body = await _get(worker, f"/conversations/{cid}")
     return body.get("handoff") is None and body.get("status") in ("idle", "answering")
+
+
+HANDOFF_TEXT = "Our assistant is down: a person of the desk will answer you here."
+
+
+async def test_a_provider_outage_past_handoff_after_s_hands_the_conversation_to_a_person_and_back(
+    cluster_factory, fake_llm,
+):
+    """Every provider down past ``handoff_after_s``: the customer gets the "connecting you" reply (marked
+    ``handoff: "outage"``) instead of silence, the conversation waits in GET /handoffs (source "outage"), a person
+    answers and hands it back, the provider is back, and the agent answers the next message — each once."""
+    agent = unique("desk")
+    toml = providers_toml(fake_llm.url, ("openai",))
+    toml += (f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\nhandoff_after_s = 4\n'
+             f'handoff_text = "{HANDOFF_TEXT}"\n[breaker]\nopen_timeout_s = 3\n')
+    c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN, AGENTS_STREAM_MAX_RETRIES="2")
+    worker = await c.started("a")
+    await fake_llm.set_mode(outage=True)
+    cid = unique("conv")
+    async with Client(_url(worker), TOKEN) as client:
+        first = await client.send(cid, agent, "where is my order o-7?")
+        reply1 = await client.reply(cid, first.message_id, timeout=120)
+        assert reply1["text"] == HANDOFF_TEXT and reply1.get("handoff") == "outage" and not reply1.get("human")
+        inbox = await _get(worker, "/handoffs")
+        entry = next(e for e in inbox["conversations"] if e["conversation_id"] == cid)
+        assert entry["source"] == "outage" and entry["held_by"] is None, entry
+        asked = len(fake_llm.requests)
+
+        second = await client.send(cid, agent, "hello?")
+        await eventually(lambda: _inbox_waits(worker, cid, second.message_id), timeout=30,
+                         what="the message in the inbox")
+        status, _ = await _post(worker, f"/conversations/{cid}/reply",
+                                {"text": "Ana here: o-7 left the warehouse today.", "by": "ana", "action_id": "o-r1"})
+        assert status == 202
+        reply2 = await client.reply(cid, second.message_id, timeout=60)
+        assert reply2["human"] is True and reply2["operator"] == "ana"
+        status, _ = await _post(worker, f"/conversations/{cid}/handback",
+                                {"text": "Told them o-7 shipped today.", "by": "ana", "action_id": "o-b1"})
+        assert status == 202
+        await eventually(lambda: _not_held(worker, cid), timeout=30, what="the conversation back with its agent")
+        assert len(fake_llm.requests) == asked, "no model call while a person holds the conversation"
+
+        await fake_llm.set_mode(outage=False)
+        await eventually(lambda: _provider_up(worker), timeout=60, what="the breaker closed again")
+        fake_llm.enqueue(ok("It should arrive tomorrow."))  # after the breaker's probe, which is a real call
+        third = await client.send(cid, agent, "when will it arrive?")
+        reply3 = await client.reply(cid, third.message_id, timeout=120)
+    assert reply3["text"] == "It should arrive tomorrow." and not reply3.get("handoff") and not reply3.get("human")
+    assert "Told them o-7 shipped today." in json.dumps(fake_llm.requests[-1].body)
+    replies = await _replies(cid, 3)
+    assert [r["message_ids"] for r in replies] == [[first.message_id], [second.message_id], [third.message_id]]
+    assert replies[0]["handoff"] == "outage"
+
+
+async def _provider_up(worker: Any) -> bool:
+    return (await worker.readyz()).get("providers_down") == []
