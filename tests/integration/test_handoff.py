@@ -187,3 +187,40 @@ async def test_a_provider_outage_past_handoff_after_s_hands_the_conversation_to_
 
 async def _provider_up(worker: Any) -> bool:
     return (await worker.readyz()).get("providers_down") == []
+
+
+async def test_a_kill_right_after_an_operators_reply_was_accepted_answers_the_customer_once(
+    cluster_factory, fake_llm,
+):
+    """SIGKILL of the worker that owns the conversation right after a person's reply got its 202 (the action is on
+    the broker; applying and sending it may or may not have happened): after the restart the customer has that
+    reply, once, and the history holds one operator item for it."""
+    agent = unique("desk")
+    toml = providers_toml(fake_llm.url, ("openai",))
+    toml += f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
+    c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN)
+    worker = await c.started("a")
+    cid = unique("conv")
+    fake_llm.enqueue(tool_calls(call("handoff", {"reason": "asks for a person"})), ok("Connecting you to a person."))
+    async with Client(_url(worker), TOKEN) as client:
+        first = await client.send(cid, agent, "a person please")
+        await client.reply(cid, first.message_id, timeout=90)
+        await eventually(lambda: _held(worker, cid), timeout=30, what="the conversation in the operators' inbox")
+        second = await client.send(cid, agent, "are you there?")
+        await eventually(lambda: _inbox_waits(worker, cid, second.message_id), timeout=30,
+                         what="the message in the inbox")
+    status, _ = await _post(worker, f"/conversations/{cid}/reply",
+                            {"text": "Yes, Ben here.", "by": "ben", "action_id": "k-r1"})
+    assert status == 202
+    worker.kill()  # at once: the ledger may not have applied it, or applied it and not sent the reply yet
+    worker = await c.started("a")
+    async with Client(_url(worker), TOKEN) as client:
+        reply = await client.reply(cid, second.message_id, timeout=90)
+        view = await client.conversation(cid)
+    assert reply["text"] == "Yes, Ben here." and reply["human"] is True and reply["operator"] == "ben"
+    replies = await _replies(cid, 2)
+    texts = {r["text"] for r in replies if second.message_id in r["message_ids"]}
+    print(f"\nreplies to the message after the kill: {sum(second.message_id in r['message_ids'] for r in replies)}")
+    assert texts == {"Yes, Ben here."}, replies  # a copy sent again after the kill is the same reply, byte for byte
+    assert view is not None and [i["role"] for i in view["history"]] == ["customer", "agent", "customer", "operator"]
+    assert view["handoff"] is not None and view["handoff"]["held_by"] == "ben"
