@@ -35,8 +35,8 @@ from agents_stream.tables.conversations import (
 )
 
 __all__ = [
-    "HANDED_OVER", "MAX_ACTIONS", "OUTAGE_REASON", "MAX_TEXT", "Problem", "hand_back", "hand_over", "inbox_entry", "person_reply",
-    "requested",
+    "HANDED_OVER", "MAX_ACTIONS", "MAX_TEXT", "OUTAGE_REASON", "Problem", "hand_back", "hand_over", "inbox_entry",
+    "person_reply", "requested",
 ]
 
 #: how the ``handoff`` tool's result begins (execution/handoff_tool.py): the ledger finds it in a round's journal

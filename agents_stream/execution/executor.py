@@ -32,8 +32,8 @@ from agents_stream.contract.events import (
     TaskSucceeded,
 )
 from agents_stream.contract.models import TaskPayload
-from agents_stream.execution import run as run_outcome
 from agents_stream.execution import outage
+from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
 from agents_stream.execution.call import Caller, SendControl
 from agents_stream.execution.chunks import Chunks, SendEvent

@@ -39,8 +39,8 @@ from agents_stream.contract.models import (
     iso_utc,
     utcnow_iso,
 )
-from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.execution.outage import OUTAGE_SOURCE
+from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+from agents_stream.tables import conversations as machine
+
 from agents_stream.config import DEFAULT_HANDOFF_TEXT, AgentConfig
 from agents_stream.contract.conversation_messages import ConversationReply
 from agents_stream.contract.models import ConversationContext, TaskPayload
 from agents_stream.execution.outage import OUTAGE_SOURCE, handed_over
 from agents_stream.execution.run import Run
-from agents_stream.tables import conversations as machine
 
 ROUND = TaskPayload(task_id="t-1", agent_name="desk", instruction="where is my order?",
                     conversation=ConversationContext(conversation_id="c", message_ids=["m1"]))
