@@ -157,6 +157,8 @@ async def test_a_provider_outage_past_handoff_after_s_hands_the_conversation_to_
         inbox = await _get(worker, "/handoffs")
         entry = next(e for e in inbox["conversations"] if e["conversation_id"] == cid)
         assert entry["source"] == "outage" and entry["held_by"] is None, entry
+        page, script = await worker.get("/"), await worker.get("/console/inbox.js")  # the console's inbox panel
+        assert 'id="inbox-table"' in page and 'api("GET", "/handoffs")' in script and "handback" in script
         asked = len(fake_llm.requests)
 
         second = await client.send(cid, agent, "hello?")
