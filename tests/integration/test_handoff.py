@@ -177,11 +177,12 @@ async def test_a_provider_outage_past_handoff_after_s_hands_the_conversation_to_
 
         await fake_llm.set_mode(outage=False)
         await eventually(lambda: _provider_up(worker), timeout=60, what="the breaker closed again")
-        fake_llm.enqueue(ok("It should arrive tomorrow."))  # after the breaker's probe, which is a real call
         third = await client.send(cid, agent, "when will it arrive?")
         reply3 = await client.reply(cid, third.message_id, timeout=120)
-    assert reply3["text"] == "It should arrive tomorrow." and not reply3.get("handoff") and not reply3.get("human")
-    assert "Told them o-7 shipped today." in json.dumps(fake_llm.requests[-1].body)
+    # the model answered (unscripted, the fake echoes the prompt: a breaker probe may come at any time)
+    assert "when will it arrive?" in reply3["text"] and not reply3.get("handoff") and not reply3.get("human")
+    said = json.dumps([r.body for r in fake_llm.requests if "when will it arrive?" in json.dumps(r.body)])
+    assert "Told them o-7 shipped today." in said
     replies = await _replies(cid, 3)
     assert [r["message_ids"] for r in replies] == [[first.message_id], [second.message_id], [third.message_id]]
     assert replies[0]["handoff"] == "outage"
