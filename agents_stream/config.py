@@ -264,6 +264,11 @@ class RoutingConfig(BaseModel):
         return self
 
 
+#: what the customer reads when an outage hands their conversation to a person (``handoff_text``)
+DEFAULT_HANDOFF_TEXT = ("Our assistant is unavailable right now, so I am connecting you to a person of our team; "
+                        "they will answer here.")
+
+
 class AgentConfig(BaseModel):
     """A sub-agent: its task topic is ``agent.tasks.<name>``."""
 
@@ -322,6 +327,11 @@ class AgentConfig(BaseModel):
     summary: SummaryConfig | None = None
     #: routing across handlers: each message goes to one of these other agents (docs/guide/routing.md)
     routing: RoutingConfig | None = None
+    #: human handoff on an outage (docs/guide/handoff.md): a conversation round held this many seconds because no
+    #: provider of its ladder is available ends with ``handoff_text`` and the conversation waits for a person;
+    #: None (the default): the round stays held until a provider is back, as any task
+    handoff_after_s: float | None = Field(default=None, gt=0, le=86_400)
+    handoff_text: str = Field(default=DEFAULT_HANDOFF_TEXT, min_length=1, max_length=2_000)
 
 
 class AppConfig(BaseModel):

@@ -255,6 +255,8 @@ class RoundEnd:
     task_id: str
     error: str | None
     completed_at: float
+    #: "outage": the reply hands the conversation to a person (execution/outage.py); None: an ordinary reply
+    handoff: str | None = None
 
 
 def round_ended(head: ConversationRecord | None, read: Read, end: RoundEnd, *, cid: str, now: float) -> Change:
@@ -269,6 +271,8 @@ def round_ended(head: ConversationRecord | None, read: Read, end: RoundEnd, *, c
     answered = [m for m in waiting if m["round"] == number]
     reply = {"round": number, "message_ids": [m["id"] for m in answered], "status": status, "text": text,
              "task_id": end.task_id, "error": end.error, "completed_at": end.completed_at}
+    if end.handoff is not None:
+        reply["handoff"] = end.handoff
     change = Change(effects=[SendReply(reply)],
                     events=[_event(f"reply:{number}", "reply", number, reply)])
     for m in answered:
@@ -307,7 +311,8 @@ def _item(role: str, source: dict[str, Any]) -> dict[str, Any]:
         return {"role": role, "text": source["text"], "id": source["id"], "user": source.get("user"),
                 "at": source["at"], "round": source["round"]}
     return {"role": role, "text": source["text"], "round": source["round"], "at": source["completed_at"],
-            **{k: source[k] for k in ("status", "message_ids", "task_id", "error")}}
+            **{k: source[k] for k in ("status", "message_ids", "task_id", "error")},
+            **({"handoff": source["handoff"]} if source.get("handoff") else {})}
 
 
 def reply_of(item: dict[str, Any]) -> dict[str, Any]:
@@ -317,6 +322,8 @@ def reply_of(item: dict[str, Any]) -> dict[str, Any]:
              "text": item["text"], "task_id": item["task_id"], "error": item["error"], "completed_at": item["at"]}
     if item.get("human"):
         reply.update(human=True, operator=item.get("operator"))
+    if item.get("handoff"):
+        reply["handoff"] = item["handoff"]
     return reply
 
 

@@ -35,12 +35,14 @@ from agents_stream.tables.conversations import (
 )
 
 __all__ = [
-    "HANDED_OVER", "MAX_ACTIONS", "MAX_TEXT", "Problem", "hand_back", "hand_over", "inbox_entry", "person_reply",
-    "requested",
+    "HANDED_OVER", "MAX_ACTIONS", "MAX_TEXT", "OUTAGE_REASON", "Problem", "hand_back", "hand_over", "inbox_entry",
+    "person_reply", "requested",
 ]
 
 #: how the ``handoff`` tool's result begins (execution/handoff_tool.py): the ledger finds it in a round's journal
 HANDED_OVER = "Handed to a person:"
+#: why a conversation an outage handed over waits for a person (execution/outage.py)
+OUTAGE_REASON = "no model provider could answer for the agent's handoff_after_s"
 #: operator actions remembered per conversation (their ids): more than any double click or retry spans
 MAX_ACTIONS = 50
 #: the longest reply or note an operator may send (characters); a longer one is refused with a 400

@@ -80,6 +80,9 @@ class ConversationReply(BaseModel):
     #: a person's reply while the conversation was handed to them (docs/guide/handoff.md), and who wrote it
     human: bool = False
     operator: str | None = None
+    #: "outage": this reply tells the customer a person takes over, because no provider could answer for the
+    #: agent's ``handoff_after_s`` (docs/guide/handoff.md); None otherwise
+    handoff: str | None = None
 
 
 class ConversationDelete(BaseModel):

@@ -32,6 +32,7 @@ from agents_stream.contract.events import (
     TaskSucceeded,
 )
 from agents_stream.contract.models import TaskPayload
+from agents_stream.execution import outage
 from agents_stream.execution import run as run_outcome
 from agents_stream.execution.acting import AgentRunner
 from agents_stream.execution.call import Caller, SendControl
@@ -183,6 +184,8 @@ class Executor(Service):
             return True  # an MCP server of its agent was never listed: its tools are not known yet
         if plan.partial or plan.cache:
             return False  # it can still answer, from the cache or with the partial result
+        if plan.config.handoff_after_s is not None:
+            return False  # its rounds end with the handoff to a person: messages and operators' actions must flow
         return not any(self.circuits.available(t.provider.name)[0] for t in plan.tiers)
 
     def cache_answer(self, task_id: str, answer: CachedAnswer | None) -> None:
@@ -276,6 +279,10 @@ class Executor(Service):
                 outcome = await run.work
             finally:
                 run.work = None
+            if outcome is None and run.held:  # held past the agent's handoff_after_s: a person takes over
+                outcome = outage.handed_over(run, self.plans[run.task.agent_name].config)
+                if outcome is not None:
+                    self.ladder.release(run)
             if outcome is None:
                 # Held: give the slot back to other work; come back when a circuit changes.
                 held = True

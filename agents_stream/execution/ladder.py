@@ -235,6 +235,7 @@ class Ladder:
         if run.held:
             return
         run.held = True
+        run.held_since = time.monotonic()
         self.held += 1
         log.warning("Task %s held: %s; it resumes by itself once that changes (a breaker lets a call through, a "
                     "server's tools are listed)", run.task.task_id, reason)
@@ -250,6 +251,7 @@ class Ladder:
         """A held run got its answer: task.released."""
         if run.held:
             run.held = False
+            run.held_since = None
             self.held -= 1
             self._send_control("task.released", run.task.task_id, run.task.agent_name, {})
             _end_hold(run, "task.released")

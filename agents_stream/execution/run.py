@@ -29,6 +29,9 @@ class Run:
     worker: str  # this worker's id: every outcome it sends names it
     started: float | None = None
     held: bool = False
+    #: since when (time.monotonic) it is held: an outage past its agent's ``handoff_after_s`` hands a round to a
+    #: person (execution/outage.py); a new dispatch (after a kill) starts the wait again
+    held_since: float | None = None
     calls: int = 0
     input_tokens: int = 0
     output_tokens: int = 0

@@ -39,6 +39,7 @@ from agents_stream.contract.models import (
     iso_utc,
     utcnow_iso,
 )
+from agents_stream.execution.outage import OUTAGE_SOURCE
 from agents_stream.kafka.outbox import Outbox, Send
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
@@ -219,15 +220,18 @@ class Conversations:
         head = conversation_record(self.table, cid)
         handed = machine.Change()
         if head is not None and head.answering == number and head.since == since:  # ends now, not again
-            reason = handoff.requested(journal if journal is not None else completed_steps(task))
-            if reason is not None:  # the agent called ``handoff``: its reply goes out, then a person holds it
-                handed = handoff.hand_over(head, by="", reason=reason, source="agent", now=time.time())
+            source = "outage" if result.get("source") == OUTAGE_SOURCE else "agent"
+            reason = (handoff.OUTAGE_REASON if source == "outage"
+                      else handoff.requested(journal if journal is not None else completed_steps(task)))
+            if reason is not None:  # the agent called ``handoff`` or an outage ended the round: a person holds it
+                handed = handoff.hand_over(head, by="", reason=reason, source=source, now=time.time())
                 head = handed.head or head
-                log.info("Conversation %s: the agent handed it to a person (%s); it waits in the operators' inbox "
-                         "(GET /handoffs, agents-stream conversations inbox)", cid, reason)
+                log.info("Conversation %s: handed to a person (%s: %s); it waits in the operators' inbox "
+                         "(GET /handoffs, agents-stream conversations inbox)", cid, source, reason)
         end = machine.RoundEnd(
             since=since, number=number, status=result.get("status") or "failed", text=reply_text(result),
             task_id=task_id, error=result.get("error"), completed_at=task.finished_at or time.time(),
+            handoff="outage" if result.get("source") == OUTAGE_SOURCE else None,
         )
         change = machine.round_ended(head, self.table.get, end, cid=cid, now=time.time())
         change.events = handed.events + change.events
@@ -354,7 +358,7 @@ class Conversations:
             conversation_id=cid, agent_name=head.agent if head is not None else "",
             message_ids=reply["message_ids"], round=reply["round"], status=reply["status"], text=reply["text"],
             task_id=reply["task_id"], error=reply["error"], completed_at=iso_utc(reply["completed_at"]),
-            human=bool(reply.get("human")), operator=reply.get("operator"),
+            human=bool(reply.get("human")), operator=reply.get("operator"), handoff=reply.get("handoff"),
         )
         return self.outbox.record(REPLIES, cid.encode("utf-8"), body.model_dump_json().encode("utf-8"))
 

@@ -25,6 +25,7 @@ ASSETS = {
     "console.js": "text/javascript; charset=utf-8",
     "conversations.js": "text/javascript; charset=utf-8",
     "desk.js": "text/javascript; charset=utf-8",
+    "inbox.js": "text/javascript; charset=utf-8",
     "favicon.svg": "image/svg+xml",
 }
 
