@@ -205,6 +205,23 @@ async def cut_while(s: Scenario, ready: Callable[[], bool], what: str, before_he
     return w1
 
 
+async def paused_while_w2_finishes(s: Scenario, w1: Worker) -> None:
+    """W1 is stopped (SIGSTOP); W2 starts, takes the tasks over and finishes them; then W1 continues (SIGCONT), is
+    given its chance to act, and each account must have been charged once."""
+    assert w1.proc is not None
+    os.kill(w1.proc.pid, signal.SIGSTOP)
+    s.mark("fault")
+    try:
+        await s.cluster.started("w2")
+        await results_for(set(s.accounts), timeout=60)
+        s.mark("w2 done")
+    finally:
+        os.kill(w1.proc.pid, signal.SIGCONT)
+        s.mark("heal")
+    await quiesce(s)
+    await assert_once_each(s, w1)
+
+
 async def test_a_worker_cut_off_while_the_model_decides_a_charge_never_charges(cluster_factory):
     """(a) W1's link goes down while the model decides the charge of every account, for longer than the session
     timeout and the lease; W2 takes the tasks over and charges each account; W1's link comes back."""
@@ -222,17 +239,7 @@ async def test_a_worker_paused_while_the_model_decides_a_charge_never_charges(cl
         await s.send_tasks()
         await eventually(lambda: s.asked(1) == set(s.accounts), timeout=45, interval=0.1,
                          what="every charge being decided on W1")
-        os.kill(w1.proc.pid, signal.SIGSTOP)
-        s.mark("fault")
-        try:
-            await s.cluster.started("w2")
-            await results_for(set(s.accounts), timeout=60)
-            s.mark("w2 done")
-        finally:
-            os.kill(w1.proc.pid, signal.SIGCONT)
-            s.mark("heal")
-        await quiesce(s)
-        await assert_once_each(s, w1)
+        await paused_while_w2_finishes(s, w1)
 
 
 async def test_a_worker_cut_off_while_the_payment_service_answers_never_charges_again(cluster_factory):
@@ -364,14 +371,4 @@ async def test_a_worker_paused_while_its_model_calls_back_off_asks_the_model_not
         await eventually(lambda: failed == set(s.accounts), timeout=45, interval=0.05,
                          what="every task's first model call failed on W1")
         await asyncio.sleep(0.3)  # the 500s reach W1, whose retries start backing off
-        os.kill(w1.proc.pid, signal.SIGSTOP)
-        s.mark("fault")
-        try:
-            await s.cluster.started("w2")
-            await results_for(set(s.accounts), timeout=60)
-            s.mark("w2 done")
-        finally:
-            os.kill(w1.proc.pid, signal.SIGCONT)
-            s.mark("heal")
-        await quiesce(s)
-        await assert_once_each(s, w1)
+        await paused_while_w2_finishes(s, w1)
