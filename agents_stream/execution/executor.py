@@ -143,8 +143,10 @@ class Executor(Service):
         under); a free call slot picks it up. Never blocks the ledger."""
         if task.task_id in self.runs or not self._accepting:
             return
-        self.runs[task.task_id] = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []), trace=trace,
-                                      member=self.membership.stamp() if self.membership is not None else None)
+        run = Run(task, dispatch, self.worker_id, steps_done=list(steps_done or []), trace=trace)
+        if self.membership is not None:
+            self.membership.stamp(run)
+        self.runs[task.task_id] = run
         self._queue.put_nowait(task.task_id)
         if self._queue.qsize() == self.settings.max_queued:
             self._on_flow_change()  # the queue just filled: pause intake

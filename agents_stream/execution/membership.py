@@ -60,9 +60,11 @@ class Membership:
         #: when this loop was last seen to have stood still for ``stall_s`` or more, until the group confirmed it
         self.stalled_at: float | None = None
 
-    def stamp(self) -> str | None:
-        """The member id a run dispatched now belongs to (None or '': unknown; only a stall is checked)."""
-        return self.member_id()
+    def stamp(self, run: Run) -> None:
+        """Note on a run dispatched now the member id it belongs to (None or '': unknown; only a stall is checked)
+        and when: only a stall after its dispatch can have made it stale."""
+        run.member = self.member_id()
+        run.dispatched_at = self._clock()
 
     def _look(self) -> bool:
         """Note a gap in this loop since the last look; True while the group has not confirmed this worker since
@@ -102,6 +104,9 @@ class Membership:
                 )
             if not self._look():
                 return
+            if run.dispatched_at is not None and self.stalled_at is not None and run.dispatched_at >= self.stalled_at:
+                return  # dispatched from a record read since the stall (a worker's start stands still too, before
+                # it ever committed: waiting for a commit there would wait for the run's own offset)
             if deadline is None:
                 deadline = self._clock() + self.wait_s
             elif self._clock() >= deadline:

@@ -59,6 +59,8 @@ class Run:
     #: the id the group's coordinator knew this worker by when the task was dispatched here (None: unknown); a run
     #: acts only while it still does (execution/membership.py)
     member: str | None = None
+    #: when (the membership's monotonic clock) it was dispatched here: a stall after it may have made it stale
+    dispatched_at: float | None = None
 
 
 # What one rung of the ladder came to.

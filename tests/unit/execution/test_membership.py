@@ -124,6 +124,24 @@ async def test_the_watch_notices_a_stall_while_no_run_calls_and_the_next_run_wai
         watch.cancel()
 
 
+async def test_a_run_dispatched_after_a_stall_does_not_wait_even_before_the_worker_ever_committed() -> None:
+    """A worker's start stands still too, before it has committed anything: a run dispatched from a record read
+    since then goes on at once (waiting for a commit would wait for its own offset); one dispatched before waits."""
+    group = Group()
+    group.confirmed_at = None
+    membership = group.membership()
+    before = a_run("m1")
+    membership.stamp(before)
+    group.now += 7.0
+    membership._look()  # the watch wakes: the stall is noticed
+    after = a_run(None)
+    membership.stamp(after)
+    await membership.check(after)
+    assert group.waits == [] and after.member == "m1"
+    with pytest.raises(Fenced, match="within 1s"):
+        await membership.check(before)
+
+
 async def test_a_worker_the_group_never_confirms_after_a_stall_stops_the_run_after_the_wait() -> None:
     group = Group()
     membership = group.membership(wait_s=1.0)
