@@ -56,7 +56,8 @@ class Membership:
         self._tick_s = tick_s
         self._clock = clock
         self._sleep = sleep
-        self._ticked = clock()
+        #: the watch's last tick; None until it starts (a worker's start, before it, is not a stall)
+        self._ticked: float | None = None
         #: when this loop was last seen to have stood still for ``stall_s`` or more, until the group confirmed it
         self.stalled_at: float | None = None
 
@@ -70,6 +71,8 @@ class Membership:
         """Note a gap in this loop since the last look; True while the group has not confirmed this worker since
         the last one."""
         now = self._clock()
+        if self._ticked is None:
+            return False  # not watching yet: the worker is still starting, no run can have lived through a stall
         if now - self._ticked >= self.stall_s:
             if self.stalled_at is None:  # info: a worker's start stands still too, and mode logs late timers already
                 log.info("This worker's event loop stood still for %.1fs (the process was stopped, or starved of CPU): "
@@ -86,6 +89,7 @@ class Membership:
 
     async def watch(self) -> None:
         """Tick, so that a gap is noticed even when no run is calling (the executor owns this task)."""
+        self._ticked = self._clock()
         while True:
             await self._sleep(self._tick_s)
             self._look()

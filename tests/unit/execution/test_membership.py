@@ -40,9 +40,12 @@ class Group:
             if accepted:
                 self.confirmed_at = self.now
 
-    def membership(self, wait_s: float = 1.0) -> Membership:
-        return Membership(lambda: self.member, lambda: self.confirmed_at, stall_s=3.0, wait_s=wait_s, tick_s=0.25,
-                          clock=lambda: self.now, sleep=self.sleep)
+    def membership(self, wait_s: float = 1.0, *, watching: bool = True) -> Membership:
+        membership = Membership(lambda: self.member, lambda: self.confirmed_at, stall_s=3.0, wait_s=wait_s,
+                                tick_s=0.25, clock=lambda: self.now, sleep=self.sleep)
+        if watching:  # as if its watch had started now (watch() itself never returns on this fake clock)
+            membership._ticked = self.now
+        return membership
 
 
 def ticking(group: Group, membership: Membership, seconds: float) -> None:
@@ -140,6 +143,18 @@ async def test_a_run_dispatched_after_a_stall_does_not_wait_even_before_the_work
     assert group.waits == [] and after.member == "m1"
     with pytest.raises(Fenced, match="within 1s"):
         await membership.check(before)
+
+
+async def test_a_worker_still_starting_is_not_stalled() -> None:
+    """Before the watch starts (the worker's start, recovery and all), time passing is no stall: nothing waits."""
+    group = Group()
+    group.confirmed_at = None
+    membership = group.membership(watching=False)
+    run = a_run("m1")
+    membership.stamp(run)
+    group.now += 30.0
+    await membership.check(run)
+    assert group.waits == [] and membership.stalled_at is None
 
 
 async def test_a_worker_the_group_never_confirms_after_a_stall_stops_the_run_after_the_wait() -> None:
