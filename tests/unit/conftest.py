@@ -86,3 +86,20 @@ def mypy_lines(tmp_path: Path) -> Callable[[str], list[str]]:
         return [line.split(": ", 1)[1] for line in out.splitlines() if line.startswith(str(module))]
 
     return check
+
+
+@pytest.fixture
+def seam_holds(mypy_lines: Callable[[str], list[str]]) -> Callable[..., None]:
+    """Asserts a seam test's module (``source``): its two ``reveal_type`` lines name ``real`` and ``fake`` (found,
+    not Any), and mypy's only error is that ``refused`` is not the seam ``seam``."""
+
+    def check(source: str, *, real: str, fake: str, refused: str, seam: str) -> None:
+        lines = mypy_lines(source)
+        notes = [line for line in lines if "Revealed type" in line]
+        assert real in notes[0], lines
+        assert fake in notes[1], lines
+        errors = [line for line in lines if line.startswith("error")]
+        assert len(errors) == 1, lines
+        assert f'Incompatible return value type (got "{refused}", expected "{seam}")' in errors[0], lines
+
+    return check

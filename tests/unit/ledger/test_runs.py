@@ -33,14 +33,9 @@ reveal_type(fake)
 """
 
 
-def test_the_executor_and_the_fake_are_the_runs_the_ledger_needs(mypy_lines) -> None:
-    lines = mypy_lines(SEAM)
-    notes = [line for line in lines if "Revealed type" in line]
-    assert "agents_stream.execution.executor.Executor" in notes[0], lines  # found, not Any
-    assert "tests.unit.ledger_fakes.FakeRuns" in notes[1], lines
-    errors = [line for line in lines if line.startswith("error")]
-    assert len(errors) == 1, lines
-    assert 'Incompatible return value type (got "WithoutCancel", expected "Runs")' in errors[0], lines
+def test_the_executor_and_the_fake_are_the_runs_the_ledger_needs(seam_holds) -> None:
+    seam_holds(SEAM, real="agents_stream.execution.executor.Executor", fake="tests.unit.ledger_fakes.FakeRuns",
+               refused="WithoutCancel", seam="Runs")
 
 
 ROUTE_SEAM = """
@@ -70,12 +65,7 @@ reveal_type(fake)
 """
 
 
-def test_the_ledger_and_the_fake_are_what_the_outcome_route_needs(mypy_lines) -> None:
+def test_the_ledger_and_the_fake_are_what_the_outcome_route_needs(seam_holds) -> None:
     """The route (ledger/route.py) needs of the ledger only apply_here: the Ledger and NotHolding both are it."""
-    lines = mypy_lines(ROUTE_SEAM)
-    notes = [line for line in lines if "Revealed type" in line]
-    assert "agents_stream.ledger.ledger.Ledger" in notes[0], lines  # found, not Any
-    assert "tests.unit.ledger_fakes.NotHolding" in notes[1], lines
-    errors = [line for line in lines if line.startswith("error")]
-    assert len(errors) == 1, lines
-    assert 'Incompatible return value type (got "WithoutApplyHere", expected "AppliesHere")' in errors[0], lines
+    seam_holds(ROUTE_SEAM, real="agents_stream.ledger.ledger.Ledger", fake="tests.unit.ledger_fakes.NotHolding",
+               refused="WithoutApplyHere", seam="AppliesHere")

@@ -32,11 +32,6 @@ reveal_type(fake)
 """
 
 
-def test_the_worker_table_and_the_fakes_are_the_tables_the_ledger_needs(mypy_lines) -> None:
-    lines = mypy_lines(SEAM)
-    notes = [line for line in lines if "Revealed type" in line]
-    assert "agents_stream.tables.definitions.LedgerTable" in notes[0], lines  # found, not Any
-    assert "tests.unit.ledger_fakes.Table" in notes[1], lines
-    errors = [line for line in lines if line.startswith("error")]
-    assert len(errors) == 1, lines
-    assert 'Incompatible return value type (got "dict[str, Any]", expected "KeyedTable")' in errors[0], lines
+def test_the_worker_table_and_the_fakes_are_the_tables_the_ledger_needs(seam_holds) -> None:
+    seam_holds(SEAM, real="agents_stream.tables.definitions.LedgerTable", fake="tests.unit.ledger_fakes.Table",
+               refused="dict[str, Any]", seam="KeyedTable")
