@@ -88,6 +88,8 @@ class ConversationRecord(JsonRecord):
     handoffs: int = 0
     #: JSON list of the last operator actions applied ({"id", "item"}): a double click or a redelivery is one action
     actions: str = "[]"
+    #: JSON of the wait for a person under escalation levels (tables/handoff_wait.py); None: no levels, or not waiting
+    held_wait: str | None = None
     v: int = RECORD_VERSION
 
     @property
@@ -107,7 +109,7 @@ class ConversationRecord(JsonRecord):
 
 #: the handoff's fields of the head and their values while it never was handed over
 _HANDOFF_DEFAULTS: dict[str, Any] = {"held_by": None, "held_reason": None, "held_source": None, "held_at": None,
-                                     "handoffs": 0, "actions": "[]"}
+                                     "handoffs": 0, "actions": "[]", "held_wait": None}
 
 
 # Effects: what the ledger must do after a transition.

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import replace
-from typing import Any
+from typing import Any, Sequence
 
+from agents_stream.tables import handoff_wait
 from agents_stream.tables.conversations import (
     Change,
     ConversationRecord,
@@ -73,9 +74,11 @@ def _seen(head: ConversationRecord, action_id: str | None) -> dict[str, Any] | N
 
 def hand_over(
     head: ConversationRecord | None, *, by: str, reason: str, source: str, now: float, action_id: str | None = None,
+    levels: Sequence[tuple[str, float]] = (),
 ) -> Change:
     """The conversation is handed to a person (``source``: agent, outage or operator). ``by`` is the operator who
-    takes it ("" : it waits in the queue for one). Taking one that waits for a person claims it; anything else
+    takes it ("" : it waits in the queue for one, under the escalation ``levels``: (name, timeout_s) each; see
+    tables/handoff_wait.py). Taking one that waits for a person claims it and stops its timers; anything else
     applied again changes nothing."""
     if head is None or _seen(head, action_id) is not None:
         return Change()
@@ -83,11 +86,11 @@ def hand_over(
     if head.held_by is not None:
         if head.held_by or not by:
             return Change()  # held already (a double click, a redelivery, a second handoff)
-        taken = replace(head, held_by=by, actions=actions, updated_at=now)
+        taken = handoff_wait.taken(replace(head, held_by=by, actions=actions, updated_at=now), by, now)
         return Change(head=taken, events=[_event(f"handoff:{head.handoffs}:taken", "taken", None, {"by": by})])
     number = head.handoffs + 1
-    held = replace(head, held_by=by, held_reason=reason, held_source=source, held_at=now, handoffs=number,
-                   actions=actions, updated_at=now)
+    held = handoff_wait.begin(replace(head, held_by=by, held_reason=reason, held_source=source, held_at=now,
+                                      handoffs=number, actions=actions, held_wait=None, updated_at=now), levels, now)
     event = _event(f"handoff:{number}", "handed_over", None, {"by": by or None, "reason": reason, "source": source})
     return Change(head=held, events=[event])
 
@@ -124,6 +127,7 @@ def person_reply(
         change.writes[message_key(cid, m["id"])] = {"digest": m["digest"], "round": None, "reply": index}
     head = replace(head, waiting=_dump([m for m in waiting if m["round"] is not None]), held_by=head.held_by or by,
                    actions=_remember(head, action_id, index), updated_at=now)
+    head = handoff_wait.taken(head, by, now)  # a reply to a conversation waiting for anyone takes it
     change.head = _append(head, cid, change, items)
     change.effects.append(SendReply(reply))
     change.events.append(_event(f"reply:person:{action_id}", "reply", None, reply))
@@ -145,7 +149,7 @@ def hand_back(
         raise Problem(400, f"a note is at most {MAX_TEXT} characters")
     change = Change(events=[_event(f"handoff:{head.handoffs}:back", "handed_back", None,
                                    {"by": by, "note": note or None})])
-    head = replace(head, held_by=None, held_reason=None, held_source=None, held_at=None,
+    head = replace(head, held_by=None, held_reason=None, held_source=None, held_at=None, held_wait=None,
                    actions=_remember(head, action_id), updated_at=now)
     if note.strip():
         head = _append(head, cid, change, [{"role": "note", "text": note, "round": None, "at": now, "by": by}])
@@ -165,9 +169,10 @@ def requested(entries: list[Any]) -> str | None:
 
 
 def inbox_entry(cid: str, head: ConversationRecord, now: float) -> dict[str, Any]:
-    """A held conversation as the operator's inbox lists it: who holds it, why, since when, what waits."""
+    """A held conversation as the operator's inbox lists it: who holds it, why, since when, what waits, and its
+    wait's escalation level, due time and escalations (tables/handoff_wait.py)."""
     waiting = [{k: m.get(k) for k in ("id", "text", "user", "at")} for m in head.waiting_list() if m["round"] is None]
     return {"conversation_id": cid, "agent": head.agent, "held_by": head.held_by or None, "reason": head.held_reason,
             "source": head.held_source, "held_at": head.held_at,
             "waiting_s": round(now - head.held_at, 3) if head.held_at is not None else None,
-            "answering": head.answering, "waiting": waiting}
+            "answering": head.answering, "waiting": waiting, **handoff_wait.describe(head)}
