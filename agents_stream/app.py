@@ -378,6 +378,11 @@ class Runtime(Service):
         for task_id, level in self.ledger.scan_parked(now):
             body = encode(ApprovalTimeout(level=level, worker=self.worker_id))
             self.outcomes.send_soon(key=task_id.encode(), value=body)
+        waits = self.ledger.conversations.waits
+        for topic, key, body, partition in waits.scan(now, set(self.partitions())) if waits is not None else []:
+            # an operators' wait whose level ran out: an ``escalate`` on the conversation's task topic, in order
+            # with its messages (tables/handoff_wait.py); best effort, the next tick after the throttle asks again
+            self.ledger.outbox.send(topic, key, body, partition=partition)
         for task_id, dispatch in self.ledger.scan(now):
             body = encode(LeaseExpired(dispatch=dispatch, worker=self.worker_id))
             self.outcomes.send_soon(key=task_id.encode(), value=body)

@@ -283,6 +283,16 @@ class AgentConfig(BaseModel):
     #: None (the default): the round stays held until a provider is back, as any task
     handoff_after_s: float | None = Field(default=None, gt=0, le=86_400)
     handoff_text: str = Field(default=DEFAULT_HANDOFF_TEXT, min_length=1, max_length=2_000)
+    #: the escalation levels of a conversation waiting for a person (tables/handoff_wait.py): each level's
+    #: timeout_s asks the next one (its webhook told); None (not given): the agent's approval levels, if any;
+    #: [] : no levels, the wait is only listed in the inbox
+    handoff_levels: list[ApprovalLevel] | None = None
+
+    def handoff_wait_levels(self) -> list[ApprovalLevel]:
+        """The levels a conversation of this agent waits for a person under (docs/decisions.md)."""
+        if self.handoff_levels is not None:
+            return list(self.handoff_levels)
+        return list(self.approval.levels) if self.approval is not None else []
 
 
 class AppConfig(BaseModel):

@@ -101,23 +101,26 @@ class ConversationDelete(BaseModel):
 
 
 #: what a person does with a conversation (docs/guide/handoff.md): take it (or queue it for anyone), answer, give back
-HANDOFF_ACTIONS = ("handoff", "reply", "handback")
+HANDOFF_ACTIONS = ("handoff", "reply", "handback", "escalate")
 
 
 class ConversationAction(BaseModel):
     """An operator's action on a conversation, on its agent's task topic keyed by conversation_id (like its
     messages, so its ledger applies it in order with them). ``action_id`` makes a double click or a retry one
-    action. ``text``: the reason of a handoff, the reply, or the hand-back note."""
+    action. ``text``: the reason of a handoff, the reply, or the hand-back note. ``escalate`` is no operator's: the
+    worker's scan sends it when a conversation waiting for a person let its level's time run out."""
 
     model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
     conversation_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
     agent_name: str = Field(min_length=1)
-    action: Literal["handoff", "reply", "handback"]
+    action: Literal["handoff", "reply", "handback", "escalate"]
     action_id: str = Field(min_length=1, max_length=ID_MAX, pattern=ID_PATTERN)
     by: str = Field(min_length=1, max_length=200, pattern=NO_CONTROL)
     text: str = Field(default="", max_length=16_000)
+    #: ``escalate`` (the scan's timer, tables/handoff_wait.py): the level whose time it saw run out
+    level: int | None = Field(default=None, ge=0)
 
 
 def is_message(data: Any) -> bool:

@@ -41,10 +41,11 @@ from agents_stream.contract.models import (
 )
 from agents_stream.execution.outage import OUTAGE_SOURCE
 from agents_stream.kafka.outbox import Outbox, Send
+from agents_stream.ledger.handoff_waits import HandoffWaits
 from agents_stream.ledger.intake import moved
 from agents_stream.ledger.poison import Poison
 from agents_stream.tables import conversations as machine
-from agents_stream.tables import handoff, summaries
+from agents_stream.tables import handoff, handoff_wait, summaries
 from agents_stream.tables.conversation_events import round_events
 from agents_stream.tables.conversations import ConversationRecord
 from agents_stream.tables.leases import TaskRecord, completed_steps
@@ -84,7 +85,7 @@ class Conversations:
     def __init__(
         self, table: Any, tasks: Any, outbox: Outbox, poison: Poison, *, agents: dict[str, AgentConfig],
         partitions: int, record_max_bytes: int, start: MakeRound,
-        interrupt: Callable[[str], None] = lambda task_id: None,
+        interrupt: Callable[[str], None] = lambda task_id: None, waits: HandoffWaits | None = None,
     ) -> None:
         self.table = table
         self.tasks = tasks
@@ -97,6 +98,8 @@ class Conversations:
         #: ``interrupt(task_id)``: the round's run here stops at its next safe point (Executor.interrupt)
         self.interrupt = interrupt
         self._idle_cursors: dict[int, bytes | None] = {}
+        #: the timers and notices of conversations waiting for a person (None: no levels apply)
+        self.waits = waits
 
     def on_record(
         self, tp: TP, offset: int, message: ConversationMessage | ConversationDelete | ConversationAction,
@@ -137,7 +140,9 @@ class Conversations:
             return
         now = time.time()
         try:
-            if action.action == "handoff":
+            if action.action == "escalate":  # the scan saw a level's time run out (tables/handoff_wait.py)
+                change = handoff_wait.escalate(head, cid, level=action.level or 0, now=now)
+            elif action.action == "handoff":
                 change = handoff.hand_over(head, by=action.by, reason=action.text or "an operator took it",
                                            source="operator", now=now, action_id=action.action_id)
             elif action.action == "reply":
@@ -151,7 +156,7 @@ class Conversations:
                         "to the customer — look at the conversation and act again", cid, action.by, action.action,
                         action.action_id, problem)
             return
-        if change.events:
+        if change.events and action.action != "escalate":  # an escalation's log line is HandoffWaits'
             log.info("Conversation %s: %s by %s", cid, action.action, action.by)
         self._apply(tp, offset, cid, change)
 
@@ -224,7 +229,8 @@ class Conversations:
             reason = (handoff.OUTAGE_REASON if source == "outage"
                       else handoff.requested(journal if journal is not None else completed_steps(task)))
             if reason is not None:  # the agent called ``handoff`` or an outage ended the round: a person holds it
-                handed = handoff.hand_over(head, by="", reason=reason, source=source, now=time.time())
+                handed = handoff.hand_over(head, by="", reason=reason, source=source, now=time.time(),
+                                           levels=self.waits.levels(head.agent) if self.waits is not None else ())
                 head = handed.head or head
                 log.info("Conversation %s: handed to a person (%s: %s); it waits in the operators' inbox "
                          "(GET /handoffs, agents-stream conversations inbox)", cid, source, reason)
@@ -243,6 +249,8 @@ class Conversations:
     ) -> None:
         sends: list[Send] = []
         writes = dict(change.writes)
+        deleted = cid in writes and writes[cid] is None
+        before = conversation_record(self.table, cid) if change.head is not None or deleted else None
         if change.head is not None:
             writes[cid] = change.head.to_json()
         for key, value in writes.items():
@@ -251,6 +259,8 @@ class Conversations:
             else:
                 self.table[key] = value
             sends.append(self.outbox.changelog(self.table, tp.partition, key))
+        if self.waits is not None and (change.head is not None or deleted):
+            sends += self.waits.after(tp.partition, cid, before, change.head, deleted)
         sends += [self._event(cid, e) for e in change.events]
         head = change.head or conversation_record(self.table, cid)
         starts: list[machine.StartRound] = []

@@ -44,6 +44,7 @@ from agents_stream.ledger.conversation_rounds import Conversations
 from agents_stream.ledger.effects import AppliedHere, Effects, Tracing
 from agents_stream.ledger.expiry_sweep import Expiry
 from agents_stream.ledger.gate import ApprovalGate
+from agents_stream.ledger.handoff_waits import HandoffWaits
 from agents_stream.ledger.intake import moved, requeue_headers
 from agents_stream.ledger.poison import Poison, dead_letter_unreadable
 from agents_stream.ledger.records import record_of, result_json
@@ -107,6 +108,7 @@ class Ledger:
             tables.conversations, tables.tasks, outbox, self.poison, agents=dict(agents.configs),
             partitions=settings.partitions, record_max_bytes=settings.record_max_bytes, start=self.start_round,
             interrupt=lambda task_id: self.executor.interrupt(task_id),
+            waits=HandoffWaits.of(settings, tables, outbox, notifier, dict(agents.configs)),
         )
         self.effects.round_changed = self.conversations.round_changed
         #: (partition, first skipped offset) of records that never reached the ledger: read again from there; True: news

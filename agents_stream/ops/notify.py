@@ -164,6 +164,21 @@ def slack_message(
     return {"text": text, "blocks": blocks, "task_id": task_id, "level": level}
 
 
+def handoff_message(
+    *, conversation_id: str, agent: str, reason: str, level: int, level_name: str, due: float | None, base: str,
+    waiting: int, overdue: bool,
+) -> dict[str, Any]:
+    """A Slack incoming-webhook body for a conversation waiting for a person at ``level`` (tables/handoff_wait.py);
+    ``overdue``: every level's time ran out and the customer still waits."""
+    shown_id, agent, reason, level_name = (_escape(v) for v in (conversation_id, agent, reason, level_name))
+    head = "Still unanswered after every level" if overdue else f"A customer waits for a person (level {level + 1})"
+    when = f" Take it before {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(due))}." if due else ""
+    text = (f"{head}, {level_name}: conversation {shown_id} of agent {agent}, {waiting} message(s) waiting. "
+            f"Why: {reason}.{when} Take it in the console's Inbox ({base}/), or POST "
+            f"/conversations/{shown_id}/handoff, or agents-stream conversations handoff {shown_id}.")
+    return {"text": text, "conversation_id": conversation_id, "level": level, "overdue": overdue}
+
+
 def _escape(text: str) -> str:
     """Slack's escaping of &, < and > (no link or mention can be formed), and no code spans."""
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("`", "'")

@@ -353,3 +353,37 @@ def test_every_float_setting_refuses_inf_and_nan(name: str, env: str, raw: str) 
         Settings.from_env({env: raw})
     with pytest.raises(ValueError, match="is not a finite number"):
         Settings(**{name: float(raw)})
+
+
+def test_the_wait_for_a_person_uses_its_own_levels_else_the_approval_levels_and_none_when_told() -> None:
+    text = """
+[providers.p]
+kind = "openai"
+base_url = "http://127.0.0.1:11434/v1"
+model = "m"
+
+[agents.desk]
+providers = ["p"]
+approval = { amount_field = "amount", amount_above = 100, levels = [{ name = "lead", timeout_s = 600 }] }
+
+[agents.own]
+providers = ["p"]
+[[agents.own.handoff_levels]]
+name = "desk-oncall"
+timeout_s = 60
+[[agents.own.handoff_levels]]
+name = "desk-lead"
+timeout_s = 300
+
+[agents.off]
+providers = ["p"]
+approval = { always = true, levels = [{ name = "lead", timeout_s = 600 }] }
+handoff_levels = []
+
+[agents.plain]
+providers = ["p"]
+"""
+    agents = AppConfig.model_validate(tomllib.loads(text)).agents
+    assert [(lv.name, lv.timeout_s) for lv in agents["desk"].handoff_wait_levels()] == [("lead", 600.0)]
+    assert [lv.name for lv in agents["own"].handoff_wait_levels()] == ["desk-oncall", "desk-lead"]
+    assert agents["off"].handoff_wait_levels() == [] and agents["plain"].handoff_wait_levels() == []
