@@ -78,6 +78,7 @@ def escalate(head: ConversationRecord | None, cid: str, *, level: int, now: floa
     assert wait is not None
     levels = wait["levels"]
     nxt = level + 1
+    step: dict[str, Any]
     if nxt < len(levels):
         step = {"from": level, "to": nxt, "at": now}
         wait = {**wait, "level": nxt, "due": now + float(levels[nxt]["timeout_s"]),
