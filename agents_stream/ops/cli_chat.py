@@ -1,6 +1,6 @@
 """``agents-stream chat <agent>``: a conversation in the terminal. Each line typed is a message; what the agent does
-(its text as the model writes it, its tool calls, results, waits for approval) is printed as it happens, then its
-reply. Ctrl-D ends the chat.
+(its text as the model writes it, its tool calls, results, waits for approval, a handoff to a person and back) is
+printed as it happens, then its reply (a person's marked as such). Ctrl-D ends the chat.
 
 It talks to a worker's conversation API (agents_stream.client) at AGENTS_STREAM_PUBLIC_URL, else WEB_HOST and
 WEB_PORT, with AGENTS_STREAM_API_TOKEN. Every text that came from the model, a tool or another person is printed
@@ -123,6 +123,20 @@ def _render(event: Event) -> str | None:
                     f"{printable(str(data.get('reason')))[:200]}")
         case "dispatched" if data.get("attempt", 1) > 1:
             return f"  (taken over: attempt {data['attempt']})"
+        case "handed_over":
+            return (f"  ⇢ handed to a person ({printable(str(data.get('source')))}: "
+                    f"{printable(str(data.get('reason')))[:200]})")
+        case "taken":
+            return f"  ⇢ {printable(str(data.get('by')))} took it"
+        case "handoff_escalated" if data.get("to") is None:
+            return "  ⇢ still waiting for a person: every level's time ran out, it stays in the inbox"
+        case "handoff_escalated":
+            level = f"level {int(data.get('to') or 0) + 1} ({printable(str(data.get('level_name')))})"
+            return f"  ⇢ still waiting for a person: {level} asked"
+        case "handed_back":
+            return f"  ⇠ handed back to the agent by {printable(str(data.get('by')))}"
+        case "reply" if data.get("human"):
+            return f"{printable(str(data.get('operator')))} (a person)> " + _printable_lines(str(data.get("text")))
         case "reply":
             status = data.get("status")
             prefix = "agent> " if status == "succeeded" else f"agent ({printable(str(status))})> "

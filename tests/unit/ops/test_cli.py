@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,21 @@ def test_fausts_benign_rebalance_warnings_are_debug_lines_and_others_stay_warnin
     assert [(r.levelname, r.getMessage()) for r in caplog.records] == [
         ("DEBUG", "Missing sensor state for rebalance #2")]
     assert AgentsStreamApp.logger.name == "agents_stream.faust_app"  # where mode sends the App's own lines
+
+
+def test_the_chat_shows_a_handoff_the_wait_a_persons_reply_and_the_hand_back() -> None:
+    from agents_stream.client import Event
+    from agents_stream.ops.cli_chat import _render
+
+    def shown(kind: str, **data: Any) -> str | None:
+        return _render(Event(offset=0, kind=kind, data={"kind": kind, "data": data}))
+
+    assert shown("handed_over", by=None, reason="no model provider could answer", source="outage") == (
+        "  ⇢ handed to a person (outage: no model provider could answer)")
+    assert shown("handoff_escalated", to=1, level_name="desk-lead") == (
+        "  ⇢ still waiting for a person: level 2 (desk-lead) asked")
+    assert "every level's time ran out" in (shown("handoff_escalated", to=None) or "")
+    assert shown("taken", by="ana") == "  ⇢ ana took it"
+    assert shown("reply", status="succeeded", text="Ana here.\x1b[2J", human=True, operator="ana") == (
+        "ana (a person)> Ana here.\\x1b[2J")
+    assert shown("handed_back", by="ana", note="refunded") == "  ⇠ handed back to the agent by ana"
