@@ -29,7 +29,7 @@ from agents_stream.config import load_config
 from agents_stream.kafka.members import CLIENT_PREFIX
 from agents_stream.settings import bootstrap_servers
 
-from .harness import BOOTSTRAP, PARTITIONS, eventually, free_port, unique
+from .harness import BOOTSTRAP, PARTITIONS, ROOT, eventually, free_port, unique
 from .helm_chart import (
     CHART,
     KAFKA_SCALER_METADATA,
@@ -47,6 +47,7 @@ from .helm_chart import (
 )
 
 FULLNAME = f"{RELEASE}-agents-stream"
+DEFAULT_CONFIG = ROOT / "agents_stream" / "default_config.toml"
 KEYS = {"GEMINI_API_KEY": "gm-key-never-in-plain-sight", "AGENTS_STREAM_API_TOKEN": "api-token-never-in-plain-sight"}
 
 #: the value sets every test renders: the defaults, and each part of the chart switched on, off or given its own
@@ -194,6 +195,18 @@ def test_alert_rules_are_the_repositorys_and_scraped_as_their_job(rendered: dict
     assert headless["spec"]["selector"].items() <= pod_labels.items()
 
 
+def test_the_packaged_chart_carries_the_linked_rules_and_config(tmp_path: Path) -> None:
+    # files/ links to the repository's rules and default config: `helm package` must store their content
+    done = helm("package", str(CHART), "--destination", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    (archive,) = tmp_path.glob("agents-stream-*.tgz")
+    rendered = helm("template", RELEASE, str(archive), "--namespace", NAMESPACE, "--set", "prometheusRule.enabled=true")
+    assert rendered.returncode == 0, rendered.stderr
+    objects = [o for o in yaml.safe_load_all(rendered.stdout) if o]
+    assert one(objects, "PrometheusRule")["spec"] == yaml.safe_load(RULES.read_text())
+    assert one(objects, "ConfigMap")["data"]["config.toml"] == DEFAULT_CONFIG.read_text()
+
+
 def test_keys_reach_the_workers_only_through_secrets(rendered: dict[str, list[dict[str, Any]]]) -> None:
     objects = rendered["keys-and-config"]
     secret = one(objects, "Secret")
@@ -219,8 +232,7 @@ def test_every_rendered_config_is_one_the_worker_loads(rendered: dict[str, list[
             path = tmp_path / f"{name}.toml"
             path.write_text(configmap["data"]["config.toml"])
             assert load_config(str(path)).agents, name
-    defaults = one(rendered["defaults"], "ConfigMap")["data"]["config.toml"]
-    assert defaults == (Path(__file__).parents[2] / "agents_stream" / "default_config.toml").read_text()
+    assert one(rendered["defaults"], "ConfigMap")["data"]["config.toml"] == DEFAULT_CONFIG.read_text()
 
 
 def test_storage_follows_persistence(rendered: dict[str, list[dict[str, Any]]]) -> None:
