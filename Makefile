@@ -46,8 +46,9 @@ fake-llm: install
 # test's CPU would stretch), then the rest two at a time (pytest-xdist; every other test has its own app id and topics).
 # Prometheus and promtool (scripts/prometheus.sh) come first: tests/unit's rule tests run promtool.
 # Chromium (scripts/chromium.sh, Debian's packages), iproute2 for the network-partition tests (scripts/netns.sh: they
-# make network namespaces, so make test runs as root) and the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI;
-# kept once per machine, so a new clone does not install it again) are installed while tests/unit runs.
+# make network namespaces, so make test runs as root), the LiteLLM proxy's own venv (scripts/litellm.sh, PyPI) and
+# helm for the chart tests (scripts/helm.sh, built through the Go module proxy) are installed while tests/unit runs;
+# the last two are kept once per machine, so a new clone does not install them again.
 test: install
 	@mkdir -p .data; \
 	bash scripts/prometheus.sh || exit $$?; \
@@ -56,6 +57,7 @@ test: install
 	bash scripts/chromium.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	bash scripts/netns.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	bash scripts/litellm.sh || { rc=$$?; stop_unit; exit $$rc; }; \
+	bash scripts/helm.sh || { rc=$$?; stop_unit; exit $$rc; }; \
 	started=""; \
 	if [ -n "$(LOCAL_BROKER)" ] && ! bash scripts/broker.sh status >/dev/null 2>&1; then \
 	  bash scripts/broker.sh start || { rc=$$?; stop_unit; exit $$rc; }; started=yes; \
