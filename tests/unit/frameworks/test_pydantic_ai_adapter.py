@@ -125,3 +125,27 @@ def test_the_config_names_the_example_and_gets_its_adapter() -> None:
     loaded = load_acting("agents_stream.examples.pydantic_support:SUPPORT")
     assert isinstance(loaded, PydanticAIAgent) and loaded.name == "pydantic_support"
     assert loaded.version.startswith("pydantic-ai 2.")
+
+
+async def test_a_fenced_check_stops_the_run_as_fenced_before_the_model_or_a_tool_is_called() -> None:
+    from agents_stream.contract.errors import Fenced
+    from agents_stream.frameworks.runner import stopping
+
+    for journaled in (0, 1):  # fenced at the first request; fenced at the refund, its request journaled
+        script, effects, entries = Script(*SCRIPT), [], []
+        adapted = adapt(support(script, effects))
+        assert adapted is not None
+        if journaled:
+            await adapted.run("refund o1", durable(adapted, entries))
+            entries[:] = entries[:1]
+            script.asked = 0
+        run = durable(adapted, entries)
+
+        async def fenced() -> None:
+            raise Fenced("this worker left the group")
+
+        run.check = fenced
+        with pytest.raises(BaseException) as raised:
+            await adapted.run("refund o1", run)
+        assert isinstance(stopping(raised.value), Fenced), raised.value
+        assert script.asked == 0 and effects == ([] if not journaled else ["t1:0:c1"])
