@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "agents-stream needs Python 3.11+")'
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q -c constraints.txt --upgrade pip setuptools
-	$(PY) -m pip install -q -c constraints.txt -e '.[test,mcp,tracing]'
+	$(PY) -m pip install -q -c constraints.txt -e '.[test,mcp,tracing,frameworks]'
 	touch $@
 
 install: $(STAMP)

@@ -227,7 +227,9 @@ class AgentConfig(BaseModel):
 
     name: str = ""
     #: the fallback chain: the first answers with confidence high, the others medium
-    providers: list[str] = Field(default_factory=list)  # at least one, unless the agent routes (``routing``)
+    #: at least one, unless the agent routes (``routing``) or is a framework's agent (``agent``: its own model;
+    #: an agents_stream Agent is checked for them once loaded, execution/plan.py)
+    providers: list[str] = Field(default_factory=list)
     system: str = ""
     description: str = ""
     #: a lightweight provider; as a fallback it gets a simplified task and answers with confidence low
@@ -319,7 +321,7 @@ class AppConfig(BaseModel):
     @model_validator(mode="after")
     def _check_references(self) -> AppConfig:
         for agent in self.agents.values():
-            if not agent.providers and agent.routing is None:
+            if not agent.providers and agent.routing is None and agent.agent is None:
                 raise ValueError(f"agent {agent.name!r}: give providers = [\"<provider>\", ...]")
             self._check_routing(agent)
             unknown = [p for p in agent.providers if p not in self.providers]

@@ -46,6 +46,7 @@ from agents_stream.execution.prober import Prober
 from agents_stream.execution.run import Run
 from agents_stream.execution.steps import SendOutcome, StepRunner
 from agents_stream.execution.summary import Summariser
+from agents_stream.frameworks.runner import FrameworkRunner
 from agents_stream.ops import metrics
 from agents_stream.providers.base import Provider
 from agents_stream.resilience.circuits import Circuits
@@ -112,6 +113,7 @@ class Executor(Service):
         self.handlers = Handlers(self.caller, plans, send_outcome, self._run_plan)
         self.step_runner = StepRunner(settings, self.ladder, self.handlers.send, send_control, rng)
         self.agent_runner = AgentRunner(settings, self.ladder, self.caller, self.handlers.send, send_control, rng)
+        self.framework_runner = FrameworkRunner(settings, self.ladder, self.handlers.send, membership)
         self.summariser = Summariser(self.caller, send_outcome)
         self.prober = Prober(circuits, self._providers())
         servers = mcp_servers(plans)
@@ -353,6 +355,8 @@ class Executor(Service):
         """The run's task as ``plan``'s: a saga, an agent loop, steps, or one answer up the ladder."""
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
+        if plan.framework is not None:
+            return await self.framework_runner.run(run, plan, plan.framework)
         if plan.agent is not None:
             agent = self.mcp.agent_for(plan) if self.mcp is not None and plan.mcp else plan.agent
             if isinstance(agent, str):  # its MCP tools are not known yet: hold, as with no provider available

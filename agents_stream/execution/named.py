@@ -5,13 +5,21 @@ from __future__ import annotations
 import importlib
 from typing import TypeVar
 
-__all__ = ["load_named", "not_found"]
+__all__ = ["load_named", "load_object", "not_found"]
 
 T = TypeVar("T")
 
 
 def load_named(path: str, kind: type[T], what: str) -> T:
     """The ``kind`` object at ``path``; ValueError saying what is wrong (``what``: "saga", "agent")."""
+    obj = load_object(path, what)
+    if not isinstance(obj, kind):
+        raise ValueError(f"{what} {path!r} is not an agents_stream {kind.__name__}")
+    return obj
+
+
+def load_object(path: str, what: str) -> object:
+    """The object at ``path``, whatever its type; ValueError saying what is wrong."""
     module_name, _, attr = path.partition(":")
     if not module_name or not attr:
         raise ValueError(f"{what} {path!r}: expected 'package.module:NAME'")
@@ -27,8 +35,6 @@ def load_named(path: str, kind: type[T], what: str) -> T:
         obj = getattr(module, attr)
     except AttributeError:
         raise ValueError(f"{what} {path!r} cannot be loaded: module {module_name} has no {attr!r}") from None
-    if not isinstance(obj, kind):
-        raise ValueError(f"{what} {path!r} is not an agents_stream {kind.__name__}")
     return obj
 
 

@@ -7,11 +7,12 @@ from typing import Callable
 
 from agents_stream.config import CONFIDENCE_ORDER, AgentConfig, AppConfig, McpServerConfig, ProviderConfig
 from agents_stream.contract.models import Confidence
-from agents_stream.execution.agent_definitions import Agent, load_agent
+from agents_stream.execution.agent_definitions import Agent
 from agents_stream.execution.mcp_tools import circuit_name
 from agents_stream.execution.outputs import OutputSpec
 from agents_stream.execution.routing_definitions import Routing
 from agents_stream.execution.saga_definitions import SagaDefinition, load_saga
+from agents_stream.frameworks import FrameworkAgent, load_acting
 from agents_stream.providers.base import Provider
 
 __all__ = ["AgentPlan", "Tier", "at_least", "mcp_servers", "with_tool_circuits"]
@@ -41,6 +42,8 @@ class AgentPlan:
     partial: bool  # may answer with the explicit partial result
     saga: SagaDefinition | None = None  # every task of the agent runs as this saga
     agent: Agent | None = None  # every task of the agent runs as this tool-calling loop
+    #: or as this framework's agent (a Pydantic AI or OpenAI Agents SDK agent in its adapter: agents_stream/frameworks)
+    framework: FrameworkAgent | None = None
     #: the MCP servers whose tools the loop offers besides the agent's own (listed at start: execution/mcp_servers.py)
     mcp: tuple[McpServerConfig, ...] = ()
     #: writes the summaries of a conversation's older history (``[agents.<name>.summary]``; None: none, or its
@@ -79,9 +82,16 @@ class AgentPlan:
             raise ValueError(f"agent {agent!r}: {exc}") from None
         try:
             saga = load_saga(cfg.saga) if cfg.saga else None
-            acting = load_agent(cfg.agent) if cfg.agent else None
+            loaded = load_acting(cfg.agent) if cfg.agent else None
         except ValueError as exc:
             raise ValueError(f"agent {agent!r}: {exc}") from None
+        acting = loaded if loaded is None or isinstance(loaded, Agent) else None
+        framework = None if loaded is None or isinstance(loaded, Agent) else loaded
+        if framework is not None and (cfg.mcp or cfg.routing is not None):
+            raise ValueError(f"agent {agent!r}: a {framework.framework} agent brings its own tools and model: give it "
+                             "no mcp and no routing table (its framework's own toolsets are run durably)")
+        if acting is not None and not cfg.providers:
+            raise ValueError(f"agent {agent!r}: give providers = [\"<provider>\", ...]")
         try:
             routing = _routing_of(config, cfg)
         except ValueError as exc:
@@ -101,6 +111,7 @@ class AgentPlan:
         return cls(
             saga=saga,
             agent=acting,
+            framework=framework,
             mcp=servers,
             config=cfg,
             tiers=tiers,
