@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from agents_stream.contract.errors import Fenced
 from agents_stream.contract.events import JournalEntry, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
@@ -26,7 +27,7 @@ from agents_stream.execution.run import Rejected, Run
 from agents_stream.execution.steps import SendOutcome
 from agents_stream.execution.tools import result_text
 from agents_stream.frameworks import FrameworkAgent
-from agents_stream.frameworks.durable import DurableRun, JournalMismatch, JournalTooLarge
+from agents_stream.frameworks.durable import DurableRun, JournalBroken, JournalMismatch, JournalTooLarge
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 from agents_stream.settings import Settings
 from agents_stream.tables import journal
@@ -72,6 +73,8 @@ class FrameworkRunner:
             return self._failed(run, "agent_upgrade", str(exc), source)
         except JournalTooLarge as exc:
             return self._failed(run, "journal_too_large", str(exc), source)
+        except (Fenced, JournalBroken):
+            raise  # not the agent's failure: the executor stops a fenced run; a broken journal's lease lapses
         except Exception as exc:
             why = agent.unavailable(exc)
             if why is None:
