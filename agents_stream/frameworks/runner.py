@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from agents_stream.contract.errors import Fenced
+from agents_stream.contract.errors import Fenced, Interrupted
 from agents_stream.contract.events import JournalEntry, TaskFailed, TaskSucceeded
 from agents_stream.contract.models import Usage
 from agents_stream.execution import run as outcome
@@ -32,7 +32,7 @@ from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
 from agents_stream.settings import Settings
 from agents_stream.tables import journal
 
-__all__ = ["FrameworkRunner", "prompt_of"]
+__all__ = ["FrameworkRunner", "prompt_of", "stopping"]
 
 log = logging.getLogger(__name__)
 
@@ -69,13 +69,14 @@ class FrameworkRunner:
         source = f"{agent.framework}:{agent.name}"
         try:
             output = await agent.run(prompt_of(task), durable)
-        except JournalMismatch as exc:
-            return self._failed(run, "agent_upgrade", str(exc), source)
-        except JournalTooLarge as exc:
-            return self._failed(run, "journal_too_large", str(exc), source)
-        except (Fenced, JournalBroken):
-            raise  # not the agent's failure: the executor stops a fenced run; a broken journal's lease lapses
         except Exception as exc:
+            ours = stopping(exc)
+            if isinstance(ours, JournalMismatch):
+                return self._failed(run, "agent_upgrade", str(ours), source)
+            if isinstance(ours, JournalTooLarge):
+                return self._failed(run, "journal_too_large", str(ours), source)
+            if ours is not None:  # fenced, interrupted, a failed journal write: the executor stops the run
+                raise ours from None
             why = agent.unavailable(exc)
             if why is None:
                 error = f"{agent.framework} agent {agent.name!r} failed: {type(exc).__name__}: {exc}"
@@ -105,6 +106,30 @@ class FrameworkRunner:
         failed = outcome.rejected(run, Rejected(reason, error, source))
         common = self._common(run)
         return failed.model_copy(update={k: common[k] for k in ("calls", "usage", "transcript")})
+
+
+#: what the durable run or the executor raises through the framework's code, as it was raised
+_OURS = (Fenced, Interrupted, JournalBroken, JournalMismatch, JournalTooLarge)
+
+
+def stopping(exc: BaseException) -> BaseException | None:
+    """The exception of ours that ``exc`` is or carries (a framework may wrap it: in an exception group, as a
+    cause), or None: the framework's own error."""
+    seen: set[int] = set()
+    todo = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, _OURS):
+            return current
+        if isinstance(current, BaseExceptionGroup):
+            todo.extend(current.exceptions)
+        for linked in (current.__cause__, current.__context__):
+            if linked is not None:
+                todo.append(linked)
+    return None
 
 
 def prompt_of(task: Any) -> str:
