@@ -39,15 +39,7 @@ from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessa
 from pydantic import TypeAdapter
 from pydantic_core import to_jsonable_python
 
-from agents_stream.contract.errors import Fenced
-from agents_stream.frameworks.durable import (
-    DurableRun,
-    JournalBroken,
-    JournalMismatch,
-    JournalTooLarge,
-    ModelTurn,
-    ToolOutcome,
-)
+from agents_stream.frameworks.durable import DurableRun, ModelTurn, ToolOutcome
 
 __all__ = ["FRAMEWORK", "OpenAIAgentsAgent", "adapt"]
 
@@ -63,9 +55,6 @@ _HOSTED = (agents.WebSearchTool, agents.FileSearchTool, agents.CodeInterpreterTo
 
 #: a ModelResponse as JSON and back (the SDK's items are pydantic models; aliases keep fields like ``async``)
 _RESPONSE: TypeAdapter[ModelResponse] = TypeAdapter(ModelResponse)
-
-#: what this adapter's own exceptions are: raised inside the SDK's loop, they end the run as they are
-_OURS = (Fenced, JournalMismatch, JournalTooLarge, JournalBroken)
 
 #: the run of the task running now (the wrapped agent is built once; each task's run is its own)
 _RUN: ContextVar[DurableRun | None] = ContextVar("agents_stream_openai_agents_run", default=None)
@@ -96,14 +85,9 @@ class OpenAIAgentsAgent:
         """One ``Runner.run`` of the wrapped agent on ``prompt`` over ``durable``'s journal: its final output as
         JSON. The SDK's tracing is off for it (its default exporter would send each run to OpenAI)."""
         token = _RUN.set(durable)
-        try:
+        try:  # what it raises the runner reads (a fence or a mismatch, however the SDK wraps it)
             result = await Runner.run(self.durable_agent, prompt, max_turns=self.max_turns,
                                       run_config=RunConfig(tracing_disabled=True))
-        except Exception as exc:
-            ours = _ours(exc)
-            if ours is not None and ours is not exc:
-                raise ours from None
-            raise
         finally:
             _RUN.reset(token)
         return to_jsonable_python(result.final_output)
@@ -252,18 +236,6 @@ def _shown(agent: Agent[Any], handoffs: list[str]) -> dict[str, Any]:
         "handoffs": sorted(handoffs),
         "output": getattr(agent.output_type, "__qualname__", repr(agent.output_type)),
     }
-
-
-def _ours(exc: BaseException) -> BaseException | None:
-    """This adapter's own exception in ``exc``'s chain (the SDK may wrap what a model or tool raised)."""
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        if isinstance(current, _OURS):
-            return current
-        seen.add(id(current))
-        current = current.__cause__ or current.__context__
-    return None
 
 
 def _model_error(exc: BaseException) -> BaseException:
