@@ -149,3 +149,21 @@ async def test_a_fenced_check_stops_the_run_as_fenced_before_the_model_or_a_tool
             await adapted.run("refund o1", run)
         assert isinstance(stopping(raised.value), Fenced), raised.value
         assert script.asked == 0 and effects == ([] if not journaled else ["t1:0:c1"])
+
+
+def test_a_config_names_a_pydantic_ai_agent_without_providers_and_an_agents_stream_agent_still_needs_them() -> None:
+    from agents_stream.config import AppConfig
+    from agents_stream.execution.plan import AgentPlan
+    from agents_stream.providers import build_provider
+
+    def build(agent: dict[str, Any]) -> AgentPlan:
+        cfg = AppConfig.model_validate({"providers": {}, "agents": {"x": agent},
+                                        "mcp": {"desk": {"url": "http://127.0.0.1:1/mcp"}}})
+        return AgentPlan.build(cfg, "x", lambda name: build_provider(cfg.provider(name)))
+
+    plan = build({"agent": "agents_stream.examples.pydantic_support:SUPPORT"})
+    assert isinstance(plan.framework, PydanticAIAgent) and plan.agent is None
+    with pytest.raises(ValueError, match="give providers"):
+        build({"agent": "agents_stream.examples.support:SUPPORT"})
+    with pytest.raises(ValueError, match="brings its own tools and model"):
+        build({"agent": "agents_stream.examples.pydantic_support:SUPPORT", "mcp": ["desk"]})
