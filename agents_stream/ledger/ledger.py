@@ -140,10 +140,8 @@ class Ledger:
                     "past %d and the partition is read again from there",
                     gap, message.offset - 1, tp.topic, tp.partition, gap,
                 )
-                self.outbox.control(
-                    "alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None,
-                    {"first": gap, "next_seen": message.offset},
-                )
+                self.outbox.control("alert.offsets_skipped", f"{tp.topic}:{tp.partition}:{gap}", None,
+                                    {"first": gap, "next_seen": message.offset})
             return
         expected = self.watermark.next_offset(tp)
         if expected is not None and message.offset < expected:
@@ -163,10 +161,8 @@ class Ledger:
         its partition's commit for good, so it is skipped (a decision or job request is dead-lettered)."""
         where = f"{tp.topic}:{tp.partition}:{offset}"
         if topics.agent_of(tp.topic) is not None:
-            log.exception(
-                "Ledger failed on %s[%d]@%d; the offset is held (not committed) and an alert was sent: %r",
-                tp.topic, tp.partition, offset, exc,
-            )
+            log.exception("Ledger failed on %s[%d]@%d; the offset is held (not committed) and an alert was sent: %r",
+                          tp.topic, tp.partition, offset, exc)
             self.watermark.open(tp, offset)
             self.outbox.control("alert.ledger_error", where, None, {"error": repr(exc)})
             return
