@@ -106,8 +106,10 @@ def register(app: Any, runtime: Worker) -> None:
     register_live_views(app, runtime)
 
     from agents_stream.ops.console import register_console
+    from agents_stream.ops.openapi import register_openapi_view
 
     register_console(app)
+    register_openapi_view(app)
 
 
 def _cancel_views(app: Any, settings: Settings) -> None:
