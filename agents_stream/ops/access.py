@@ -37,8 +37,9 @@ __all__ = [
 
 #: probes and the Prometheus scrape: no token, any Host (an orchestrator probes a pod by its IP)
 OPEN_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
-#: the console's static files (no data in them) and the signed link, whose signature is its credential
-PAGE_ROUTES = frozenset({"/", "/console/{name}", "/approvals/{task_id}/{decision}"})
+#: the console's static files (no data in them), the API's OpenAPI document (what the repository's docs/openapi.json
+#: says, no data either) and the signed link, whose signature is its credential
+PAGE_ROUTES = frozenset({"/", "/console/{name}", "/openapi.json", "/approvals/{task_id}/{decision}"})
 #: Host names that reach a loopback bind from this machine only
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 ANY_PORT = -1

@@ -22,6 +22,7 @@ from agents_stream.contract import topics
 from agents_stream.contract.models import ApprovalDecision
 from agents_stream.execution.agent_loop import transcript
 from agents_stream.ops import access, metrics
+from agents_stream.ops import api_models as api
 from agents_stream.ops.access import Refused, same_origin
 from agents_stream.ops.bodies import MAX_BODY, mutation_body
 from agents_stream.ops.routing import routed
@@ -105,8 +106,10 @@ def register(app: Any, runtime: Worker) -> None:
     register_live_views(app, runtime)
 
     from agents_stream.ops.console import register_console
+    from agents_stream.ops.openapi import register_openapi_view
 
     register_console(app)
+    register_openapi_view(app)
 
 
 def _cancel_views(app: Any, settings: Settings) -> None:
@@ -130,7 +133,7 @@ def _cancel_views(app: Any, settings: Settings) -> None:
                 await send_event(app, topics.JOBS, job_id, cancel.model_dump_json(exclude_none=True).encode())
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            return self.json({"accepted": True, "job_id": job_id, "by": cancel.by}, status=202)
+            return self.json(api.answer(api.JobCancelAccepted, accepted=True, job_id=job_id, by=cancel.by), status=202)
 
 
     @app.page("/tasks/{task_id}/cancel")
@@ -153,32 +156,29 @@ def _cancel_views(app: Any, settings: Settings) -> None:
                 await publish_decision(app, decision, settings.approval_secret)
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            return self.json({"accepted": True, "task_id": task_id, "by": decision.by}, status=202)
+            accepted = api.answer(api.TaskCancelAccepted, accepted=True, task_id=task_id, by=decision.by)
+            return self.json(accepted, status=202)
 
 
 def _health_views(app: Any, runtime: Worker) -> None:
     @app.page("/healthz")
     class Healthz(View):
         async def get(self, request: Request) -> Response:
-            return self.json({"status": "ok", "worker": runtime.worker_id})
+            return self.json(api.answer(api.Health, status="ok", worker=runtime.worker_id))
 
     @app.page("/readyz")
     class Readyz(View):
         async def get(self, request: Request) -> Response:
             # The port opens only after table recovery; 503 once shutdown began.
             if app.should_stop:
-                return self.json({"status": "stopping"}, status=503)
+                return self.json(api.answer(api.NotReady, status="stopping"), status=503)
             if not runtime.ready:
-                return self.json({"status": "starting"}, status=503)
+                return self.json(api.answer(api.NotReady, status="starting"), status=503)
             ex = runtime.executor
-            return self.json({
-                "status": "ready",
-                "worker": runtime.worker_id,
-                "in_flight": ex.running,
-                "queued": len(ex.runs) - ex.running,
-                "held": ex.held,
-                "providers_down": runtime.circuits.providers_down(),
-            })
+            return self.json(api.answer(
+                api.Ready, status="ready", worker=runtime.worker_id, in_flight=ex.running,
+                queued=len(ex.runs) - ex.running, held=ex.held, providers_down=runtime.circuits.providers_down(),
+            ))
 
     @app.page("/metrics")
     class Metrics(View):
@@ -195,7 +195,8 @@ def _health_views(app: Any, runtime: Worker) -> None:
     class CircuitsView(View):
         async def get(self, request: Request) -> Response:
             # The same on every worker: all fold one log (agents_stream.resilience.circuits).
-            return self.json({"worker": runtime.worker_id, "providers": runtime.circuits.describe()})
+            described = runtime.circuits.describe()
+            return self.json(api.answer(api.CircuitsView, worker=runtime.worker_id, providers=described))
 
 
 def _record_views(app: Any, runtime: Worker) -> None:
@@ -211,7 +212,7 @@ def _record_views(app: Any, runtime: Worker) -> None:
             body = orchestrator.describe(job_id)
             if body is None:
                 return self.json({"error": f"unknown job_id {job_id!r}"}, status=404)
-            return self.json(body)
+            return self.json(api.answer(api.JobView, **body))
 
     @app.page("/tasks/{task_id}")
     @routed(app, table, "task_id", settings.partitions)
@@ -246,4 +247,4 @@ def _record_views(app: Any, runtime: Worker) -> None:
             if route.decision is not None:
                 shown = body["progress"].setdefault("transcript", {"turns": [], "tool_calls": []})
                 shown["route"] = route_journal.route_transcript(completed_steps(record))
-        return self.json(body)
+        return self.json(api.answer(api.TaskView, **body))

@@ -21,6 +21,7 @@ from faust.web import Request, Response, View
 
 from agents_stream.contract import topics
 from agents_stream.contract.models import ApprovalDecision
+from agents_stream.ops import api_models as api
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.notify import LINK_FIELDS, LinkClaim, LinkError, verify, with_signature
@@ -106,7 +107,7 @@ def register_approval_views(app: Any, runtime: Worker) -> None:
                 return self.json({"worker": runtime.worker_id, **shares[0]})
             bodies, missing = await gather(app, request.rel_url.raw_path_qs, forwarded_headers(request))
             page = merge_approvals(shares + bodies, limit)
-            return self.json({"worker": runtime.worker_id, **page, "unreachable": missing})
+            return self.json(api.answer(api.ApprovalsPage, worker=runtime.worker_id, **page, unreachable=missing))
 
     @app.page("/approvals/{task_id}")
     class Decide(View):
@@ -137,7 +138,8 @@ def register_approval_views(app: Any, runtime: Worker) -> None:
                 await publish_decision(app, decision, settings.approval_secret)
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            accepted = {"accepted": True, "task_id": task_id, "decision": decision.decision, "by": decision.by}
+            accepted = api.answer(api.DecisionAccepted, accepted=True, task_id=task_id, decision=decision.decision,
+                                  by=decision.by)
             return self.json(accepted, status=202)
 
         async def _at_owner(

@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from agents_stream.contract import topics
 from agents_stream.contract.conversation_messages import ConversationDelete, ConversationMessage, round_task_id
+from agents_stream.ops import api_models as api
 from agents_stream.ops import conversation_tokens
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
@@ -109,10 +110,10 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
                 partition, offset = await _send(app, message)
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            return self.json({
-                "accepted": True, "conversation_id": conversation_id, "message_id": message.message_id,
-                "partition": partition, "offset": offset,
-            }, status=202)
+            return self.json(api.answer(
+                api.MessageAccepted, accepted=True, conversation_id=conversation_id, message_id=message.message_id,
+                partition=partition, offset=offset,
+            ), status=202)
 
     @app.page("/conversations/{conversation_id}")
     @routed(app, table, "conversation_id", settings.partitions)
@@ -125,8 +126,8 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
             limit = min(max(int(request.query.get("limit") or HISTORY_PAGE), 1), MAX_HISTORY_PAGE)
         except ValueError:
             return self.json({"error": "before and limit must be integers"}, status=400)
-        return self.json(describe(conversation_id, data, table.get, runtime.tables.tasks, settings.partitions,
-                                  before=before, limit=limit))
+        return self.json(api.answer(api.ConversationView, **describe(
+            conversation_id, data, table.get, runtime.tables.tasks, settings.partitions, before=before, limit=limit)))
 
     @app.page("/conversations/{conversation_id}/messages/{message_id}")
     @routed(app, table, "conversation_id", settings.partitions)
@@ -135,7 +136,7 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
         if found is None:
             return self.json({"error": f"no message {message_id!r} in conversation {conversation_id!r} (yet)"},
                              status=404)
-        return self.json({"conversation_id": conversation_id, **found})
+        return self.json(api.answer(api.MessageView, conversation_id=conversation_id, **found))
 
     @app.page("/conversations/{conversation_id}/delete")
     class Delete(View):
@@ -155,24 +156,26 @@ def register_conversation_views(app: Any, runtime: Worker) -> None:
                 await _publish(app, delete.agent_name, conversation_id, delete.model_dump_json().encode("utf-8"))
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            return self.json({"accepted": True, "conversation_id": conversation_id, "by": delete.by}, status=202)
+            return self.json(api.answer(api.ConversationDeleteAccepted, accepted=True, conversation_id=conversation_id,
+                                    by=delete.by), status=202)
 
     @app.page("/conversations/{conversation_id}/token")
     class Token(View):
         async def post(self, request: Request, conversation_id: str) -> Response:
             try:
                 body = await mutation_body(settings, request)
-                ttl = float(body.get("ttl_s") or 3600)
+                ttl = api.ConversationTokenBody.model_validate(body).ttl_s or 3600.0
             except Refused as exc:
                 return self.json({"error": str(exc)}, status=exc.status)
-            except (TypeError, ValueError):
-                return self.json({"error": 'expected JSON {"ttl_s": <seconds>}'}, status=400)
+            except ValidationError as exc:
+                return self.json({"error": f'expected JSON {{"ttl_s": <seconds>}}: {exc}'}, status=400)
             if not settings.conversation_secret:
                 return self.json({"error": "no AGENTS_STREAM_CONVERSATION_SECRET is set on the workers: no "
                                            "conversation tokens can be issued"}, status=409)
             token, expires = conversation_tokens.issue(settings.conversation_secret, conversation_id, ttl,
                                                        time.time())
-            return self.json({"conversation_id": conversation_id, "token": token, "expires_at": expires})
+            return self.json(api.answer(api.TokenIssued, conversation_id=conversation_id, token=token,
+                                        expires_at=expires))
 
     del Post, conversation, message, Delete, Token  # registered on the app
 

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from faust.web import Request, Response, View
 
 from agents_stream.contract.conversation_messages import round_task_id
+from agents_stream.ops import api_models as api
 from agents_stream.ops.routing import ROUTED_HEADER, active_partitions, forwarded_headers, gather
 from agents_stream.tables import route_journal
 from agents_stream.tables.conversations import SEP, ConversationRecord
@@ -100,5 +101,5 @@ def register_desk_views(app: Any, runtime: Worker) -> None:
             for body in bodies:
                 rows += body.get("conversations") or []
             rows.sort(key=lambda r: (-(r["waiting_s"] or -1.0), -r["updated_at"]))
-            return self.json({"agent": agent, "worker": runtime.worker_id, "conversations": rows[:ROWS],
-                              "unreachable": missing})
+            return self.json(api.answer(api.DeskView, agent=agent, worker=runtime.worker_id, conversations=rows[:ROWS],
+                                    unreachable=missing))

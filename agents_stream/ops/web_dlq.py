@@ -15,6 +15,7 @@ from aiokafka.errors import KafkaError
 from faust.web import Request, Response, View
 
 from agents_stream.kafka import security as kafka_security
+from agents_stream.ops import api_models as api
 from agents_stream.ops import dlq, dlq_pages
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
@@ -88,7 +89,7 @@ def register_dead_letter_views(app: Any, settings: Settings) -> None:
         async def get(self, request: Request) -> Response:
             """A page of dead letters, newest first, filtered like ``agents-stream dlq list``; ``next`` goes on."""
             try:
-                return self.json(await reads.page(request.query))
+                return self.json(api.answer(api.DeadLettersPage, **await reads.page(request.query)))
             except Refused as exc:
                 return _error(self, exc.status, str(exc))
             except ValueError as exc:
@@ -112,7 +113,7 @@ def register_dead_letter_views(app: Any, settings: Settings) -> None:
                 return _error(self, 503, f"reading the dead letter failed ({type(exc).__name__}); retry")
             if not found:
                 return self.json({"error": f"no dead letter {ref}"}, status=404)
-            return self.json(found.as_dict())
+            return self.json(api.answer(api.DeadLetterDetail, **found.as_dict()))
 
 
 def _requeue_view(app: Any, settings: Settings, reads: DeadLetterReads) -> None:
@@ -122,7 +123,7 @@ def _requeue_view(app: Any, settings: Settings, reads: DeadLetterReads) -> None:
             """Send one dead letter back to its task topic (body: ``{"ref"}`` or topic, partition, offset)."""
             try:
                 body = await mutation_body(settings, request)
-                ref = str(body.get("ref") or f"{body.get('topic')}:{body.get('partition')}:{body.get('offset')}")
+                ref = api.DeadLetterRef.model_validate(body).as_ref()
                 found = await reads.one(ref)
                 if not found:
                     return self.json({"error": f"no dead letter {ref}"}, status=404)
@@ -140,4 +141,5 @@ def _requeue_view(app: Any, settings: Settings, reads: DeadLetterReads) -> None:
                 )
                 return self.json({"error": error}, status=503)
             log.info("Dead letter %s (task %s) requeued over HTTP as %s", ref, record.task_id, requeue_id)
-            return self.json({"requeued": {**dlq.summary(record), "requeue_id": requeue_id}}, status=202)
+            requeued = {**dlq.summary(record), "requeue_id": requeue_id}
+            return self.json(api.answer(api.Requeued, requeued=requeued), status=202)

@@ -17,6 +17,7 @@ from faust.web import Request, Response, View
 from pydantic import ValidationError
 
 from agents_stream.contract.conversation_messages import ConversationAction
+from agents_stream.ops import api_models as api
 from agents_stream.ops.access import Refused
 from agents_stream.ops.bodies import mutation_body
 from agents_stream.ops.routing import ROUTED_HEADER, active_partitions, forwarded_headers, gather
@@ -63,7 +64,8 @@ def register_handoff_views(app: Any, runtime: Worker) -> None:
             for entry in mine + [e for b in bodies for e in b.get("conversations", [])]:
                 merged.setdefault(entry["conversation_id"], entry)
             listed = sorted(merged.values(), key=lambda e: e["held_at"] or 0.0)
-            return self.json({"worker": runtime.worker_id, "conversations": listed, "unreachable": missing})
+            return self.json(api.answer(api.HandoffInbox, worker=runtime.worker_id, conversations=listed,
+                                        unreachable=missing))
 
     def action_view(action: str) -> type[View]:
         class Act(View):
@@ -93,8 +95,8 @@ def register_handoff_views(app: Any, runtime: Worker) -> None:
                     return self.json({"error": str(exc)}, status=exc.status)
                 except ValidationError as exc:
                     return self.json({"error": f"expected JSON {EXPECTED}: {exc}"}, status=400)
-                return self.json({"accepted": True, "conversation_id": conversation_id, "action": action,
-                                  "action_id": record.action_id, "by": record.by}, status=202)
+                return self.json(api.answer(api.ActionAccepted, accepted=True, conversation_id=conversation_id,
+                                        action=action, action_id=record.action_id, by=record.by), status=202)
 
         return Act
 

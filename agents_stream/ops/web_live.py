@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from faust.web import Request, Response, View
 
+from agents_stream.ops import api_models as api
 from agents_stream.ops.pages import limit_of
 from agents_stream.ops.recent import merge_recent
 from agents_stream.ops.routing import ROUTED_HEADER, forwarded_headers, gather
@@ -54,11 +55,11 @@ def register_live_views(app: Any, runtime: Worker) -> None:
             shares = [(runtime.worker_id, own)] + [s for s in map(_their_samples, bodies) if s is not None]
             merged = merge([samples for _, samples in shares], settings.console_sample_s, settings.console_history_s,
                            time.time())
-            return self.json({
-                "worker": runtime.worker_id, "interval_s": settings.console_sample_s,
-                "history_s": settings.console_history_s, **merged,
-                "workers": sorted(worker for worker, _ in shares), "unreachable": missing,
-            })
+            return self.json(api.answer(
+                api.SamplesView, worker=runtime.worker_id, interval_s=settings.console_sample_s,
+                history_s=settings.console_history_s, **merged,
+                workers=sorted(worker for worker, _ in shares), unreachable=missing,
+            ))
 
     @app.page("/recent")
     class RecentView(View):
@@ -81,12 +82,12 @@ def register_live_views(app: Any, runtime: Worker) -> None:
                 return self.json({"worker": runtime.worker_id, "tasks": tasks, "jobs": jobs})
             bodies, missing = await gather(app, request.rel_url.raw_path_qs, forwarded_headers(request))
             theirs = [b for b in bodies if isinstance(b, dict)]
-            return self.json({
-                "worker": runtime.worker_id,
-                "tasks": merge_recent([tasks, *(_list(b, "tasks") for b in theirs)], "task_id", limit),
-                "jobs": merge_recent([jobs, *(_list(b, "jobs") for b in theirs)], "job_id", limit),
-                "unreachable": missing,
-            })
+            return self.json(api.answer(
+                api.RecentView, worker=runtime.worker_id,
+                tasks=merge_recent([tasks, *(_list(b, "tasks") for b in theirs)], "task_id", limit),
+                jobs=merge_recent([jobs, *(_list(b, "jobs") for b in theirs)], "job_id", limit),
+                unreachable=missing,
+            ))
 
 
 def _list(body: dict[str, Any], name: str) -> list[Any]:

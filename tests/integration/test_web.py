@@ -17,9 +17,10 @@ from .harness import encode, eventually, produce, read_topic, results_for, task,
 
 async def test_any_worker_answers_for_any_task(cluster_factory):
     """With two workers, /tasks/<id> gives the record from either one (Faust's table_route hashes the JSON-encoded
-    key and sent about half of these to a worker without the key); unknown ids are 404 on both."""
+    key and sent about half of these to a worker without the key); unknown ids are 404 on both. A decision is
+    checked where the task is: the worker without it forwards the owner's answer (409: the task ended)."""
     agent = unique("web")
-    c = cluster_factory([agent], None)
+    c = cluster_factory([agent], None, AGENTS_STREAM_API_TOKEN=TOKEN)
     workers = [await c.started("w0"), await c.started("w1")]
     run = unique("r")  # ids of their own: agent.results keeps earlier runs' results under the same keys
     ids = [f"{run}-job{i}/step" for i in range(8)] + [f"{run}-plain-{i}" for i in range(8)]
@@ -33,6 +34,12 @@ async def test_any_worker_answers_for_any_task(cluster_factory):
                 w.name, task_id, body)
             owners.add(body["owner"])
     assert len(owners) == 2, "both workers own some of the tasks, so half the reads were forwarded"
+    for task_id in ids[:4]:
+        for w in workers:
+            decided = await post(w, f"/approvals/{quote(task_id, safe='')}", {"decision": "approve", "by": "ops",
+                                                                            "parked": 1})
+            assert decided == (409, {"error": "the task is succeeded: it was decided before, or timed out",
+                                     "task_id": task_id}), (w.name, task_id, decided)
     views = [await w.get("/circuits") for w in workers]
     assert (
         set(views[0]["providers"]) == set(views[1]["providers"]) == {"local"}
