@@ -178,7 +178,7 @@ def receive(
     if head is not None and head.deleting is not None:
         return Change(effects=[Refuse("conversation_deleting", "the conversation is being deleted")])
     known = read(message_key(cid, message["id"]))
-    if known:
+    if known and (known["digest"] != message["digest"] or _recorded(head, message["id"], known)):
         return _again(head, read, cid, message, known)
     head = head or ConversationRecord(agent=agent, since=offset, updated_at=now)
     waiting = head.waiting_list()
@@ -228,6 +228,20 @@ def join_round(head: ConversationRecord, cid: str, number: int, now: float) -> t
     head = replace(head, waiting=_dump(waiting), updated_at=now)
     change.head = _append(head, cid, change, items)
     return change, joining
+
+
+def _recorded(head: ConversationRecord | None, message_id: str, known: dict[str, Any]) -> bool:
+    """Whether the change that wrote the message's key ``known`` was recorded whole. A change's keys reach the
+    changelog one record at a time, the head last: a worker that stopped in between leaves the key without the head
+    that lists the message, and the message, read again, is then taken as new (else it would wait in no list). A
+    message with a reply is answered: it gets that reply again."""
+    if known.get("reply") is not None:
+        return True
+    if head is None:
+        return False
+    if known.get("round") is None:
+        return any(m["id"] == message_id for m in head.waiting_list())
+    return head.rounds >= known["round"]
 
 
 def _again(head: ConversationRecord | None, read: Read, cid: str, message: dict[str, Any], known: Any) -> Change:

@@ -160,6 +160,31 @@ def test_a_message_sent_again_gets_its_one_reply_and_another_text_under_its_id_i
     assert [e.reason for e in other.effects] == ["conversation_agent_mismatch"]  # type: ignore[union-attr]
 
 
+def test_a_message_whose_key_reached_the_changelog_without_its_head_is_taken_as_new_when_read_again() -> None:
+    """A change's keys are written before its head: a worker stopped in between leaves the message's key alone.
+    Read again, the message starts its round (or waits in the list) once, instead of waiting in no list."""
+    store = Store()
+    first = machine.receive(None, store.keys.get, cid="c-1", agent=AGENT, message=_entry("m1"), policy="enqueue",
+                            now=1.0, offset=0)
+    store.apply(machine.Change(writes=first.writes))  # the keys landed, the head did not
+    assert store.head is None
+    again = store.receive("m1", now=1.5)
+    assert again.effects == [machine.StartRound(1, ("m1",))] and store.head is not None and store.head.rounds == 1
+    assert store.receive("m1", now=1.6).effects == [machine.StartRound(1, ("m1",))]  # now its round, idempotent
+
+    store.end(1, "Connecting you to a person.")
+    assert store.head is not None
+    store.keys["c-1"] = {**store.head.to_json(), "held_by": ""}  # with a person: messages wait for them
+    queued = machine.receive(store.head, store.keys.get, cid="c-1", agent=AGENT, message=_entry("m2"),
+                             policy="enqueue", now=2.0, offset=1)
+    store.apply(machine.Change(writes=queued.writes))
+    assert [m["id"] for m in store.head.waiting_list()] == []
+    store.receive("m2", now=2.5)
+    assert [m["id"] for m in store.head.waiting_list()] == ["m2"]
+    assert store.receive("m2", now=2.6).head is None  # waiting already: nothing changes
+    assert [m["id"] for m in store.head.waiting_list()] == ["m2"]
+
+
 def test_enqueued_messages_are_answered_together_by_the_next_round_which_sees_the_history() -> None:
     store = Store()
     store.receive("m1", "my package never came")
