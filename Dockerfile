@@ -17,7 +17,10 @@ COPY agents_stream ./agents_stream
 COPY tables ./tables
 # [mcp]: agents may take tools from MCP servers (README "MCP tools"); a worker whose agents name none never imports it.
 # [tracing]: OpenTelemetry traces (README "Tracing"), imported only when OTEL_* turns them on.
-RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt '.[mcp,tracing]' && rm -rf /src/build
+# [frameworks]: Pydantic AI and OpenAI Agents SDK agents (docs/guide/pydantic-ai.md): not in the default image;
+# `docker build --build-arg EXTRAS=mcp,tracing,frameworks .` adds them.
+ARG EXTRAS=mcp,tracing
+RUN pip install -c constraints.txt --upgrade pip setuptools && pip install -c constraints.txt ".[${EXTRAS}]" && rm -rf /src/build
 COPY --chmod=0755 deploy/worker/entrypoint.sh /usr/local/bin/agents-stream-entrypoint
 
 # Each container keeps its RocksDB tables in its own /data (an anonymous volume
