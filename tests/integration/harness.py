@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import json
 import os
 import shutil
@@ -11,6 +12,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +36,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def dies_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that has the child killed when this process dies: a pytest stopped by a signal, which runs
+    no fixture's teardown, leaves no worker or forwarder behind to go on using CPU and the broker. Linux's
+    parent-death signal follows the thread that started the child, so only a child of the main thread gets it."""
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return None
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def set_parent_death_signal() -> None:
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+
+    return set_parent_death_signal
 
 
 def unique(prefix: str) -> str:
@@ -88,6 +104,7 @@ class Worker:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [*self.prefix, *self.command()], cwd=self.cwd, env=self.env, stdout=self._log, stderr=subprocess.STDOUT,
+            preexec_fn=dies_with_this_process(),
         )
         return self
 

@@ -41,6 +41,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 
+from tests.integration.harness import dies_with_this_process
+
 ROOT = Path(__file__).resolve().parents[2]
 #: the namespaces' subnets: 10.231.N.0/30, host end .1, namespace end .2
 _PREFIX = "10.231"
@@ -171,7 +173,7 @@ class Netns:
         args = [a for m in maps for a in ("--map", m)]
         proc = subprocess.Popen(
             [*prefix, sys.executable, "-m", "tests.integration.tcpfwd", *args], cwd=ROOT,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=dies_with_this_process(),
         )
         self._forwarders.append(proc)
         deadline = time.monotonic() + _READY_TIMEOUT_S
