@@ -171,10 +171,8 @@ def receive(
 ) -> Change:
     """A message arrived at ``offset``: ``message`` has id, digest, text, user and context."""
     if head is not None and head.agent != agent:
-        return Change(effects=[Refuse(
-            "conversation_agent_mismatch",
-            f"conversation belongs to agent {head.agent!r}; a message for {agent!r} cannot join it",
-        )])
+        why = f"conversation belongs to agent {head.agent!r}; a message for {agent!r} cannot join it"
+        return Change(effects=[Refuse("conversation_agent_mismatch", why)])
     if head is not None and head.deleting is not None:
         return Change(effects=[Refuse("conversation_deleting", "the conversation is being deleted")])
     known = read(message_key(cid, message["id"]))
@@ -231,14 +229,10 @@ def join_round(head: ConversationRecord, cid: str, number: int, now: float) -> t
 
 
 def _recorded(head: ConversationRecord | None, message_id: str, known: dict[str, Any]) -> bool:
-    """Whether the change that wrote the message's key ``known`` was recorded whole. A change's keys reach the
-    changelog one record at a time, the head last: a worker that stopped in between leaves the key without the head
-    that lists the message, and the message, read again, is then taken as new (else it would wait in no list). A
-    message with a reply is answered: it gets that reply again."""
-    if known.get("reply") is not None:
-        return True
-    if head is None:
-        return False
+    """Whether the change that wrote the message's key ``known`` was recorded whole: its keys reach the changelog
+    before its head, so a worker stopped in between leaves a key no head lists (the message is then new)."""
+    if known.get("reply") is not None or head is None:
+        return known.get("reply") is not None  # answered: its reply again
     if known.get("round") is None:
         return any(m["id"] == message_id for m in head.waiting_list())
     return head.rounds >= known["round"]
