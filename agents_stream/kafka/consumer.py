@@ -119,7 +119,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
         """The id the group's coordinator knows this worker by: the same across the rebalances it stays in the group
         for, a new one when it joins again after the group expelled it, '' while it joins; None before the Kafka
         client started (execution/membership.py)."""
-        try:
+        try:  # aiokafka keeps the member id on its coordinator only; Faust's thread, only behind _ensure_consumer
             coordinator = cast(WatermarkConsumerThread, self._thread)._ensure_consumer()._coordinator
         except Exception:  # not started yet (Faust's ConsumerNotStarted), or stopping
             return None
