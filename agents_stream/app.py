@@ -239,10 +239,11 @@ class Runtime(Service):
         await self.route.send(task_id, outcome)
 
     def member(self) -> bool:
-        """This worker still owns the partitions it believes it owns: a commit it sent less than half a session
-        timeout ago was accepted by the group's coordinator. A worker cut off from the group for longer (a stalled
-        loop, a broker away) may have lost them without knowing yet: its outcomes then go on the topic, where the
-        partition's owner, whoever it is now, applies them (docs/decisions.md, "Outcomes applied where they ran")."""
+        """This worker still owns the partitions it believes it owns: a commit or heartbeat it sent less than half a
+        session timeout ago was accepted by the group's coordinator. A worker cut off from the group for longer (a
+        stalled loop, a broker away) may have lost them without knowing yet: its outcomes then go on the topic, where
+        the partition's owner, whoever it is now, applies them (docs/decisions.md, "Outcomes applied where they
+        ran")."""
         if getattr(self.app, "rebalancing", False):  # Faust revokes before it tells the ledger (Ledger.forget)
             return False
         consumer: Any = self.app.consumer

@@ -12,8 +12,8 @@ fenced: docs/security.md, "Fencing"). So every provider call and every tool atte
 - and this process did not stand still since the group last confirmed it. A worker that was stopped learns that
   it was expelled only when its next heartbeat is refused, and the timers that fire as it wakes come first; so a gap
   of ``stall_s`` in this event loop (``watch`` ticks, and each check looks too) makes every run wait for the group's
-  word: a commit accepted after the gap (it was not expelled: go on) or a changed id (``Fenced``), at most ``wait_s``
-  (then ``Fenced`` too: its lease lapses and the partition's owner runs the task from its journal).
+  word: a commit or heartbeat accepted after the gap (not expelled: go on) or a changed id (``Fenced``), at most
+  ``wait_s`` (then ``Fenced`` too: its lease lapses and the partition's owner runs the task from its journal).
 
 A worker cut off from the brokers but not from its model provider is not stopped by this: its runs call on until
 the cut heals and the group refuses its heartbeat (then the id check stops them); what they write is fenced meanwhile.

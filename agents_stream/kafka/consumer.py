@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Callable, Iterable, Mapping, Optional, cast
 
+from aiokafka.protocol.group import HeartbeatRequest
 from aiokafka.structs import OffsetAndMetadata
 from faust.transport.consumer import ensure_TPset
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
@@ -56,6 +57,12 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
         return consumer
 
+    async def on_start(self) -> None:
+        await super().on_start()
+        coordinator = getattr(self._ensure_consumer(), "_coordinator", None)  # None without a group
+        if coordinator is not None:
+            watch_heartbeats(coordinator, cast("WatermarkConsumer", self.consumer).confirmed_member)
+
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         # Faust crashes the worker on any commit error. A lost broker connection or
         # a commit refused during a rebalance is layer 3: nothing counts as done,
@@ -73,7 +80,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         except Exception as exc:  # every failure is retried next round; see above
             cast("WatermarkConsumer", self.consumer)._last_commit_error = exc
             return False
-        cast("WatermarkConsumer", self.consumer).member_at = sent
+        cast("WatermarkConsumer", self.consumer).confirmed_member(sent)
         now = monotonic()
         self.tp_last_committed_at.update({tp: now for tp in commitable})
         return True
@@ -85,6 +92,27 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         found = await consumer._coordinator.fetch_committed_offsets({ensure_aiokafka_TP(tp) for tp in tps})
         offsets = {ensure_aiokafka_TP(tp): meta.offset for tp, meta in found.items()}  # none without a commit
         return {tp: offsets.get(ensure_aiokafka_TP(tp)) for tp in tps}
+
+
+def watch_heartbeats(coordinator: Any, confirmed: Callable[[float], None]) -> None:
+    """Call ``confirmed(sent)`` for every heartbeat the group's coordinator answers without an error: it counts this
+    worker a member of the current generation, with no rebalance under way, as an accepted commit does.
+
+    Commits alone were not enough: Faust flushes its producer buffer before each commit, and in a burst the buffer
+    stays full, so a busy worker went 5-7 s without a commit, counted itself no member and held every task's
+    follow-ups (docs/decisions.md, "Membership from heartbeats"). The heartbeats run on the consumer's thread every
+    heartbeat interval whatever the producer does. aiokafka answers a heartbeat only to its own routine (which
+    counts a "rebalance in progress" answer a success), so the coordinator's request method is wrapped here."""
+    send = coordinator._send_req
+
+    async def send_req(request: Any) -> Any:
+        sent = monotonic()
+        resp = await send(request)
+        if isinstance(request, HeartbeatRequest) and getattr(resp, "error_code", None) == 0:
+            confirmed(sent)
+        return resp
+
+    coordinator._send_req = send_req
 
 
 def commit_again(
@@ -106,10 +134,15 @@ FAULT_DROP_FETCHED = "AGENTS_STREAM_FAULT_DROP_FETCHED"
 class WatermarkConsumer(AIOKafkaConsumer):
     _last_commit_error: BaseException | None = None
     _drop_fetched: dict[str, int] | None = None
-    #: when (monotonic) the last commit the group coordinator accepted was sent: this worker was a member of the
-    #: group's current generation then, and its assignment cannot have gone to another member before its session
-    #: (at least session timeout after that, less a heartbeat interval) expired
+    #: when (monotonic) the last commit or heartbeat the group coordinator accepted was sent: this worker was a
+    #: member of the group's current generation then, and its assignment cannot have gone to another member before
+    #: its session (at least session timeout after that, less a heartbeat interval) expired
     member_at: float | None = None
+
+    def confirmed_member(self, sent: float) -> None:
+        """The coordinator accepted a commit or a heartbeat sent at ``sent`` (monotonic): see ``member_at``."""
+        if self.member_at is None or sent > self.member_at:
+            self.member_at = sent
 
     def member_since(self, seconds: float) -> bool:
         """True when a commit sent within the last ``seconds`` was accepted (see ``member_at``)."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import time
 
 import faust
+from aiokafka.protocol.group import HeartbeatRequest
 from faust.types import TP
 
-from agents_stream.kafka.consumer import WatermarkConsumer, commit_again
+from agents_stream.kafka.consumer import WatermarkConsumer, commit_again, watch_heartbeats
 
 
 async def _ignore(*args: object) -> None:
@@ -55,3 +56,47 @@ def test_membership_is_fresh_only_for_the_time_asked() -> None:
     assert not consumer.member_since(60.0), "no commit accepted yet"
     consumer.member_at = time.monotonic() - 3.0
     assert consumer.member_since(5.0) and not consumer.member_since(2.0)
+
+
+class _Answer:
+    def __init__(self, error_code: int) -> None:
+        self.error_code = error_code
+
+
+class _Coordinator:
+    """aiokafka's group coordinator as far as watch_heartbeats sees it: one request method, answers given in order."""
+
+    def __init__(self, *codes: int) -> None:
+        self.codes = list(codes)
+
+    async def _send_req(self, request: object) -> _Answer:
+        return _Answer(self.codes.pop(0))
+
+
+async def test_only_a_heartbeat_the_coordinator_accepted_confirms_membership() -> None:
+    """A worker busy in a burst commits seldom (Faust flushes its producer before each commit): an accepted
+    heartbeat says it is a member as well. A refused one (rebalance under way: 27, illegal generation: 22, unknown
+    member: 25) or another request's answer says nothing."""
+    coordinator = _Coordinator(27, 22, 25, 0, 0)
+    seen: list[float] = []
+    watch_heartbeats(coordinator, seen.append)
+    heartbeat = HeartbeatRequest("group", 3, "member-1")
+    before = time.monotonic()
+    for _ in range(3):
+        await coordinator._send_req(heartbeat)
+    assert seen == [], "a refused heartbeat is no word from the group"
+    await coordinator._send_req(object())  # any other request the coordinator sends
+    assert seen == [], "only heartbeats are read here (accepted commits are counted where they are sent)"
+    await coordinator._send_req(heartbeat)
+    assert len(seen) == 1 and before <= seen[0] <= time.monotonic(), "the time the heartbeat was sent"
+
+
+def test_membership_never_goes_back_to_an_older_confirmation() -> None:
+    app = faust.App("test-consumer-confirmed", broker="kafka://127.0.0.1:1")  # never started: no connection
+    consumer = WatermarkConsumer(
+        app.transport, callback=_ignore, on_partitions_revoked=_ignore, on_partitions_assigned=_ignore,
+    )
+    now = time.monotonic()
+    consumer.confirmed_member(now - 1.0)
+    consumer.confirmed_member(now - 8.0)  # a commit sent earlier, answered after a heartbeat
+    assert consumer.member_at == now - 1.0
