@@ -17,6 +17,7 @@ connection error) is retried with backoff first.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import json
 import logging
@@ -85,6 +86,15 @@ class ToolContext:
     fencing_token: int = 0
 
 
+@functools.lru_cache(maxsize=1024)
+def _spec(name: str, description: str, arguments: type[BaseModel]) -> ToolSpec:
+    """A tool's spec, made once: the model is told of every tool at every turn, and pydantic's schema generation
+    was 8% of an agent loop's CPU (the providers only read the schema into their request bodies)."""
+    schema = arguments.model_json_schema()
+    schema.pop("title", None)
+    return ToolSpec(name, description, schema)
+
+
 @dataclass(frozen=True)
 class Tool:
     """A function the model may call, with its arguments' model and its policy."""
@@ -131,9 +141,7 @@ class Tool:
 
     @property
     def spec(self) -> ToolSpec:
-        schema = self.arguments.model_json_schema()
-        schema.pop("title", None)
-        return ToolSpec(self.name, self.description, schema)
+        return _spec(self.name, self.description, self.arguments)
 
     def validate(self, arguments: dict[str, Any]) -> Any:
         """The model's arguments checked (what ``invoke`` and ``approval`` get); ToolError says what is wrong, in

@@ -306,9 +306,20 @@ class IdempotentProducer(AIOKafkaProducer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
+        self._tracked: set[str] = set()
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "enable_idempotence": True}
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        # aiokafka's client refreshes the metadata of the topics it tracks, and of every topic in the cluster while
+        # it tracks none: it starts with all of them, and a topic already in that first answer is never tracked, so
+        # a worker asked for the whole cluster every refresh (5% of its CPU on a broker of 2,400 topics). Tracking
+        # each topic before its first send narrows the refresh to the topics this worker writes.
+        if topic not in self._tracked:
+            self._tracked.add(topic)
+            self._ensure_producer().client.add_topic(topic)
+        return await super().send(topic, *args, **kwargs)
 
 
 class WatermarkTransport(AIOKafkaTransport):

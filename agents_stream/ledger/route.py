@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any, Callable, Protocol
 
 from agents_stream.contract.errors import Fenced
@@ -20,6 +21,7 @@ from agents_stream.contract.events import (
     encode,
 )
 from agents_stream.kafka.delivery import until_confirmed
+from agents_stream.ops import metrics
 
 __all__ = ["JOURNAL_DURABLE_S", "AppliesHere", "OutcomeRoute"]
 
@@ -75,6 +77,7 @@ class OutcomeRoute:
         if isinstance(outcome, TaskSucceeded | TaskFailed | StepDone | JournalEntry):
             run = (task_id, outcome.dispatch)
             durable = None
+            started = time.monotonic()
             if run not in self.via_topic and self.member():
                 try:
                     durable = self.ledger.apply_here(task_id, outcome)
@@ -94,6 +97,7 @@ class OutcomeRoute:
                             f"{JOURNAL_DURABLE_S:.0f}s (is the broker reachable?); the run stops here and resumes from "
                             "its journal once its lease lapses"
                         ) from None
+                    metrics.journal_durable.observe(time.monotonic() - started)
                 return
             if isinstance(outcome, StepDone | JournalEntry):
                 self.via_topic.add(run)

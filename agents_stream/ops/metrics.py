@@ -27,6 +27,12 @@ provider_latency = Histogram(
     "agents_stream_provider_call_seconds", "Provider call duration, whatever the outcome.",
     ["provider"], registry=REGISTRY, buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60),
 )
+journal_durable = Histogram(
+    "agents_stream_journal_durable_seconds",
+    "A durable step of a run: from a journal entry or step checkpoint handed to this worker's ledger until the "
+    "broker confirmed its record and the run may act on it.",
+    registry=REGISTRY, buckets=(0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1, 5),
+)
 provider_in_flight = Gauge(
     "agents_stream_provider_calls_in_flight", "Provider calls this worker has started and not yet seen end.",
     ["provider"], registry=REGISTRY,

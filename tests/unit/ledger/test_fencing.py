@@ -291,3 +291,31 @@ async def test_a_service_refuses_a_call_of_a_worker_its_task_moved_on_from(monke
         assert services.executed("payment.refund") == ["t1:1:call_B"]
         status, _ = await call_service("payment.refund", "t2:1:call_A", {"amount": 5}, ("t2", 1))
         assert status == 200, "each task is its own resource"
+
+
+async def test_a_durable_step_is_timed_once_it_is_durable_here() -> None:
+    """agents_stream_journal_durable_seconds times the step a run waits on (an entry applied by this worker's
+    ledger until its record is confirmed): one observation per entry, none for an entry that went on the topic."""
+    from agents_stream.ops import metrics
+
+    class Holding:
+        def apply_here(self, task_id: str, outcome: Any) -> "asyncio.Future[None]":
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().call_later(0.01, done.set_result, None)
+            return done
+
+    def count_and_sum() -> tuple[float, float]:
+        samples = {s.name: s.value for m in metrics.journal_durable.collect() for s in m.samples}
+        name = "agents_stream_journal_durable_seconds"
+        return samples[f"{name}_count"], samples[f"{name}_sum"]
+
+    here = OutcomeRoute(Holding(), _confirming([]), member=lambda: True,  # type: ignore[arg-type]
+                        send_control=lambda *a: None, stopping=lambda: False, owns=lambda task_id: True)
+    count, total = count_and_sum()
+    await here.send("t1", JournalEntry(worker="w1", dispatch=2, index=3, output={"kind": "turn"}))
+    after_count, after_total = count_and_sum()
+    assert after_count == count + 1 and after_total - total >= 0.01
+    there = OutcomeRoute(NotHolding(), _confirming([]), member=lambda: True, send_control=lambda *a: None,
+                         stopping=lambda: False, owns=lambda task_id: True)
+    await there.send("t1", JournalEntry(worker="w1", dispatch=2, index=4, output={"kind": "turn"}))
+    assert count_and_sum()[0] == after_count
