@@ -100,7 +100,7 @@ def watch_heartbeats(coordinator: Any, confirmed: Callable[[float], None]) -> No
 
     Commits alone were not enough: Faust flushes its producer buffer before each commit, and in a burst the buffer
     stays full, so a busy worker went 5-7 s without a commit, counted itself no member and held every task's
-    follow-ups (docs/decisions.md, "Membership from heartbeats"). The heartbeats run on the consumer's thread every
+    follow-ups (docs/decisions.md, "Fencing: confirmed membership"). The heartbeats run on the consumer's thread every
     heartbeat interval whatever the producer does. aiokafka answers a heartbeat only to its own routine (which
     counts a "rebalance in progress" answer a success), so the coordinator's request method is wrapped here."""
     send = coordinator._send_req
