@@ -107,10 +107,12 @@ def all_peers() -> dict[str, str | None]:
     """Install everything; returns, per peer, None (ready) or why it is not."""
     py = python_venv()
     tmp = py or temporal()
+    rst = py or restate()
     return {
         "temporal": tmp,
         "temporal-memory": tmp,
-        "restate": py or restate(),
+        "restate": rst,
+        "restate-64": rst,
         "dbos": py or postgres(),
         "quix": py,
     }

@@ -20,11 +20,14 @@ from bench.peers import load, procs, versions
 
 
 class Restate:
-    name = "Restate"
-    concurrency = "no per-service limit (invoker 1,000): the driver's 256 open requests"
     throughput_n = None
 
-    def __init__(self) -> None:
+    def __init__(self, open_requests: int = load.OPEN_REQUESTS) -> None:
+        """``open_requests``: what the driver keeps open in (a), the bound of Restate's concurrency here (64: the
+        same as agents-stream's default call slots)."""
+        self.open_requests = open_requests
+        self.name = "Restate" if open_requests == load.OPEN_REQUESTS else f"Restate, {open_requests} open requests"
+        self.concurrency = f"no per-service limit (invoker 1,000): the driver's {open_requests} open requests"
         self.server: subprocess.Popen | None = None
         self.service: subprocess.Popen | None = None
 
@@ -54,7 +57,7 @@ class Restate:
                 raise RuntimeError(f"Restate answered another task for {task_id}")
 
     async def run_tasks(self, ids: list[str], rate: float | None, timeout: float) -> tuple[dict, dict]:
-        return await load.http_run(self._post, ids, rate, timeout)
+        return await load.http_run(self._post, ids, rate, timeout, limit=self.open_requests)
 
     def worker_pid(self) -> int:
         assert self.service is not None

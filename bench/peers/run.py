@@ -1,8 +1,8 @@
 """`make bench-peers`: the same workload on agents-stream and on Temporal, Restate, DBOS and Quix Streams, one run,
 one table (printed, and written into docs/benchmarks.md between its peers markers).
 
-    .venv/bin/python -m bench.peers.run [--only ours,ours-256,temporal,temporal-memory,restate,dbos,quix] [--no-write]
-        [--no-install] [--n 1000] [--rate 20] [--seconds 10]
+    .venv/bin/python -m bench.peers.run [--only ours,ours-256,temporal,temporal-memory,restate,restate-64,dbos,quix]
+        [--no-write] [--no-install] [--n 1000] [--rate 20] [--seconds 10]
 
 Installs the peers first (bench/peers/install.py, cached under .data/peers/). Needs a broker for ours and Quix
 Streams: KAFKA_BOOTSTRAP (host:port) or KAFKA_BROKER, default 127.0.0.1:9092. A peer that cannot be installed or
@@ -46,6 +46,7 @@ SYSTEMS: dict[str, Callable[[], Any]] = {
     "temporal": Temporal,
     "temporal-memory": lambda: Temporal(on_disk=False),
     "restate": Restate,
+    "restate-64": lambda: Restate(open_requests=64),  # the concurrency of ours with its default 64 call slots
     "dbos": Dbos,
     "quix": Quix,
 }
@@ -95,8 +96,29 @@ def section(results: dict[str, dict[str, Any]], sizes: load.Sizes, load_avg: tup
         f"(c) up to {sizes.kill_rate:g} tasks/s for {sizes.kill_seconds:g} s, a {load.KILL_MODEL_S * 1000:.0f} ms "
         "model, the SIGKILL halfway.", "",
         *markdown(results, sizes), "",
+        *equal_concurrency(results), "",
         *(load.__doc__ or "").strip().splitlines(), END,
     ]
+
+
+#: agents-stream against Restate at equal concurrency: (ours, Restate) per bound
+EQUAL = {"64": ("ours", "restate-64"), "256": ("ours-256", "restate")}
+
+
+def equal_concurrency(results: dict[str, dict[str, Any]]) -> list[str]:
+    """The target at equal concurrency: ours ≥ 1.2× Restate's tasks/s in (a), and CPU per task ≤ Restate's."""
+    out = ["At equal concurrency (call slots / open requests), target: tasks/s ≥ 1.2× Restate's and worker CPU per "
+           "task ≤ Restate's (its service process; its server's CPU not counted):", ""]
+    for bound, (ours_key, peer_key) in EQUAL.items():
+        ours, peer = results.get(ours_key, {}).get("a"), results.get(peer_key, {}).get("a")
+        if not ours or not peer:
+            out.append(f"- {bound}: not measured")
+            continue
+        speed, cpu = ours["rate"] / peer["rate"], (ours["cpu_ms_per_task"], peer["cpu_ms_per_task"])
+        out.append(f"- {bound}: {ours['rate']:.1f} against {peer['rate']:.1f} tasks/s, {speed:.2f}× "
+                   f"({'met' if speed >= 1.2 else 'MISSED'}); CPU {cpu[0]:.2f} against {cpu[1]:.2f} ms a task "
+                   f"({'met' if cpu[0] <= cpu[1] else 'MISSED'})")
+    return out
 
 
 def write_section(lines: list[str]) -> None:
@@ -136,7 +158,7 @@ def cli() -> int:
     load_start = f"{os.getloadavg()[0]:.2f}"
     results = asyncio.run(main(only, sizes, ready))
     lines = section(results, sizes, (load_start, f"{os.getloadavg()[0]:.2f}"))
-    print("\n" + "\n".join(text(results, sizes)))
+    print("\n" + "\n".join(text(results, sizes) + ["", *equal_concurrency(results)]))
     if not args.no_write:
         write_section(lines)
         print(f"\nwritten: {DOC.relative_to(ROOT)} (the peers section)")
