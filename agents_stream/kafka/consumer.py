@@ -57,9 +57,15 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         consumer._fetch_max_wait_ms = FETCH_MAX_WAIT_MS  # read when the consumer starts its fetcher
         return consumer
 
+    def coordinator(self) -> Any:
+        """aiokafka's group coordinator of this thread's consumer (None without a group). aiokafka keeps the member
+        id, the offset fetch for a set of partitions, the request for a new generation and the answers to heartbeats
+        there only: this is the one place that reads its private name."""
+        return getattr(self._ensure_consumer(), "_coordinator", None)
+
     async def on_start(self) -> None:
         await super().on_start()
-        coordinator = getattr(self._ensure_consumer(), "_coordinator", None)  # None without a group
+        coordinator = self.coordinator()
         if coordinator is not None:
             watch_heartbeats(coordinator, cast("WatermarkConsumer", self.consumer).confirmed_member)
 
@@ -88,8 +94,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
     async def committed_offsets(self, tps: set[TP]) -> dict[TP, int | None]:
         # One OffsetFetch request for them all (the consumer's ``committed`` asks one partition per round trip,
         # and a worker owns dozens of input partitions): aiokafka's coordinator takes a set, the consumer does not.
-        consumer = self._ensure_consumer()
-        found = await consumer._coordinator.fetch_committed_offsets({ensure_aiokafka_TP(tp) for tp in tps})
+        found = await self.coordinator().fetch_committed_offsets({ensure_aiokafka_TP(tp) for tp in tps})
         offsets = {ensure_aiokafka_TP(tp): meta.offset for tp, meta in found.items()}  # none without a commit
         return {tp: offsets.get(ensure_aiokafka_TP(tp)) for tp in tps}
 
@@ -145,7 +150,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
             self.member_at = sent
 
     def member_since(self, seconds: float) -> bool:
-        """True when a commit sent within the last ``seconds`` was accepted (see ``member_at``)."""
+        """True when a commit or heartbeat sent within the last ``seconds`` was accepted (see ``member_at``)."""
         return self.member_at is not None and monotonic() - self.member_at < seconds
 
     def member_id(self) -> str | None:
@@ -153,7 +158,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
         for, a new one when it joins again after the group expelled it, '' while it joins; None before the Kafka
         client started (execution/membership.py)."""
         try:  # aiokafka keeps the member id on its coordinator only; Faust's thread, only behind _ensure_consumer
-            coordinator = cast(WatermarkConsumerThread, self._thread)._ensure_consumer()._coordinator
+            coordinator = cast(WatermarkConsumerThread, self._thread).coordinator()
         except Exception:  # not started yet (Faust's ConsumerNotStarted), or stopping
             return None
         return cast("str | None", getattr(coordinator, "member_id", None))
@@ -189,8 +194,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
     def request_rejoin(self) -> None:
         """Ask the group's coordinator for a new generation. Called from the Kafka client's own group coordination
         (``kafka/assignor.py``), on its thread: aiokafka has no public way to ask, so its coordinator is asked."""
-        thread = cast(WatermarkConsumerThread, self._thread)
-        thread._ensure_consumer()._coordinator.request_rejoin()
+        cast(WatermarkConsumerThread, self._thread).coordinator().request_rejoin()
 
     def _new_consumer_thread(self) -> WatermarkConsumerThread:
         return WatermarkConsumerThread(self, loop=self.loop, beacon=self.beacon)
