@@ -136,6 +136,50 @@ def commit_again(
 FAULT_DROP_FETCHED = "AGENTS_STREAM_FAULT_DROP_FETCHED"
 
 
+class Rereads:
+    """The partitions being read again from an offset (a gap's or a stall's re-read, ``kafka/flow.py``), and the
+    records passed over until that offset arrives.
+
+    The seek lands while Faust's delivery loop may be part-way through a batch fetched before it. Faust raises its
+    read offset of a partition with every record it delivers and drops any later record below it as already read,
+    so the rest of that batch (past the re-read's start) would raise it past the gap again, and the re-read's own
+    records would be dropped: the gap stayed until the next re-read, seconds later. From the seek until the record
+    at its start arrives, a record of that partition past the start is passed over (not delivered). Nothing is lost
+    by it: the ledger would not apply such a record (it lies past the gap), and it is fetched again after the start,
+    in order. Pure bookkeeping, no I/O.
+    """
+
+    def __init__(self) -> None:
+        self._start: dict[TP, int] = {}
+
+    def __bool__(self) -> bool:
+        return bool(self._start)
+
+    def start(self, tp: TP, offset: int) -> None:
+        self._start[tp] = offset
+
+    def cancel(self, tps: Iterable[TP]) -> None:
+        """No re-read of ``tps`` is under way any more (its seek failed, or a rebalance seeks them anew)."""
+        for tp in tps:
+            self._start.pop(tp, None)
+
+    def clear(self) -> None:
+        """A rebalance seeks every assigned partition to the group's commit: no re-read is under way after it."""
+        self._start.clear()
+
+    def passes_over(self, tp: TP, offset: int) -> bool:
+        """Whether the record at ``offset`` of ``tp`` was fetched before the seek of a re-read (past its start,
+        before the start arrived): not to be delivered. The record at the start ends the re-read."""
+        start = self._start.get(tp)
+        if start is None:
+            return False
+        if offset > start:
+            return True
+        if offset == start:
+            del self._start[tp]
+        return False
+
+
 class WatermarkConsumer(AIOKafkaConsumer):
     _last_commit_error: BaseException | None = None
     _drop_fetched: dict[str, int] | None = None
@@ -162,6 +206,30 @@ class WatermarkConsumer(AIOKafkaConsumer):
         except Exception:  # not started yet (Faust's ConsumerNotStarted), or stopping
             return None
         return cast("str | None", getattr(coordinator, "member_id", None))
+
+    #: the partitions being read again, whose records fetched before the seek are passed over (see ``Rereads``)
+    rereads: Rereads
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.rereads = Rereads()
+
+    async def read_again(self, tp: TP, offset: int) -> None:
+        """Seek ``tp`` back to ``offset``, passing over its records fetched before the seek (``Rereads``)."""
+        self.rereads.start(tp, offset)
+        try:
+            await self.seek(tp, offset)
+        except BaseException:
+            self.rereads.cancel([tp])
+            raise
+
+    async def getmany(self, timeout: float) -> Any:
+        """Faust's delivery of one fetched batch, less the records a re-read passes over (``Rereads``)."""
+        rereads = self.rereads
+        async for tp, message in super().getmany(timeout):
+            if rereads and rereads.passes_over(tp, message.offset):
+                continue
+            yield tp, message
 
     async def _getmany(self, active_partitions: Any, timeout: float) -> Any:
         records = await super()._getmany(active_partitions, timeout)

@@ -218,7 +218,7 @@ class Flow:
                 )
                 self.watermark.skip_to(tp, earliest)
                 return
-            await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)
+            await asyncio.wait_for(consumer.read_again(tp, offset), timeout=10.0)
         except Exception as exc:  # the progress check seeks again if this one did not happen
             log.warning(
                 "Could not seek %s:%d back to %d (%r); the progress check retries", tp.topic, tp.partition, offset, exc,
@@ -289,9 +289,12 @@ class Flow:
         self.awaiting_resume = True
         self.stalls.forget(revoked)
         self.paused -= revoked
+        self.consumer.rereads.cancel(revoked)
 
     def assigned(self) -> None:
         self.awaiting_resume = True  # Faust pauses every assigned partition until its recovery ends (``resumed``)
+        # the rebalance seeks every assigned partition to the group's commit: no re-read is under way after it
+        self.consumer.rereads.clear()
         # Faust resumes every partition after a rebalance (docs/faust.md): re-apply our pauses.
         self.paused = set()
         self.update()

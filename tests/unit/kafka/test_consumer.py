@@ -8,7 +8,7 @@ import faust
 from aiokafka.protocol.group import HeartbeatRequest
 from faust.types import TP
 
-from agents_stream.kafka.consumer import WatermarkConsumer, commit_again, watch_heartbeats
+from agents_stream.kafka.consumer import Rereads, WatermarkConsumer, commit_again, watch_heartbeats
 
 
 async def _ignore(*args: object) -> None:
@@ -100,3 +100,55 @@ def test_membership_never_goes_back_to_an_older_confirmation() -> None:
     consumer.confirmed_member(now - 1.0)
     consumer.confirmed_member(now - 8.0)  # a commit sent earlier, answered after a heartbeat
     assert consumer.member_at == now - 1.0
+
+
+def _faust_delivery(batches: list[list[int]], seek_after: int, seek_to: int, rereads: Rereads | None) -> list[int]:
+    """Faust's delivery loop as it treats offsets (faust/transport/consumer.py, ``_drain_messages``): a record below
+    the partition's read offset is dropped as already read; each delivered record raises it; a seek sets it. The seek
+    to ``seek_to`` lands after ``seek_after`` records of the first batch were delivered, the rest of that batch still
+    to come; the second batch is what the fetcher reads from the seek on."""
+    tp, read_offset, delivered, count = TP("agent.tasks.x", 0), None, [], 0
+    for batch in batches:
+        for offset in batch:
+            if rereads is not None and rereads.passes_over(tp, offset):
+                continue
+            if read_offset is None or offset >= read_offset:
+                delivered.append(offset)
+                read_offset = offset
+            count += 1
+            if count == seek_after:
+                if rereads is not None:
+                    rereads.start(tp, seek_to)
+                read_offset = seek_to
+    return delivered
+
+
+def test_a_re_read_is_not_overtaken_by_the_batch_fetched_before_its_seek() -> None:
+    """Offsets 3 and 4 never arrived; the ledger asks to read again from 3 while 5..9 are being delivered. Unless the
+    re-read passes over the rest of that batch, it raises Faust's read offset to 9 and the re-read's 3..8 are dropped
+    as read: the gap stays until the next re-read. Passed over, the re-read delivers 3.. in order."""
+    first, again = [5, 6, 7, 8, 9], [3, 4, 5, 6, 7, 8, 9, 10]
+
+    without = _faust_delivery([first, again], seek_after=1, seek_to=3, rereads=None)
+    assert without == [5, 6, 7, 8, 9, 9, 10], "the bug this guards against: 3 and 4 never delivered"
+
+    rereads = Rereads()
+    passed = _faust_delivery([first, again], seek_after=1, seek_to=3, rereads=rereads)
+    assert passed == [5, 3, 4, 5, 6, 7, 8, 9, 10]
+    assert not rereads, "the record at the start ends the re-read"
+
+
+def test_a_re_read_passes_over_only_its_partition_and_ends_at_its_start_or_a_rebalance() -> None:
+    a, b = TP("agent.tasks.x", 0), TP("agent.tasks.x", 1)
+    rereads = Rereads()
+    assert not rereads.passes_over(a, 7), "no re-read: nothing passed over"
+    rereads.start(a, 3)
+    assert rereads.passes_over(a, 4) and not rereads.passes_over(b, 4)
+    assert not rereads.passes_over(a, 2), "a record before the start is Faust's to drop or deliver"
+    assert rereads
+    rereads.cancel([a])
+    assert not rereads.passes_over(a, 4), "a failed seek passes nothing over"
+    rereads.start(a, 3)
+    rereads.start(b, 0)
+    rereads.clear()
+    assert not rereads and not rereads.passes_over(a, 4) and not rereads.passes_over(b, 1)

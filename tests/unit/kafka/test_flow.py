@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import faust
 from faust.types import TP
 
-from agents_stream.kafka.consumer import WatermarkConsumer
+from agents_stream.kafka.consumer import Rereads, WatermarkConsumer
 from agents_stream.kafka.flow import Flow
 from agents_stream.kafka.watermark import Watermark
 
@@ -24,6 +24,7 @@ class Consumer:
         self.assigned = {TASKS}
         self.active: set[TP] = set()
         self.resumed: list[set[TP]] = []
+        self.rereads = Rereads()
 
     def assignment(self) -> set[TP]:
         return set(self.assigned)
