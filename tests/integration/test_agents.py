@@ -118,22 +118,7 @@ async def test_a_worker_killed_after_the_refund_resumes_without_a_second_refund(
         agent = unique("support")
         toml = providers_toml(fake_llm.url, ("openai",)) + agent_toml(agent, ["p_openai"])
         c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url)
-        await c.started("a")
-        t = order_task(agent)
-        script = support_script(t["context_data"]["order_id"])
-        fake_llm.enqueue(script[0], script[1], hang(60))
-        await produce(topics.task_topic(agent), [encode(t)])
-        await eventually(lambda: 2 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 2 in flight")
-        assert services.executed("payment.refund"), "the refund took effect before the kill"
-        # the journal's last entries are confirmed by the broker before turn 2 is asked, and applied by the ledger
-        # just after: wait for the view to show them rather than read it once
-        progress = await eventually(lambda: _progress(c.workers[0], t["task_id"], calls=3), timeout=10,
-                                    what="the three tool results in the task's progress")
-        assert [tt["tool_calls"] for tt in progress["turns"]] == [["lookup_order"], ["create_label", "refund"]]
-        assert sorted(x["name"] for x in progress["tool_calls"]) == ["create_label", "lookup_order", "refund"]
-        c.workers[0].kill()
-        fake_llm.enqueue(*script[2:])
-        await c.started("a")  # the same worker restarted: it takes the task over once the lease lapses
+        t = await kill_after_the_refund_is_journaled(c, agent, fake_llm, services)
         result = await result_of(t)
         asked = turns_asked(fake_llm, t["task_id"])
         refunds = [x for x in services.calls if x.operation == "payment.refund" and x.key.startswith(t["task_id"])]
@@ -359,6 +344,30 @@ async def test_a_tool_failing_every_call_opens_its_breaker_and_the_model_is_told
     assert len(calls) <= 8, f"the breaker bounds the calls (threshold 3, 16 without it): {len(calls)}"
     last = [r for r in fake_llm.requests if r.task_id == t["task_id"]][-1]
     assert json.dumps(last.body).count("breaker is open") >= 4, "the later turns were told without a call"
+
+
+async def kill_after_the_refund_is_journaled(c: Any, agent: str, fake_llm: FakeLLM,
+                                             services: FakeServices) -> dict[str, Any]:
+    """Start worker "a" of ``c``, publish an order task to ``agent`` (the support script) and SIGKILL the worker once
+    the refund took effect and its result is journaled, while turn 2 is in flight; then restart it with the rest of
+    the script queued. Returns the task; its result is still to come."""
+    await c.started("a")
+    t = order_task(agent)
+    script = support_script(t["context_data"]["order_id"])
+    fake_llm.enqueue(script[0], script[1], hang(60))
+    await produce(topics.task_topic(agent), [encode(t)])
+    await eventually(lambda: 2 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 2 in flight")
+    assert services.executed("payment.refund"), "the refund took effect before the kill"
+    # the journal's last entries are confirmed by the broker before turn 2 is asked, and applied by the ledger just
+    # after: wait for the view to show them rather than read it once
+    progress = await eventually(lambda: _progress(c.workers[0], t["task_id"], calls=3), timeout=10,
+                                what="the three tool results in the task's progress")
+    assert [tt["tool_calls"] for tt in progress["turns"]] == [["lookup_order"], ["create_label", "refund"]]
+    assert sorted(x["name"] for x in progress["tool_calls"]) == ["create_label", "lookup_order", "refund"]
+    c.workers[0].kill()
+    fake_llm.enqueue(*script[2:])
+    await c.started("a")  # the same worker restarted: it takes the task over once the lease lapses
+    return t
 
 
 async def _progress(worker: Any, task_id: str, *, calls: int) -> dict[str, Any] | None:

@@ -6,40 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 from agents_stream.client import Client
 from agents_stream.contract import topics
-from agents_stream.testing.fakellm import ok
-from agents_stream.testing.script import call, tool_calls
 
 from .harness import eventually, read_topic, unique
-from .test_agents import providers_toml
 from .test_console import Page, chromium
-from .test_handoff import DESK, TOKEN, _get, _url
-
-
-async def _entry(worker: Any, cid: str) -> dict[str, Any] | None:
-    return next((e for e in (await _get(worker, "/handoffs"))["conversations"] if e["conversation_id"] == cid), None)
+from .test_handoff import TOKEN, _get, _url, desk_toml, inbox_entry, script_the_handoff
 
 
 async def test_an_operator_takes_replies_and_hands_back_in_the_console_inbox(cluster_factory, fake_llm, tmp_path):
     agent = unique("desk")
-    toml = providers_toml(fake_llm.url, ("openai",))
-    toml += (f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
-             f'[[agents.{agent}.handoff_levels]]\nname = "desk-oncall"\ntimeout_s = 600\n')
+    toml = desk_toml(fake_llm.url, agent, f'[[agents.{agent}.handoff_levels]]\nname = "desk-oncall"\ntimeout_s = 600\n')
     c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN)
     worker = await c.started("a")
     cid = unique("conv")
-    fake_llm.enqueue(tool_calls(call("handoff", {"reason": "the customer asks for a person"})),
-                     ok("I am connecting you to a person."))
+    script_the_handoff(fake_llm)
     async with Client(_url(worker), TOKEN) as client:
         first = await client.send(cid, agent, "I want to talk to a person")
         await client.reply(cid, first.message_id, timeout=90)
         second = await client.send(cid, agent, "my parcel p-42 never came")
 
         async def waits() -> bool:
-            entry = await _entry(worker, cid)
+            entry = await inbox_entry(worker, cid)
             return entry is not None and [m["id"] for m in entry["waiting"]] == [second.message_id]
 
         await eventually(waits, timeout=30, what="the customer's message in the inbox")
@@ -63,11 +52,11 @@ async def test_an_operator_takes_replies_and_hands_back_in_the_console_inbox(clu
             await page.click(f"{row} button.take")
 
             async def taken() -> bool:
-                entry = await _entry(worker, cid)
+                entry = await inbox_entry(worker, cid)
                 return entry is not None and entry["held_by"] == "ana"
 
             await eventually(taken, timeout=30, what="the conversation taken by ana at the service")
-            taken_entry = await _entry(worker, cid)
+            taken_entry = await inbox_entry(worker, cid)
             assert taken_entry is not None and taken_entry["due"] is None, "taking it stops its timers"
             await page.wait("the row held by ana", lambda d: d.execute_script(
                 "const r = document.querySelector(arguments[0]); return !!r && "

@@ -12,7 +12,7 @@ import aiohttp
 
 from agents_stream.client import Client
 from agents_stream.contract import topics
-from agents_stream.testing.fakellm import ok
+from agents_stream.testing.fakellm import FakeLLM, ok
 from agents_stream.testing.script import call, tool_calls
 
 from .harness import eventually, read_topic, unique
@@ -20,6 +20,27 @@ from .test_agents import providers_toml
 
 TOKEN = "handoff-write-token"
 DESK = "tests.integration.handoff_agent:DESK"
+
+
+def desk_toml(llm_url: str, agent: str, extra: str = "") -> str:
+    """``agent`` as the handoff desk (tests/integration/handoff_agent.py) on the fake LLM's OpenAI provider; ``extra``
+    goes on in the agent's table."""
+    desk = f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
+    return providers_toml(llm_url, ("openai",)) + desk + extra
+
+
+#: the desk's answer when it hands the conversation over (``script_the_handoff``)
+CONNECTING = "I am connecting you to a person."
+
+
+def script_the_handoff(fake_llm: FakeLLM) -> None:
+    """The model's next turns for a conversation: the handoff tool, then ``CONNECTING``."""
+    fake_llm.enqueue(tool_calls(call("handoff", {"reason": "the customer asks for a person"})), ok(CONNECTING))
+
+
+async def inbox_entry(worker: Any, cid: str) -> dict[str, Any] | None:
+    """The conversation's entry in the operators' inbox (GET /handoffs), or None."""
+    return next((e for e in (await _get(worker, "/handoffs"))["conversations"] if e["conversation_id"] == cid), None)
 
 
 def _url(worker: Any) -> str:
@@ -57,17 +78,14 @@ async def test_handed_to_a_person_answered_as_human_and_handed_back_with_a_note_
     cluster_factory, fake_llm,
 ):
     agent = unique("desk")
-    toml = providers_toml(fake_llm.url, ("openai",))
-    toml += f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
-    c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN)
+    c = cluster_factory([agent], None, toml=desk_toml(fake_llm.url, agent), AGENTS_STREAM_API_TOKEN=TOKEN)
     worker = await c.started("a")
     cid = unique("conv")
-    fake_llm.enqueue(tool_calls(call("handoff", {"reason": "the customer asks for a person"})),
-                     ok("I am connecting you to a person."))
+    script_the_handoff(fake_llm)
     async with Client(_url(worker), TOKEN) as client:
         first = await client.send(cid, agent, "I want to talk to a person")
         reply1 = await client.reply(cid, first.message_id, timeout=90)
-        assert reply1["text"] == "I am connecting you to a person." and not reply1.get("human")
+        assert reply1["text"] == CONNECTING and not reply1.get("human")
         await eventually(lambda: _held(worker, cid), timeout=30,
                          what="the conversation in the operators' inbox")
         asked = len(fake_llm.requests)
@@ -143,9 +161,8 @@ async def test_a_provider_outage_past_handoff_after_s_hands_the_conversation_to_
     ``handoff: "outage"``) instead of silence, the conversation waits in GET /handoffs (source "outage"), a person
     answers and hands it back, the provider is back, and the agent answers the next message — each once."""
     agent = unique("desk")
-    toml = providers_toml(fake_llm.url, ("openai",))
-    toml += (f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\nhandoff_after_s = 4\n'
-             f'handoff_text = "{HANDOFF_TEXT}"\n[breaker]\nopen_timeout_s = 3\n')
+    toml = desk_toml(fake_llm.url, agent,
+                     f'handoff_after_s = 4\nhandoff_text = "{HANDOFF_TEXT}"\n[breaker]\nopen_timeout_s = 3\n')
     c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN, AGENTS_STREAM_MAX_RETRIES="2")
     worker = await c.started("a")
     await fake_llm.set_mode(outage=True)
@@ -199,9 +216,7 @@ async def test_a_kill_right_after_an_operators_reply_was_accepted_answers_the_cu
     the broker; applying and sending it may or may not have happened): after the restart the customer has that
     reply, once, and the history holds one operator item for it."""
     agent = unique("desk")
-    toml = providers_toml(fake_llm.url, ("openai",))
-    toml += f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
-    c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_API_TOKEN=TOKEN)
+    c = cluster_factory([agent], None, toml=desk_toml(fake_llm.url, agent), AGENTS_STREAM_API_TOKEN=TOKEN)
     worker = await c.started("a")
     cid = unique("conv")
     fake_llm.enqueue(tool_calls(call("handoff", {"reason": "asks for a person"})), ok("Connecting you to a person."))

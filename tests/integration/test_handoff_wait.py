@@ -10,24 +10,16 @@ from typing import Any
 
 from agents_stream.client import Client
 from agents_stream.contract import topics
-from agents_stream.testing.fakellm import ok
-from agents_stream.testing.script import call, tool_calls
 
 from .harness import eventually, read_topic, unique
-from .test_agents import providers_toml
 from .test_approvals import Hooks
-from .test_handoff import DESK, TOKEN, _get, _post, _url
-
-
-async def _entry(worker: Any, cid: str) -> dict[str, Any] | None:
-    body = await _get(worker, "/handoffs")
-    return next((e for e in body["conversations"] if e["conversation_id"] == cid), None)
+from .test_handoff import TOKEN, _post, _url, desk_toml, inbox_entry, script_the_handoff
 
 
 async def _handed_over(worker: Any, client: Client, cid: str, agent: str) -> None:
     first = await client.send(cid, agent, "I want to talk to a person")
     await client.reply(cid, first.message_id, timeout=90)
-    await eventually(lambda: _entry(worker, cid), timeout=30, what="the conversation in the operators' inbox")
+    await eventually(lambda: inbox_entry(worker, cid), timeout=30, what="the conversation in the operators' inbox")
 
 
 async def test_a_conversation_nobody_takes_escalates_once_per_level_across_a_kill_and_stays_waiting(
@@ -35,8 +27,7 @@ async def test_a_conversation_nobody_takes_escalates_once_per_level_across_a_kil
 ):
     agent = unique("desk")
     async with Hooks() as hooks:
-        toml = providers_toml(fake_llm.url, ("openai",))
-        toml += f'[agents.{agent}]\nproviders = ["p_openai"]\nagent = "{DESK}"\n'
+        toml = desk_toml(fake_llm.url, agent)
         for name in ("oncall", "lead"):
             toml += (f'[[agents.{agent}.handoff_levels]]\nname = "desk-{name}"\ntimeout_s = 4\n'
                      f'webhook = "{hooks.url}/hook/{name}"\n')
@@ -44,27 +35,26 @@ async def test_a_conversation_nobody_takes_escalates_once_per_level_across_a_kil
         worker = await c.started("a")
         taken, cid = unique("conv"), unique("conv")
         for _ in range(2):
-            fake_llm.enqueue(tool_calls(call("handoff", {"reason": "the customer asks for a person"})),
-                             ok("I am connecting you to a person."))
+            script_the_handoff(fake_llm)
         async with Client(_url(worker), TOKEN) as client:
             await _handed_over(worker, client, taken, agent)
             assert (await _post(worker, f"/conversations/{taken}/handoff", {"by": "ben"}))[0] == 202
             await _handed_over(worker, client, cid, agent)
-        entry = await _entry(worker, cid)
+        entry = await inbox_entry(worker, cid)
         assert entry is not None and entry["held_by"] is None and entry["level"] == 1, entry
         assert entry["level_name"] == "desk-oncall" and entry["due"] > entry["held_at"] and not entry["escalations"]
         worker.kill()  # while it waits at level 1, before its time runs out: the escalation is the next owner's
         worker = await c.started("a")
 
         async def unanswered() -> dict[str, Any] | None:
-            found = await _entry(worker, cid)
+            found = await inbox_entry(worker, cid)
             return found if found is not None and found["unanswered"] else None
 
         entry = await eventually(unanswered, timeout=60, what="every level's time run out")
         # past the last level the customer still waits for a person: listed, not dropped, no more timers
         assert entry["held_by"] is None and entry["level"] == 2 and entry["due"] is None, entry
         assert [(e["from"], e["to"]) for e in entry["escalations"]] == [(0, 1), (1, None)], entry
-        claimed = await _entry(worker, taken)
+        claimed = await inbox_entry(worker, taken)
         assert claimed is not None and claimed["held_by"] == "ben" and claimed["level"] == 1, claimed
         assert claimed["due"] is None and not claimed["escalations"], claimed
 
@@ -93,7 +83,7 @@ async def test_a_conversation_nobody_takes_escalates_once_per_level_across_a_kil
         assert (await _post(worker, f"/conversations/{cid}/handoff", {"by": "ana"}))[0] == 202
 
         async def held() -> dict[str, Any] | None:
-            found = await _entry(worker, cid)
+            found = await inbox_entry(worker, cid)
             return found if found is not None and found["held_by"] == "ana" else None
 
         entry = await eventually(held, timeout=30, what="the conversation taken by ana")

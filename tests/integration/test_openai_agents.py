@@ -4,12 +4,10 @@ services counting effects; a SIGKILL after the refund."""
 
 from __future__ import annotations
 
-from agents_stream.contract import topics
 from agents_stream.examples.services import FakeServices
-from agents_stream.testing.fakellm import hang
 
-from .harness import encode, eventually, produce, unique
-from .test_agents import _progress, order_task, result_of, support_script, turns_asked
+from .harness import unique
+from .test_agents import kill_after_the_refund_is_journaled, result_of, turns_asked
 
 EXAMPLE = "agents_stream.examples.openai_agents_support:SUPPORT"
 
@@ -25,19 +23,7 @@ async def test_an_openai_agents_sdk_agent_killed_after_the_refund_resumes_withou
         toml = f'[providers]\n[agents.{agent}]\nagent = "{EXAMPLE}"\n'  # its own model client: no providers
         c = cluster_factory([agent], None, toml=toml, AGENTS_STREAM_REFUND_SERVICES=services.url,
                             OPENAI_BASE_URL=f"{fake_llm.url}/v1", OPENAI_API_KEY="fake-key")
-        await c.started("a")
-        t = order_task(agent)
-        script = support_script(t["context_data"]["order_id"])
-        fake_llm.enqueue(script[0], script[1], hang(60))
-        await produce(topics.task_topic(agent), [encode(t)])
-        await eventually(lambda: 2 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 2 in flight")
-        assert services.executed("payment.refund"), "the refund took effect before the kill"
-        progress = await eventually(lambda: _progress(c.workers[0], t["task_id"], calls=3), timeout=10,
-                                    what="the three tool results in the task's progress")
-        assert [tt["tool_calls"] for tt in progress["turns"]] == [["lookup_order"], ["create_label", "refund"]]
-        c.workers[0].kill()
-        fake_llm.enqueue(*script[2:])
-        await c.started("a")  # the same worker restarted: it takes the task over once the lease lapses
+        t = await kill_after_the_refund_is_journaled(c, agent, fake_llm, services)
         result = await result_of(t)
         asked = turns_asked(fake_llm, t["task_id"])
         mine = [x for x in services.calls if x.key.startswith(t["task_id"] + ":")]
