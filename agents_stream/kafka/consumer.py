@@ -136,6 +136,12 @@ def commit_again(
 FAULT_DROP_FETCHED = "AGENTS_STREAM_FAULT_DROP_FETCHED"
 
 
+#: how long a re-read passes over the records fetched before its seek, waiting for the record at its start (it comes
+#: within a fetch wait, 100 ms, unless it was dropped again): then they are delivered, the ledger sees the gap again,
+#: and its next re-read comes as before (``Flow.reread``)
+PASS_OVER_S = 1.0
+
+
 class Rereads:
     """The partitions being read again from an offset (a gap's or a stall's re-read, ``kafka/flow.py``), and the
     records passed over until that offset arrives.
@@ -144,19 +150,19 @@ class Rereads:
     read offset of a partition with every record it delivers and drops any later record below it as already read,
     so the rest of that batch (past the re-read's start) would raise it past the gap again, and the re-read's own
     records would be dropped: the gap stayed until the next re-read, seconds later. From the seek until the record
-    at its start arrives, a record of that partition past the start is passed over (not delivered). Nothing is lost
-    by it: the ledger would not apply such a record (it lies past the gap), and it is fetched again after the start,
-    in order. Pure bookkeeping, no I/O.
+    at its start arrives (for ``PASS_OVER_S`` at most), a record of that partition past the start is passed over (not
+    delivered). Nothing is lost by it: the ledger would not apply such a record (it lies past the gap), and it is
+    fetched again after the start, in order. Pure bookkeeping, no I/O: the caller gives the time.
     """
 
     def __init__(self) -> None:
-        self._start: dict[TP, int] = {}
+        self._start: dict[TP, tuple[int, float]] = {}  # partition → (start, passing over until: monotonic)
 
     def __bool__(self) -> bool:
         return bool(self._start)
 
-    def start(self, tp: TP, offset: int) -> None:
-        self._start[tp] = offset
+    def start(self, tp: TP, offset: int, now: float) -> None:
+        self._start[tp] = (offset, now + PASS_OVER_S)
 
     def cancel(self, tps: Iterable[TP]) -> None:
         """No re-read of ``tps`` is under way any more (its seek failed, or a rebalance seeks them anew)."""
@@ -167,17 +173,18 @@ class Rereads:
         """A rebalance seeks every assigned partition to the group's commit: no re-read is under way after it."""
         self._start.clear()
 
-    def passes_over(self, tp: TP, offset: int) -> bool:
+    def passes_over(self, tp: TP, offset: int, now: float) -> bool:
         """Whether the record at ``offset`` of ``tp`` was fetched before the seek of a re-read (past its start,
-        before the start arrived): not to be delivered. The record at the start ends the re-read."""
-        start = self._start.get(tp)
-        if start is None:
+        before the start arrived): not to be delivered. The record at the start ends the re-read, and so does
+        ``PASS_OVER_S`` without it (it was dropped again: the ledger's next re-read is the way on)."""
+        found = self._start.get(tp)
+        if found is None:
             return False
-        if offset > start:
-            return True
-        if offset == start:
+        start, until = found
+        if offset == start or now > until:
             del self._start[tp]
-        return False
+            return False
+        return offset > start
 
 
 class WatermarkConsumer(AIOKafkaConsumer):
@@ -216,7 +223,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
 
     async def read_again(self, tp: TP, offset: int) -> None:
         """Seek ``tp`` back to ``offset``, passing over its records fetched before the seek (``Rereads``)."""
-        self.rereads.start(tp, offset)
+        self.rereads.start(tp, offset, monotonic())
         try:
             await self.seek(tp, offset)
         except BaseException:
@@ -227,7 +234,7 @@ class WatermarkConsumer(AIOKafkaConsumer):
         """Faust's delivery of one fetched batch, less the records a re-read passes over (``Rereads``)."""
         rereads = self.rereads
         async for tp, message in super().getmany(timeout):
-            if rereads and rereads.passes_over(tp, message.offset):
+            if rereads and rereads.passes_over(tp, message.offset, monotonic()):
                 continue
             yield tp, message
 
@@ -334,8 +341,9 @@ class WatermarkConsumer(AIOKafkaConsumer):
 
 
 def _fault_drops() -> dict[str, int]:
-    """Fault injection for the stall test: ``<topic>=<n>[,...]`` drops the first n fetched records of each topic
-    after aiokafka has passed them, which is what Faust's fetcher does in the rare stall (docs/decisions.md)."""
+    """Fault injection for the stall tests: ``<topic>=<n>[,...]`` drops the first n fetched records of each topic
+    after aiokafka has passed them, which is what Faust's fetcher does in the rare stall (docs/decisions.md);
+    ``<topic>:<partition>=<n>`` only those of that partition."""
     spec = os.environ.get(FAULT_DROP_FETCHED, "")
     drops = {}
     for item in filter(None, spec.split(",")):
@@ -352,10 +360,11 @@ def _fault_drops() -> dict[str, int]:
 def _drop_records(records: Any, drops: dict[str, int]) -> Any:
     kept = {}
     for tp, batch in records.items():
-        left = drops.get(tp.topic, 0)
+        name = f"{tp.topic}:{tp.partition}" if f"{tp.topic}:{tp.partition}" in drops else tp.topic
+        left = drops.get(name, 0)
         if left:
             gone = min(left, len(batch))
-            drops[tp.topic] = left - gone
+            drops[name] = left - gone
             log.warning("Fault injection dropped %d fetched record(s) of %s:%d", gone, tp.topic, tp.partition)
             batch = batch[gone:]
         if batch:

@@ -8,7 +8,7 @@ import faust
 from aiokafka.protocol.group import HeartbeatRequest
 from faust.types import TP
 
-from agents_stream.kafka.consumer import Rereads, WatermarkConsumer, commit_again, watch_heartbeats
+from agents_stream.kafka.consumer import PASS_OVER_S, Rereads, WatermarkConsumer, commit_again, watch_heartbeats
 
 
 async def _ignore(*args: object) -> None:
@@ -110,7 +110,7 @@ def _faust_delivery(batches: list[list[int]], seek_after: int, seek_to: int, rer
     tp, read_offset, delivered, count = TP("agent.tasks.x", 0), None, [], 0
     for batch in batches:
         for offset in batch:
-            if rereads is not None and rereads.passes_over(tp, offset):
+            if rereads is not None and rereads.passes_over(tp, offset, 0.0):
                 continue
             if read_offset is None or offset >= read_offset:
                 delivered.append(offset)
@@ -118,7 +118,7 @@ def _faust_delivery(batches: list[list[int]], seek_after: int, seek_to: int, rer
             count += 1
             if count == seek_after:
                 if rereads is not None:
-                    rereads.start(tp, seek_to)
+                    rereads.start(tp, seek_to, 0.0)
                 read_offset = seek_to
     return delivered
 
@@ -138,17 +138,22 @@ def test_a_re_read_is_not_overtaken_by_the_batch_fetched_before_its_seek() -> No
     assert not rereads, "the record at the start ends the re-read"
 
 
-def test_a_re_read_passes_over_only_its_partition_and_ends_at_its_start_or_a_rebalance() -> None:
+def test_a_re_read_passes_over_only_its_partition_and_ends_at_its_start_a_rebalance_or_its_time() -> None:
     a, b = TP("agent.tasks.x", 0), TP("agent.tasks.x", 1)
     rereads = Rereads()
-    assert not rereads.passes_over(a, 7), "no re-read: nothing passed over"
-    rereads.start(a, 3)
-    assert rereads.passes_over(a, 4) and not rereads.passes_over(b, 4)
-    assert not rereads.passes_over(a, 2), "a record before the start is Faust's to drop or deliver"
+    assert not rereads.passes_over(a, 7, 0.0), "no re-read: nothing passed over"
+    rereads.start(a, 3, 0.0)
+    assert rereads.passes_over(a, 4, 0.1) and not rereads.passes_over(b, 4, 0.1)
+    assert not rereads.passes_over(a, 2, 0.1), "a record before the start is Faust's to drop or deliver"
     assert rereads
     rereads.cancel([a])
-    assert not rereads.passes_over(a, 4), "a failed seek passes nothing over"
-    rereads.start(a, 3)
-    rereads.start(b, 0)
+    assert not rereads.passes_over(a, 4, 0.1), "a failed seek passes nothing over"
+    rereads.start(a, 3, 0.0)
+    rereads.start(b, 0, 0.0)
     rereads.clear()
-    assert not rereads and not rereads.passes_over(a, 4) and not rereads.passes_over(b, 1)
+    assert not rereads and not rereads.passes_over(a, 4, 0.1) and not rereads.passes_over(b, 1, 0.1)
+    rereads.start(a, 3, 10.0)
+    assert rereads.passes_over(a, 9, 10.0 + PASS_OVER_S)
+    assert not rereads.passes_over(a, 9, 10.1 + PASS_OVER_S), (
+        "its start dropped again: past its time the records are delivered, the ledger sees the gap and reads again")
+    assert not rereads
