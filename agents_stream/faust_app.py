@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import faust
@@ -16,7 +17,7 @@ from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, longest_rete
 from agents_stream.kafka.assignor import Assignor
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.delivery import GuardedTopic
-from agents_stream.kafka.recovery import RecoveryWatch
+from agents_stream.kafka.recovery import RecoveryWatch, read_changelog
 from agents_stream.kafka.start import commit_task_topic_starts
 from agents_stream.kafka.watermark import Watermark
 from agents_stream.settings import Settings, datadir_option
@@ -93,6 +94,8 @@ class AgentsStreamApp(faust.App):
         if self.runtime is not None:  # before any record is read: the ledger's first intake is traced too
             self.runtime.start_tracing()
         # Before the consumer joins its group (children start after on_start): see ensure_topics.
+        for table in self.tables.values():  # a recovery's records its fetcher dropped are read again with this
+            table.read_changelog = partial(read_changelog, self.agents_settings)
         changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
         replication = await ensure_topics(
             self.agents_settings, self.input_topics, compacted=changelogs, others=[CIRCUITS_SPEC], group=self.conf.id,

@@ -6,8 +6,10 @@ restart"). A mixin of ``LedgerTable`` (tables/definitions.py), which it shares i
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, cast
 
 import orjson
 from agents_stream.tables.epochs import EpochFilter, epoch_in, epoch_key, next_epoch
@@ -15,9 +17,59 @@ from agents_stream.tables.writes import Unconfirmed, key_bytes, writing
 from faust.types import TP
 from rocksdict import WriteBatch
 
-__all__ = ["ChangelogState"]
+__all__ = ["ChangelogRecord", "ChangelogState", "RecoveryStarts"]
 
 log = logging.getLogger(__name__)
+
+#: how long the records of a gap, read again directly from the brokers, may take (``ChangelogState.fill_gap``)
+GAP_READ_S = 30.0
+
+
+@dataclass(frozen=True)
+class ChangelogRecord:
+    """A changelog record read directly from the brokers (``read_changelog``), shaped as the message of the Faust
+    event ``apply_changelog_batch`` applies."""
+
+    tp: TP
+    offset: int
+    key: bytes | None
+    value: bytes | None
+    headers: Any = ()
+
+    @property
+    def partition(self) -> int:
+        return self.tp.partition
+
+
+@dataclass(frozen=True)
+class _Read:
+    """``ChangelogRecord`` as the Faust event ``apply_changelog_batch`` takes (its ``message``)."""
+
+    message: ChangelogRecord
+
+
+class RecoveryStarts:
+    """Per table partition, the changelog offset its reading (a recovery, a standby) starts at, until the first
+    record arrives: a first record past it means the records before it never reached the table (pure).
+
+    Faust's fetcher drops records fetched right after the recovery's seek (docs/decisions.md, "Recovery that waits
+    forever"). When nothing follows, the recovery watch sees the partition stand still; when later records follow
+    (another owner's writes), Faust counts the partition recovered past records it never applied. Only the first
+    record is checked: a compacted changelog has gaps of its own further on, and checking them all would read the
+    brokers again at each.
+    """
+
+    def __init__(self) -> None:
+        self._start: dict[int, int] = {}
+
+    def start(self, partition: int, offset: int) -> None:
+        self._start[partition] = offset
+
+    def first(self, partition: int, offset: int) -> int | None:
+        """A record at ``offset`` arrived: the first offset never applied when it is the first record since the
+        start and lies past it, else None."""
+        start = self._start.pop(partition, None)
+        return start if start is not None and offset > start else None
 
 
 class ChangelogState:
@@ -41,6 +93,10 @@ class ChangelogState:
         self.trusted: Callable[[], bool] = lambda: True
         self.unconfirmed = Unconfirmed()
         self._opened: set[int] = set()  # partitions whose store this worker checked (``persisted_offset``)
+        self.starts = RecoveryStarts()
+        #: reads a changelog partition's records in [start, end) directly from the brokers (the app sets it:
+        #: kafka/recovery.py); None: a gap is logged and the partition rebuilt the next time it is assigned
+        self.read_changelog: Callable[[TP, int, int], Awaitable[list[ChangelogRecord]]] | None = None
 
     if TYPE_CHECKING:  # LedgerTable's, and faust.Table's
         def get(self, key: str, default: Any = None) -> Any: ...
@@ -59,6 +115,59 @@ class ChangelogState:
         with writing(partition):
             self[epoch_key(partition)] = {"epoch": epoch}
         return epoch, self.last_changelog
+
+    async def on_changelog_event(self, event: Any) -> None:
+        """Faust's hook for each changelog record its recovery or a standby reads, after it put the record in its
+        buffer and before it applies the buffer: the first record past the reading's start fills the gap first."""
+        await cast(Any, super()).on_changelog_event(event)  # faust.Table's, LedgerTable's next base
+        msg = event.message
+        gap = self.starts.first(msg.partition, msg.offset)
+        if gap is not None:
+            await self.fill_gap(event, gap)
+
+    async def fill_gap(self, event: Any, first: int) -> None:
+        """Offsets ``first`` up to ``event``'s never reached the table: apply what Faust buffered before ``event``,
+        then those records read directly from the brokers, so that ``event`` and the rest are applied after them,
+        in order. None found there: the changelog had none (compacted or deleted), nothing was missing."""
+        msg = event.message
+        tp = msg.tp
+        buffer = self._recovery_buffer()
+        if buffer and buffer[-1] is event:
+            self.apply_changelog_batch(buffer[:-1])
+            del buffer[:-1]
+        elif buffer:
+            self.apply_changelog_batch(list(buffer))
+            buffer.clear()
+        if self.read_changelog is None:
+            self._gap_unfilled(tp, first, msg.offset, "no reader of the changelog is set")
+            return
+        try:
+            records = await asyncio.wait_for(self.read_changelog(tp, first, msg.offset), timeout=GAP_READ_S)
+        except Exception as exc:  # Faust's recovery loop logs and goes on: the partition must not be trusted
+            self._gap_unfilled(tp, first, msg.offset, repr(exc))
+            return
+        if records:
+            log.warning(
+                "Table %s partition %d: changelog offsets %d..%d never reached the table during its recovery (dropped "
+                "by the consumer after its seek); %d records read again directly and applied before offset %d. "
+                "Nothing to do", self.name, tp.partition, first, msg.offset - 1, len(records), msg.offset,
+            )
+            self.apply_changelog_batch([_Read(r) for r in records])
+
+    def _gap_unfilled(self, tp: TP, first: int, offset: int, why: str) -> None:
+        self.stale.add(tp.partition)
+        log.error(
+            "Table %s partition %d: changelog offsets %d..%d may never have reached the table during its recovery and "
+            "could not be read again (%s): tasks of that partition may run again. The partition is rebuilt from the "
+            "changelog the next time this worker is assigned it; restart the worker to rebuild it now",
+            self.name, tp.partition, first, offset - 1, why,
+        )
+
+    def _recovery_buffer(self) -> list[Any]:
+        """Faust's recovery buffer of this table: the records read and not yet applied (Faust 0.15.3)."""
+        recovery = getattr(getattr(self.app, "tables", None), "recovery", None)
+        buffers = getattr(recovery, "buffers", None)
+        return cast("list[Any]", buffers[self]) if buffers is not None and self in buffers else []
 
     def apply_changelog_batch(self, batch: Any) -> None:
         """Faust's RocksDB apply (recovery, standbys), less the records of a former owner (``EpochFilter``). A
@@ -146,6 +255,7 @@ class ChangelogState:
             self.epoch_filter.highest.pop(tp.partition, None)
             self.unconfirmed.forget(tp.partition)
             self._discard(tp.partition, "its writes may have landed after another owner's")
+            self.starts.start(tp.partition, 0)
             # -1: Faust's recovery keeps the offset it reached on a partition that stays assigned (active to
             # standby, standby to active) unless it is given another one, and with None it would read the emptied
             # store on from there: every record before it lost (seen in the chaos run: finished tasks ran again).
@@ -158,7 +268,9 @@ class ChangelogState:
         # -1 (read from the start), never None: Faust's recovery can seek a partition added while an earlier round
         # of it runs before it builds that partition's offsets, and a None there crashes the worker (aiokafka's
         # seek refuses it; seen once in the chaos run). Faust maps -1 and None to the same start otherwise.
-        return -1 if offset is None else offset
+        at = -1 if offset is None else offset
+        self.starts.start(tp.partition, at + 1)  # Faust reads the partition on from there (``RecoveryStarts``)
+        return at
 
     def _discard(self, partition: int, why: str = "never confirmed: the worker stopped before the broker answered",
                  ) -> None:

@@ -27,7 +27,10 @@ from typing import Any
 from faust.types import TP
 from mode import Service
 
+from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.stall import StallDetector
+from agents_stream.settings import Settings, bootstrap_servers
+from agents_stream.tables.changelog import ChangelogRecord
 
 log = logging.getLogger(__name__)
 
@@ -84,3 +87,31 @@ class RecoveryWatch(Service):
                 offset,
             )
             await asyncio.wait_for(consumer.seek(tp, offset), timeout=10.0)
+
+
+async def read_changelog(settings: Settings, tp: TP, start: int, end: int) -> list[ChangelogRecord]:
+    """The records of changelog partition ``tp`` from ``start`` up to ``end`` (exclusive), read with a consumer of
+    its own (no group): not through Faust's, whose fetcher dropped them (tables/changelog.py, ``RecoveryStarts``).
+    Fewer, or none, where the changelog has none (compacted, or deleted by retention). The caller bounds the time."""
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap_servers(settings.broker), group_id=None, enable_auto_commit=False,
+        **kafka_security.client_kwargs(settings),
+    )
+    await consumer.start()
+    out: list[ChangelogRecord] = []
+    try:
+        part = TopicPartition(tp.topic, tp.partition)
+        consumer.assign([part])
+        consumer.seek(part, start)
+        while True:
+            batch = await consumer.getmany(part, timeout_ms=1000)
+            for r in batch.get(part, []):
+                if r.offset >= end:
+                    return out
+                out.append(ChangelogRecord(tp, r.offset, r.key, r.value, tuple(r.headers or ())))
+            if await consumer.position(part) >= end:
+                return out
+    finally:
+        await consumer.stop()

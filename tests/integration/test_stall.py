@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agents_stream.contract import topics
 from agents_stream.kafka.consumer import FAULT_DROP_FETCHED
 
@@ -36,10 +38,13 @@ async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_f
     assert await uncommitted(c.app_id, topics.task_topic(agent)) == 0
 
 
-async def test_table_recovery_whose_changelog_records_were_dropped_reads_them_again(cluster_factory, fake_llm):
+@pytest.mark.parametrize("kept", [0, 1], ids=["all-dropped", "a-gap"])
+async def test_table_recovery_whose_changelog_records_were_dropped_reads_them_again(cluster_factory, fake_llm, kept):
     """A worker whose table recovery lost the changelog records it fetched (the scale-in stall,
     docs/decisions.md) reads them again and gets ready with the whole table: an earlier task sent again is
-    answered from it, without a model call. Without the recovery watch Faust waits for them forever."""
+    answered from it, without a model call. All dropped: without the recovery watch Faust waits for them forever.
+    All but the last of one partition (``kept``): that record arrives, Faust counts the partition recovered, and
+    without the gap check the records before it were never applied (the chaos run: finished tasks ran again)."""
     agent = unique("recover")
     c = cluster_factory([agent], fake_llm.url)
     w0 = await c.started("w0")
@@ -49,15 +54,23 @@ async def test_table_recovery_whose_changelog_records_were_dropped_reads_them_ag
     before = await results_for(ids, timeout=60)
     assert w0.terminate()[0] == 0, w0.tail()
 
-    # A new worker with an empty data dir recovers the task table from its changelog; every record of it
-    # that it fetches first is dropped after aiokafka passed it.
+    # A new worker with an empty data dir recovers the task table from its changelog; the records of it that it
+    # fetches first (all, or all of one partition but its last) are dropped after aiokafka passed them.
     changelog = f"{c.app_id}-tasks-changelog"
-    records = sum((await end_offsets(changelog)).values())
+    ends = await end_offsets(changelog)
+    records = sum(ends.values())
     assert records >= len(ids)
-    w1 = c.worker("w1", **{FAULT_DROP_FETCHED: f"{changelog}={records}", "AGENTS_STREAM_STALL_AFTER_S": "2"}).start()
+    if not kept:
+        drops = f"{changelog}={records}"
+    else:  # the partition with the most records: all but its last ``kept``, several tasks among them
+        partition, end = max(ends.items(), key=lambda item: item[1])
+        assert end >= 5, ends  # an owner epoch and two tasks' two records at least
+        drops = f"{changelog}:{partition}={end - kept}"
+    w1 = c.worker("w1", **{FAULT_DROP_FETCHED: drops, "AGENTS_STREAM_STALL_AFTER_S": "2"}).start()
     await w1.wait_ready(timeout=90)
     assert "Fault injection dropped" in w1.tail(2000)
-    assert "Table recovery of" in w1.tail(2000), w1.tail(80)
+    said = "never reached the table during its recovery" if kept else "Table recovery of"
+    assert said in w1.tail(2000), w1.tail(80)
 
     calls = len([r for r in fake_llm.requests if r.task_id in ids])
     await produce(topics.task_topic(agent), [encode(t) for t in first])

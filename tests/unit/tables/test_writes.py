@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import faust
 import pytest
+from agents_stream.tables.changelog import ChangelogRecord, RecoveryStarts
 from agents_stream.tables.definitions import LedgerTable, define_tables, writing
 from agents_stream.tables.writes import DELETED, Unconfirmed, WriteBuffer, chain
 from faust.types import TP
@@ -276,3 +277,71 @@ async def test_a_stale_store_is_read_again_from_the_changelog_start_where_recove
     Recovery._add(SimpleNamespace(tp_to_table={}), table, changelog, reached)  # type: ignore[arg-type]
     assert reached[changelog] == -1, "read again from the changelog's start"
     assert table.get("t-1") is None and table.get("t-2") is None, "the stale store was emptied"
+
+
+def test_only_the_first_record_after_a_start_is_checked_for_a_gap() -> None:
+    """A recovery or standby that starts reading at 10 and gets 14 first never applied 10..13; a later jump is
+    not checked (a compacted changelog has gaps of its own), and a new start is checked again."""
+    starts = RecoveryStarts()
+    assert starts.first(1, 14) is None, "no start known: nothing to check"
+    starts.start(1, 10)
+    starts.start(2, 3)
+    assert starts.first(1, 14) == 10
+    assert starts.first(1, 20) is None, "only the first record"
+    assert starts.first(2, 3) is None, "the first record at the start: nothing missing"
+    starts.start(1, 30)
+    assert starts.first(1, 29) is None, "before the start (a record read again): nothing missing"
+    starts.start(1, 30)
+    assert starts.first(1, 31) == 30
+
+
+async def test_records_dropped_before_the_first_one_a_recovery_gets_are_read_again_and_applied_in_order(
+    tmp_path: Path,
+) -> None:
+    """The chaos run: a restarted worker's recovery of a tasks changelog partition got only the records another
+    worker wrote after its seek; Faust counted the partition recovered, and tasks finished before those records ran
+    again. The records before the first one are read again (here from a fake reader) and applied before it and
+    after what Faust buffered before it, so each key ends at its latest value."""
+    app, table = _tables(tmp_path)
+    changelog = TP(table.changelog_topic.get_topic_name(), 3)
+    other = TP(table.changelog_topic.get_topic_name(), 2)
+    assert table.persisted_offset(changelog) == -1  # an empty store: Faust reads the partition from its start
+    asked: list[tuple[TP, int, int]] = []
+
+    async def reader(tp: TP, start: int, end: int) -> list[ChangelogRecord]:
+        asked.append((tp, start, end))
+        return [ChangelogRecord(tp, 1, b'"t-1"', b'{"state": "running"}'),
+                ChangelogRecord(tp, 2, b'"t-1"', b'{"state": "succeeded"}'),
+                ChangelogRecord(tp, 3, b'"t-2"', b'{"state": "running"}')]
+
+    table.read_changelog = reader
+    buffer = app.tables.recovery.buffers[table]
+    before = ChangelogEvent(ChangelogMessage(tp=other, partition=2, offset=7, key=b'"t-8"', value=b'"other"'))
+    first = ChangelogEvent(ChangelogMessage(tp=changelog, partition=3, offset=5, key=b'"t-2"',
+                                            value=b'{"state": "succeeded"}'))
+    buffer.extend([before, first])  # as Faust's recovery loop does before it calls the hook
+    await table.on_changelog_event(first)
+
+    assert asked == [(changelog, 0, 5)]
+    assert buffer == [first], "what Faust buffered before the first record is applied before the records read again"
+    assert table.get("t-8") == "other" and table.get("t-1") == {"state": "succeeded"}
+    table.apply_changelog_batch(buffer)  # Faust applies its buffer later: the first record after the gap's
+    assert table.get("t-2") == {"state": "succeeded"}, "the record read again did not overwrite a later one"
+    second = ChangelogEvent(ChangelogMessage(tp=changelog, partition=3, offset=9, key=b'"t-3"', value=b"1"))
+    await table.on_changelog_event(second)
+    assert asked == [(changelog, 0, 5)], "only the first record after a start is checked"
+
+
+async def test_a_gap_that_cannot_be_read_again_makes_the_partition_rebuilt_next_time(tmp_path: Path) -> None:
+    app, table = _tables(tmp_path)
+    changelog = TP(table.changelog_topic.get_topic_name(), 1)
+    table.persisted_offset(changelog)
+
+    async def down(tp: TP, start: int, end: int) -> list[ChangelogRecord]:
+        raise ConnectionError("brokers unreachable")
+
+    table.read_changelog = down
+    first = ChangelogEvent(ChangelogMessage(tp=changelog, partition=1, offset=4, key=b'"t-1"', value=b"1"))
+    app.tables.recovery.buffers[table].append(first)
+    await table.on_changelog_event(first)
+    assert 1 in table.stale, "its store is rebuilt from the changelog the next time this worker is assigned it"
