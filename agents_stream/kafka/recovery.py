@@ -92,14 +92,15 @@ class RecoveryWatch(Service):
 async def read_changelog(settings: Settings, tp: TP, start: int, end: int) -> list[ChangelogRecord]:
     """The records of changelog partition ``tp`` from ``start`` up to ``end`` (exclusive), read with a consumer of
     its own (no group): not through Faust's, whose fetcher dropped them (tables/changelog.py, ``RecoveryStarts``).
-    Fewer, or none, where the changelog has none (compacted, or deleted by retention). The caller bounds the time."""
+    Fewer, or none, where the changelog has none (compacted, or deleted by retention). The caller bounds the read;
+    the client's start and stop have bounds of their own."""
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
     consumer = AIOKafkaConsumer(
         bootstrap_servers=bootstrap_servers(settings.broker), group_id=None, enable_auto_commit=False,
         **kafka_security.client_kwargs(settings),
     )
-    await consumer.start()
+    await asyncio.wait_for(consumer.start(), timeout=10.0)
     out: list[ChangelogRecord] = []
     try:
         part = TopicPartition(tp.topic, tp.partition)
@@ -114,4 +115,4 @@ async def read_changelog(settings: Settings, tp: TP, start: int, end: int) -> li
             if await consumer.position(part) >= end:
                 return out
     finally:
-        await consumer.stop()
+        await asyncio.wait_for(consumer.stop(), timeout=10.0)
