@@ -355,6 +355,16 @@ async def uncommitted(group: str, topic: str) -> int:
     return sum(end - max(done.get(p, 0), 0) for p, end in ends.items())
 
 
+async def all_committed(group: str, topic: str, *, timeout: float = 30.0, what: str = "lag 0") -> None:
+    """Wait until ``group`` has committed every message of ``topic``. A worker commits its watermark every commit
+    interval (1 s), not with each result: a commit read right after a result can be the one before it."""
+
+    async def none_left() -> bool:
+        return await uncommitted(group, topic) == 0
+
+    await eventually(none_left, timeout=timeout, what=what)
+
+
 async def topic_exists(topic: str, bootstrap: str = BOOTSTRAP) -> bool:
     admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
     await asyncio.wait_for(admin.start(), 30)

@@ -16,7 +16,7 @@ from agents_stream.examples.support import SUPPORT as SUPPORT_AGENT
 from agents_stream.testing import replay
 from agents_stream.testing.fakellm import FakeLLM, call, hang, ok, tool_calls
 
-from .harness import encode, eventually, produce, results_for, task, uncommitted, unique
+from .harness import all_committed, encode, eventually, produce, results_for, task, unique
 
 SUPPORT = "agents_stream.examples.support:SUPPORT"
 APIS = ("openai", "anthropic", "gemini")
@@ -207,8 +207,7 @@ async def test_a_large_refund_parks_at_its_call_until_a_human_decides_and_a_huge
             await eventually(lambda t=t: 1 in turns_asked(fake_llm, t["task_id"]), timeout=60, what="turn 1")
         waiting = await eventually(lambda: _awaiting(w, 2), timeout=60, what="both refunds parked")
         assert all(a["reason"] == "tool refund: amount 420 > 100" for a in waiting), waiting
-        await eventually(lambda: _zero(uncommitted(c.app_id, topics.task_topic(agent))), timeout=30,
-                         what="offsets committed past the parked tasks")
+        await all_committed(c.app_id, topics.task_topic(agent), what="offsets committed past the parked tasks")
         assert len([x for x in services.calls if x.operation == "carrier.label"]) == 2, "the label of the turn ran"
         assert not services.executed("payment.refund")
         approved, rejected = tickets
@@ -247,10 +246,6 @@ async def test_a_large_refund_parks_at_its_call_until_a_human_decides_and_a_huge
 async def _awaiting(worker: Any, n: int) -> list[dict[str, Any]] | None:
     waiting = (await worker.get("/approvals"))["awaiting"]
     return waiting if len(waiting) == n else None
-
-
-async def _zero(coro: Any) -> bool:
-    return await coro == 0
 
 
 async def test_a_lead_delegates_to_agents_of_another_app_and_resumes_once_after_a_callee_kill(

@@ -20,13 +20,13 @@ from .harness import (
     BOOTSTRAP,
     READ_TOKEN,
     ROOT,
+    all_committed,
     encode,
     eventually,
     produce,
     read_topic,
     results_for,
     task,
-    uncommitted,
     unique,
 )
 
@@ -124,8 +124,7 @@ async def test_approval_times_out_escalates_and_runs_once_when_approved_at_level
 
         got = await results_for({small["task_id"]}, timeout=60)
         assert json.loads(got[small["task_id"]][0].value)["status"] == "succeeded"
-        await eventually(lambda: _zero(uncommitted(c.app_id, topics.task_topic(agent))), timeout=30,
-                         what="offsets committed past the parked task")
+        await all_committed(c.app_id, topics.task_topic(agent), what="offsets committed past the parked task")
         assert calls_for(fake_llm, big["task_id"]) == 0
         waiting = (await w.get("/approvals"))["awaiting"]
         assert [a["task_id"] for a in waiting] == [big["task_id"]] and "amount 500 > 100" in waiting[0]["reason"]
@@ -255,10 +254,6 @@ async def test_last_level_timeout_rejects(cluster_factory, fake_llm):
         # request, and with 1 s levels the first can land after the second on a loaded machine)
         assert sorted(p for p, _ in hooks.for_task(t["task_id"])) == ["/hook/lead", "/hook/manager"]
         assert calls_for(fake_llm, t["task_id"]) == 0
-
-
-async def _zero(coro: Any) -> bool:
-    return await coro == 0
 
 
 async def _len_awaiting(worker: Any, n: int) -> bool:

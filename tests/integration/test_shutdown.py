@@ -10,7 +10,7 @@ import aiohttp
 
 from agents_stream.contract import topics
 
-from .harness import encode, eventually, produce, results_for, task, uncommitted, unique
+from .harness import all_committed, encode, eventually, produce, results_for, task, unique
 
 
 async def _readyz_status(port: int) -> int | None:
@@ -60,8 +60,4 @@ async def test_sigterm_finishes_calls_in_flight_and_leaves_the_rest_to_the_next_
     assert set(results) == ids and all(len(v) == 1 for v in results.values()), \
         "every task once, none twice"
     assert Counter(r.task_id for r in fake_llm.requests if r.task_id in ids) == Counter(ids), "one call per task"
-    await eventually(lambda: _zero(uncommitted(c.app_id, topics.task_topic(agent))), timeout=30, what="lag 0")
-
-
-async def _zero(lag) -> bool:
-    return await lag == 0
+    await all_committed(c.app_id, topics.task_topic(agent))

@@ -14,7 +14,7 @@ import pytest
 from agents_stream.contract import topics
 from agents_stream.kafka.consumer import FAULT_DROP_FETCHED
 
-from .harness import encode, end_offsets, eventually, produce, read_topic, results_for, task, uncommitted, unique
+from .harness import all_committed, encode, end_offsets, eventually, produce, read_topic, results_for, task, unique
 
 
 async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_factory, fake_llm):
@@ -35,7 +35,7 @@ async def test_records_dropped_after_fetch_are_read_again_and_run_once(cluster_f
                         and json.loads(m.value)["subject"] == me),
     )
     print(f"\nstall: {json.loads(alerts[0].value)}")
-    assert await uncommitted(c.app_id, topics.task_topic(agent)) == 0
+    await all_committed(c.app_id, topics.task_topic(agent), timeout=15)
 
 
 @pytest.mark.parametrize("kept", [0, 1], ids=["all-dropped", "a-gap"])
