@@ -75,9 +75,10 @@ def wire(app: AgentsStreamApp, runtime: Runtime, settings: Settings) -> None:
             log.exception("Expiry sweep failed (%r); the next tick tries again", exc)
 
     if settings.stall_after_s > 0:
-        # Once a second at most: a partition Faust skipped right after a rebalance is read again within seconds
-        # (kafka/stall.py, FRESH_AFTER_S); each tick asks the broker for the end offsets of the watched partitions.
-        @app.timer(interval=max(0.5, min(1.0, settings.stall_after_s / 4)))
+        # Twice a second: a partition Faust skipped right after a rebalance is read again within 1.5 s of it
+        # (kafka/stall.py, FRESH_AFTER_S); a tick asks the broker for the end offsets of the watched partitions only
+        # while one of them is fresh from a rebalance, else every quarter of stall_after_s (Flow.check_progress).
+        @app.timer(interval=max(0.25, min(0.5, settings.stall_after_s / 4)))
         async def progress_check() -> None:
             try:
                 await runtime.flow.check_progress()

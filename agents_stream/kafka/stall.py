@@ -68,9 +68,10 @@ class StallDetector:
         self._fresh.discard(tp)
         return Stall(still, fresh)
 
-    def fresh(self) -> bool:
-        """Some partition has not moved since the rebalance that assigned it (its shorter wait applies)."""
-        return bool(self._fresh)
+    def fresh(self, among: Iterable[Hashable]) -> bool:
+        """Some partition of ``among`` has not moved since the rebalance that assigned it (its shorter wait applies).
+        A partition paused since stays fresh until it is watched again: it asks for no look meanwhile."""
+        return not self._fresh.isdisjoint(among)
 
     def forget(self, tps: Iterable[Hashable]) -> None:
         for tp in tps:

@@ -11,7 +11,7 @@ import faust
 from faust.types import TP
 
 from agents_stream.kafka.consumer import Rereads, WatermarkConsumer
-from agents_stream.kafka.flow import Flow
+from agents_stream.kafka.flow import REREAD_AGAIN_S, Flow
 from agents_stream.kafka.watermark import Watermark
 
 TASKS = TP("agent.tasks.a", 4)
@@ -25,6 +25,7 @@ class Consumer:
         self.active: set[TP] = set()
         self.resumed: list[set[TP]] = []
         self.rereads = Rereads()
+        self.sought: list[tuple[TP, int]] = []  # the re-reads' seeks, in order
 
     def assignment(self) -> set[TP]:
         return set(self.assigned)
@@ -41,6 +42,15 @@ class Consumer:
 
     def pause_partitions(self, tps: set[TP]) -> None:
         self.active -= tps
+
+    async def earliest_offsets(self, *tps: TP) -> dict[TP, int]:
+        return dict.fromkeys(tps, 0)
+
+    async def highwaters(self, *tps: TP) -> dict[TP, int]:
+        return dict.fromkeys(tps, 100)  # records waiting on every partition
+
+    async def read_again(self, tp: TP, offset: int) -> None:
+        self.sought.append((tp, offset))
 
 
 @dataclass
@@ -150,3 +160,60 @@ def test_a_partition_that_delivers_nothing_after_a_rebalance_is_read_again_withi
     assert not stalls.observe(moved, 1, 2, now=201.0)
     assert not stalls.observe(moved, 1, 2, now=205.0)
     assert stalls.observe(moved, 1, 2, now=216.5)
+
+
+async def _sought(consumer: Consumer, n: int) -> list[tuple[TP, int]]:
+    """The seeks once ``n`` were made (a re-read seeks in the background), within a second."""
+    for _ in range(1000):
+        if len(consumer.sought) >= n:
+            break
+        await asyncio.sleep(0.001)
+    return consumer.sought
+
+
+async def test_a_gap_after_the_rebalance_sought_to_the_commits_is_read_again_before_faust_says_ready() -> None:
+    """B4's case: records dropped after Faust's seek to the commits, reported while ``app.rebalancing`` was still
+    set (Faust clears it after the seek, at "Worker ready"). The re-read was skipped as if the rebalance's seek were
+    still to come, yet counted as made, so the progress check's re-read 2 s on was held back too, and the partition
+    waited 17 s."""
+    flow, app, consumer = _flow()
+    flow.assigned()
+    assert not flow.reread(TASKS, 5), "before the rebalance's own seek: that one reads from the commit"
+    flow.resumed()  # Faust's recovery ended; it seeks to the commits now, then says "Worker ready"
+    app.rebalancing = True
+    assert flow.reread(TASKS, 5), "a gap seen after that seek is read again at once"
+    assert await _sought(consumer, 1) == [(TASKS, 5)]
+
+
+async def test_the_same_gap_reported_again_is_not_read_again_soon_unless_the_partition_stood_still() -> None:
+    flow, _, consumer = _flow()
+    flow.resumed()
+    assert flow.reread(TASKS, 5)
+    assert not flow.reread(TASKS, 5), (
+        f"the ledger reports the gap once per record past it: read again only {REREAD_AGAIN_S} s after the seek")
+    assert flow.reread(TASKS, 7), "another gap"
+    assert flow.reread(TASKS, 5, stalled=True), "the progress check saw nothing arrive since: that seek delivered none"
+    assert await _sought(consumer, 3) == [(TASKS, 5), (TASKS, 7), (TASKS, 5)]
+    consumer.assigned = set()
+    assert not flow.reread(TASKS, 9, stalled=True), "revoked: nothing to read"
+
+
+async def test_the_progress_check_leaves_a_re_read_under_way_the_time_a_rebalances_seek_gets() -> None:
+    """Right after a rebalance the ledger re-reads a gap at once; the progress check, finding the partition still
+    unmoved a moment later, must not seek again before that re-read had its time (a second seek delivers the same
+    records twice), and seeks once it had it."""
+    from agents_stream.kafka.stall import StallDetector
+
+    flow, _, consumer = _flow()
+    flow.stalls = StallDetector(after_s=30.0, fresh_after_s=0.5)
+    consumer.active = {TASKS}
+    flow.watermark.start(TASKS, 5)
+    flow.resumed()  # reading starts at 5, the group's commit
+    await asyncio.sleep(0.6)
+    assert flow.reread(TASKS, 5), "the ledger saw records past 5 only: a gap"
+    await flow.check_progress()
+    await asyncio.sleep(0.05)  # a seek runs in the background
+    assert consumer.sought == [(TASKS, 5)], "the position stood still since the rebalance, but the re-read is new"
+    await asyncio.sleep(0.6)
+    await flow.check_progress()
+    assert await _sought(consumer, 2) == [(TASKS, 5), (TASKS, 5)], "the re-read delivered nothing in its time"

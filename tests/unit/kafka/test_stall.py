@@ -38,3 +38,13 @@ def test_forget_drops_revoked_partitions() -> None:
     d.observe("t:0", position=0, end=1, now=0)
     d.forget(["t:0"])
     assert not d.observe("t:0", position=0, end=1, now=10)
+
+
+def test_only_a_watched_partition_fresh_from_a_rebalance_asks_for_looks_at_every_tick() -> None:
+    """A partition the intake paused right after the rebalance stays fresh (never observed), but asks for no look:
+    the progress check would otherwise ask the broker for end offsets at every tick while it stays paused."""
+    d = StallDetector(after_s=10)
+    d.restart_at({"t:0": 3, "t:1": 3}, now=0)
+    assert d.fresh(["t:0"]) and d.fresh(["t:1", "t:2"]) and not d.fresh(["t:2"]) and not d.fresh([])
+    d.observe("t:0", position=4, end=4, now=1)  # moved: no longer fresh
+    assert not d.fresh(["t:0"]) and d.fresh(["t:0", "t:1"])
