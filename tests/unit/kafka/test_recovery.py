@@ -9,7 +9,7 @@ from typing import Callable
 
 from faust.types import TP
 
-from agents_stream.kafka.recovery import RecoveryWatch
+from agents_stream.kafka.recovery import FETCHED_PAST_S, RecoveryWatch
 
 A, B, C = TP("app-tasks-changelog", 1), TP("app-tasks-changelog", 3), TP("app-jobs-changelog", 1)
 
@@ -29,16 +29,17 @@ def recovery(offsets: dict[TP, int], highwaters: dict[TP, int], in_recovery: boo
 
 
 class Consumer:
-    def __init__(self, on_position: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, on_position: Callable[[], None] = lambda: None, at: int = 99) -> None:
         self.seeks: list[tuple[TP, int]] = []
         self.on_position = on_position
+        self.at = at  # the fetch position of every partition
 
     async def seek(self, tp: TP, offset: int) -> None:
         self.seeks.append((tp, offset))
 
     async def position(self, tp: TP) -> int:
         self.on_position()
-        return 99
+        return self.at
 
 
 @dataclass
@@ -103,3 +104,27 @@ def test_a_recovery_that_ends_while_the_watch_asks_is_not_sought():
     asyncio.run(watch.check(now=0))
     asyncio.run(watch.check(now=10))
     assert consumer.seeks == []
+
+
+def test_records_fetched_past_and_never_applied_are_read_again_within_seconds():
+    """The scale-out test's case: a tasks changelog partition applied up to 19 of 21, its fetch position at 22 (the
+    records were fetched and dropped); it waited the whole stall_after_s (15 s) for its re-read."""
+    consumer = Consumer(at=22)
+    app = App(TableManager(recovery({A: 19}, {A: 21})), consumer)
+    watch = RecoveryWatch(app=app, stall_after_s=15)
+    asyncio.run(watch.check(now=0))
+    asyncio.run(watch.check(now=FETCHED_PAST_S - 0.1))
+    assert consumer.seeks == []
+    asyncio.run(watch.check(now=FETCHED_PAST_S))
+    assert consumer.seeks == [(A, 20)]
+
+
+def test_a_slow_read_with_nothing_fetched_past_waits_the_whole_period():
+    consumer = Consumer(at=20)  # the next fetch starts at the record recovery waits for: it is not dropped, only late
+    app = App(TableManager(recovery({A: 19}, {A: 21})), consumer)
+    watch = RecoveryWatch(app=app, stall_after_s=15)
+    for now in (0, FETCHED_PAST_S, 2 * FETCHED_PAST_S, 14.9):
+        asyncio.run(watch.check(now=now))
+    assert consumer.seeks == []
+    asyncio.run(watch.check(now=15))
+    assert consumer.seeks == [(A, 20)]
