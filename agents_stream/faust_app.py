@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import sys
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import faust
 from faust.types import TP
@@ -99,6 +99,7 @@ class AgentsStreamApp(faust.App):
         changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
         replication = await ensure_topics(
             self.agents_settings, self.input_topics, compacted=changelogs, others=[CIRCUITS_SPEC], group=self.conf.id,
+            present=cast(WatermarkTransport, self.transport).present_topics,
         )
         # The topics Faust declares itself (the runtime's output topics, its assignor's) get the same replication.
         self.conf.topic_replication_factor = replication.factor

@@ -127,6 +127,7 @@ async def ensure_topics(
     compacted: list[str] | None = None,
     others: list[TopicSpec] | None = None,
     group: str | None = None,
+    present: set[str] | None = None,
 ) -> Replication:
     """Create the input topics, the tables' changelogs (``compacted``) and ``others`` that are missing, and wait
     until the broker describes every one of them (and, with ``group``, names that group's coordinator). Returns
@@ -138,6 +139,9 @@ async def ensure_topics(
     Every input topic must also have AGENTS_STREAM_PARTITIONS partitions (the
     tables are co-partitioned with them). One created earlier with another
     count would crash the worker at its first event; stop now and say why.
+
+    ``present`` (when given) gets the name of every topic the broker has now: the cluster's list, read anyway, and
+    the ones made here. Faust does not declare those again (``IdempotentProducer.create_topic``).
     """
     admin = await _connected_admin(settings)
     compacted = compacted or []
@@ -151,6 +155,8 @@ async def ensure_topics(
         specs += others
         await _create_missing(admin, [t for t in specs if t.name not in existing], replication, brokers)
         described = await _described(admin, [t.name for t in specs], timeout)
+        if present is not None:
+            present.update(existing, described)
         problems = size_problems(settings, await _message_limits(admin, names + compacted))
         if group is not None:
             await _coordinator(admin, group, timeout)

@@ -110,3 +110,25 @@ async def test_a_first_start_logs_no_error(cluster_factory, tmp_path: Path):
     assert created < joined < folded, "the circuits log is made before the consumer joins and before it is read"
     described = await describe(circuits)
     assert described == (1, "LogAppendTime", "86400000"), "made with the configs Faust would have declared"
+
+
+async def test_a_restart_declares_none_of_the_topics_the_broker_has(cluster_factory):
+    """Faust declares each of the app's topics as it starts (a CreateTopics request and a metadata refresh of the
+    whole cluster each); a worker skips the ones the broker already has. Restarted, it declares none, and still
+    reads its tasks and writes its results."""
+    agent = unique("analyzer")
+    c = cluster_factory([agent], None)
+    worker = await c.started()
+    await _one_task(agent)
+    first = worker.log_path.read_text(errors="replace").splitlines()
+    declared = [line for line in first if "Creating topic" in line]
+    assert not any(f"'{topics.task_topic(agent)}'" in line or "-changelog'" in line for line in declared), (
+        "the topics made before the group is joined were declared again:\n" + "\n".join(declared))
+    assert worker.terminate()[0] == 0, worker.tail()
+
+    worker.start()
+    await worker.wait_ready()
+    await _one_task(agent)
+    again = worker.log_path.read_text(errors="replace").splitlines()[len(first):]
+    assert [line for line in again if "Creating topic" in line] == [], "a topic the broker has was declared again"
+    assert worker.terminate()[0] == 0, worker.tail()
