@@ -173,7 +173,10 @@ def new_app(settings: Settings, inputs: list[str], watermark: Watermark) -> Agen
         producer_metadata_max_age_ms=METADATA_MAX_AGE_MS, consumer_metadata_max_age_ms=METADATA_MAX_AGE_MS,
         broker_commit_interval=settings.commit_interval_s,
         broker_commit_every=10_000_000,  # commits are timed by the watermark, not by message count
-        stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1, producer_linger_ms=1,
+        stream_buffer_maxsize=512, consumer_auto_offset_reset="earliest", producer_acks=-1,
+        # No linger: three of a task's sends and each agent step wait for the broker's answer, and a 1 ms linger cost
+        # each 1-1.5 ms; a burst still batches behind the request in flight (bench/notes.md, 2026-12-07).
+        producer_linger_ms=0,
         producer_max_request_size=settings.record_max_bytes, Topic=GuardedTopic, TableManager=PromptTableManager,
         PartitionAssignor=Assignor,
         table_cleanup_interval=3600.0, table_standby_replicas=settings.standby_replicas, loghandlers=[],
