@@ -13,7 +13,7 @@ from faust.types import TP
 
 from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
-from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, longest_retention_s
+from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, leader_spec, longest_retention_s
 from agents_stream.kafka.assignor import Assignor
 from agents_stream.kafka.consumer import Commits, WatermarkTransport
 from agents_stream.kafka.delivery import GuardedTopic
@@ -98,10 +98,11 @@ class AgentsStreamApp(faust.App):
             table.read_changelog = partial(read_changelog, self.agents_settings)
         changelogs = sorted(t.changelog_topic.get_topic_name() for t in self.tables.values())
         replication = await ensure_topics(
-            self.agents_settings, self.input_topics, compacted=changelogs, others=[CIRCUITS_SPEC], group=self.conf.id,
+            self.agents_settings, self.input_topics, compacted=changelogs,
+            others=[CIRCUITS_SPEC, leader_spec(self.conf.id)], group=self.conf.id,
             present=cast(WatermarkTransport, self.transport).present_topics,
         )
-        # The topics Faust declares itself (the runtime's output topics, its assignor's) get the same replication.
+        # The topics Faust declares itself (the runtime's output topics) get the same replication.
         self.conf.topic_replication_factor = replication.factor
         for topic in self.runtime.output_topics if self.runtime is not None else ():
             topic.config = {**replication.topic_configs(), **(topic.config or {})}

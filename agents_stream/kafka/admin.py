@@ -44,6 +44,13 @@ CIRCUITS_SPEC = TopicSpec(
 )
 
 
+def leader_spec(app_id: str) -> TopicSpec:
+    """The topic Faust's assignor elects its group leader with (Faust's ``LeaderAssignor`` names it so: one
+    partition, default configs). Made with the others before the group is joined: Faust would make it moments
+    before the consumer subscribes, and a broker slow to list it logged "not found in cluster metadata"."""
+    return TopicSpec(f"{app_id}-__assignor-__leader", 1)
+
+
 @dataclass(frozen=True)
 class Replication:
     """How every topic the app creates is replicated: ``factor`` copies, and a write with acks=all counts once

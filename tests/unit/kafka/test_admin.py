@@ -1,12 +1,14 @@
-"""How the app's topics are replicated (agents_stream.kafka.admin.replication_for)."""
+"""How the app's topics are replicated (agents_stream.kafka.admin.replication_for), and the leader topic it makes."""
 
 from __future__ import annotations
 
 import logging
 
+import faust
 import pytest
+from faust.assignor.leader_assignor import LeaderAssignor
 
-from agents_stream.kafka.admin import Replication, replication_for
+from agents_stream.kafka.admin import Replication, leader_spec, replication_for
 from agents_stream.settings import Settings
 
 
@@ -45,3 +47,13 @@ def test_min_insync_equal_to_the_factor_warns(caplog: pytest.LogCaptureFixture) 
 def test_impossible_replication_ends_the_worker(env: dict[str, str]) -> None:
     with pytest.raises(SystemExit, match="min.insync.replicas at most the replication factor"):
         replication_for(Settings.from_env(env), 3)
+
+
+def test_the_leader_topic_made_before_the_group_is_joined_is_the_one_faust_s_assignor_uses():
+    """Made under another name, the worker's early topic would be an extra one and Faust's made late again."""
+    app = faust.App("leader-name-check")
+    faust_topic = LeaderAssignor(app)._leader_topic
+    spec = leader_spec(app.conf.id)
+    assert spec.name == faust_topic.get_topic_name()
+    assert spec.partitions == faust_topic.partitions == 1
+    assert spec.configs == {} and not faust_topic.config, "Faust declares it with the broker's default configs"
