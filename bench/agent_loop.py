@@ -21,7 +21,7 @@ from typing import Any
 from bench import common
 from bench.b1_throughput import _measure, _value
 from bench.b2_provider_latency import LATENCY_S, fake_llm_with
-from bench.common import publish_all, task_ids
+from bench.common import publish_each, task_ids
 from bench.report import Row
 
 TURNS = 3
@@ -39,14 +39,14 @@ async def run(tmp: Path, n: int, n_seq: int) -> tuple[list[Row], dict[str, Any]]
     try:
         async with common.one_worker(tmp, "b2agent", url, toml=config(url)) as flow:
             res = await _measure(flow.topic, flow.out, flow.agent, n, flow.worker.proc.pid)
-            latencies = []
             steps_before = await durable_steps(flow.worker)
-            for task_id in task_ids("b2seq", n_seq):
-                sent: dict[str, float] = {}
-                await publish_all(flow.topic, flow.agent, [task_id], sent)
+
+            async def answered(task_id: str) -> None:
                 if not await flow.out.wait_all([task_id], timeout=30):
                     raise RuntimeError(f"agent task {task_id} unanswered in 30 s:\n{flow.worker.tail()}")
-                latencies.append(flow.out.seen[task_id] - sent[task_id])
+
+            sent = await publish_each(flow.topic, flow.agent, task_ids("b2seq", n_seq), answered)
+            latencies = [flow.out.seen[task_id] - at for task_id, at in sent.items()]
             steps_after = await durable_steps(flow.worker)
     finally:
         common.stop(proc)

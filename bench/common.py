@@ -18,7 +18,7 @@ import time
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, AsyncIterator, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -169,6 +169,25 @@ async def publish_all(topic: str, agent: str, ids: list[str], sent_at: dict[str,
             futs.append(await p.send(topic, task_body(agent, task_id, i), key=task_id.encode()))
         await asyncio.wait_for(asyncio.gather(*futs), 120)
         return started
+    finally:
+        await p.stop()
+
+
+async def publish_each(
+    topic: str, agent: str, ids: list[str], answered: Callable[[str], Awaitable[None]],
+) -> dict[str, float]:
+    """Publish ``ids`` one at a time, the next once ``answered`` returned for the last; returns when each was
+    sent. One producer for all, its metadata read before the first, no linger: a task's latency is the worker's,
+    not the driver's start or its batching."""
+    p = await producer(linger_ms=0)
+    sent_at: dict[str, float] = {}
+    try:
+        await asyncio.wait_for(p.partitions_for(topic), 30)
+        for i, task_id in enumerate(ids):
+            sent_at[task_id] = time.monotonic()
+            await asyncio.wait_for(await p.send(topic, task_body(agent, task_id, i), key=task_id.encode()), 30)
+            await answered(task_id)
+        return sent_at
     finally:
         await p.stop()
 
