@@ -15,7 +15,7 @@ from agents_stream.contract import topics
 from agents_stream.kafka import security as kafka_security
 from agents_stream.kafka.admin import CIRCUITS_SPEC, ensure_topics, leader_spec, longest_retention_s
 from agents_stream.kafka.assignor import Assignor
-from agents_stream.kafka.consumer import Commits, WatermarkTransport
+from agents_stream.kafka.consumer import Commits, IdempotentProducer, WatermarkTransport
 from agents_stream.kafka.delivery import GuardedTopic
 from agents_stream.kafka.recovery import RecoveryWatch, read_changelog
 from agents_stream.kafka.start import commit_task_topic_starts
@@ -100,7 +100,7 @@ class AgentsStreamApp(faust.App):
         replication = await ensure_topics(
             self.agents_settings, self.input_topics, compacted=changelogs,
             others=[CIRCUITS_SPEC, leader_spec(self.conf.id)], group=self.conf.id,
-            present=cast(WatermarkTransport, self.transport).present_topics,
+            present=cast(IdempotentProducer, self.producer).present_topics,
         )
         # The topics Faust declares itself (the runtime's output topics) get the same replication.
         self.conf.topic_replication_factor = replication.factor

@@ -388,6 +388,9 @@ class IdempotentProducer(AIOKafkaProducer):
         super().__init__(*args, **kwargs)
         self.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
         self._tracked: set[str] = set()
+        #: the topics the broker had when this worker started (``kafka.admin.ensure_topics`` fills it): Faust's
+        #: declares of them are skipped (``create_topic``)
+        self.present_topics: set[str] = set()
 
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "enable_idempotence": True}
@@ -408,7 +411,7 @@ class IdempotentProducer(AIOKafkaProducer):
         Faust declares each of the app's topics as it starts: a CreateTopics request, then a metadata refresh that
         asks for the whole cluster (the producer tracks no topic yet), 30-400 ms a topic on a broker of thousands,
         27 topics a start. For a topic that exists, its create does nothing else."""
-        if topic in cast(WatermarkTransport, self.transport).present_topics:
+        if topic in self.present_topics:
             return
         await super().create_topic(topic, partitions, replication, **kwargs)
 
@@ -423,6 +426,3 @@ class WatermarkTransport(AIOKafkaTransport):
     def __init__(self, url: Any, app: Any, commits: Commits, loop: Any = None) -> None:
         super().__init__(url, app, loop=loop)
         self.commits = commits
-        #: the topics the broker had when this worker started (``kafka.admin.ensure_topics`` fills it): Faust's
-        #: producer does not declare them again
-        self.present_topics: set[str] = set()
