@@ -10,18 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents_stream.tables.leases import (
-    AWAITING_APPROVAL,
-    AWAITING_SUBTASKS,
-    TaskRecord,
-    appended_steps,
-    completed_steps,
-)
+from agents_stream.tables.leases import AWAITING_APPROVAL, AWAITING_SUBTASKS, TaskRecord, completed_steps
 
 __all__ = ["round_events"]
 
-#: how an escalation entry's kind reads in a journal's text
-_ESCALATED = '"escalated"'
 #: a tool result's content in an event is cut to this many characters (the journal keeps it whole)
 CONTENT_CHARS = 2000
 
@@ -34,15 +26,11 @@ def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) ->
     if new.dispatch and (old is None or new.dispatch != old.dispatch):
         dispatched = {"attempt": new.dispatch}
         events.append(_event(f"round:{number}:dispatch:{new.dispatch}", "dispatched", number, dispatched))
-    added = appended_steps(old, new)
-    if added is None:  # the journal was rewritten, not appended to: compare it whole
-        added = completed_steps(new)[len(completed_steps(old)):]
-    # a routed round's escalated handler starts its turns at 0 again: its events' ids say which handler (":h<n>");
-    # a string test first, as the summary's: most journals hold no escalation
-    escalated = added and old is not None and old.steps_done and _ESCALATED in old.steps_done
-    earlier = completed_steps(old) if escalated else []
-    stage = sum(1 for e in earlier if isinstance(e, dict) and e.get("kind") == "escalated")
-    for entry in added:
+    before = len(completed_steps(old)) if old is not None else 0
+    done = completed_steps(new)
+    # a routed round's escalated handler starts its turns at 0 again: its events' ids say which handler (":h<n>")
+    stage = sum(1 for e in done[:before] if isinstance(e, dict) and e.get("kind") == "escalated")
+    for entry in done[before:]:
         if isinstance(entry, dict):
             shown = _journal_event(number, entry)
             if stage and entry.get("kind") in _PER_HANDLER:

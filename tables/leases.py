@@ -286,38 +286,15 @@ def checkpoint(
     """
     if record is None or record.state != RUNNING or (dispatch is not None and dispatch != record.dispatch):
         return record, []
-    if index != len(completed_steps(record)):
+    done = json.loads(record.steps_done) if record.steps_done else []
+    if index != len(done):
         return record, []
-    # appended to the journal's text: the entries before it are not written out again (a journal holds whole tool
-    # outputs, and a task checkpoints each of its steps)
-    entry = json.dumps(output, separators=(",", ":"))
-    steps = f"{record.steps_done[:-1]},{entry}]" if index and record.steps_done else f"[{entry}]"
-    return replace(record, steps_done=steps), []
+    return replace(record, steps_done=json.dumps([*done, output], separators=(",", ":"))), []
 
 
 def completed_steps(record: TaskRecord | None) -> list[Any]:
     """The outputs of the steps a task has already done (empty for a fresh or single-step task)."""
     return json.loads(record.steps_done) if record is not None and record.steps_done else []
-
-
-def appended_steps(old: TaskRecord | None, new: TaskRecord | None) -> list[Any] | None:
-    """The entries ``new``'s journal appends to ``old``'s, read without parsing the entries both hold (none when
-    ``new`` keeps no journal); None when ``new``'s journal is not ``old``'s text with entries appended (a journal
-    rewritten: compare the parsed lists).
-
-    ``checkpoint`` appends: the new text is the old one without its closing bracket, a comma, the new entries. A JSON
-    value ends where a comma follows it, so the old entries are the new journal's first ones.
-    """
-    before = old.steps_done if old is not None and old.steps_done else "[]"
-    after = new.steps_done if new is not None and new.steps_done else "[]"
-    if after == before or after == "[]":  # unchanged, or cleared (a finished record keeps no journal)
-        return []
-    if before == "[]":
-        return json.loads(after)
-    head = before[:-1]
-    if before[-1] != "]" or len(after) <= len(head) or not after.startswith(head) or after[len(head)] != ",":
-        return None
-    return json.loads(f"[{after[len(head) + 1:]}")
 
 
 def expire(

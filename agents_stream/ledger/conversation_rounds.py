@@ -189,10 +189,7 @@ class Conversations:
         self._keep_summary(tp, offset, task_id, old, new)
         record = new or old
         if record is not None and record.terminal:  # a finished record keeps no journal: the one before it has it
-            # the journal read only when its text holds a handoff's result (a string test, as the summary's)
-            handed = any(r is not None and r.steps_done and handoff.HANDED_OVER in r.steps_done for r in (old, new))
-            journal = completed_steps(old) + completed_steps(new) if handed else []
-            self.round_ended(tp, offset, task_id, record, journal=journal)
+            self.round_ended(tp, offset, task_id, record, journal=completed_steps(old) + completed_steps(new))
 
     def _keep_summary(self, tp: TP, offset: int, task_id: str, old: TaskRecord | None, new: TaskRecord | None) -> None:
         """A round journaled its summary (execution/summary.py): stored with its conversation, where the next round
