@@ -49,7 +49,7 @@ def test_impossible_replication_ends_the_worker(env: dict[str, str]) -> None:
         replication_for(Settings.from_env(env), 3)
 
 
-def test_the_leader_topic_made_before_the_group_is_joined_is_the_one_faust_s_assignor_uses():
+def test_the_leader_topic_made_before_the_group_is_joined_is_the_one_faust_s_assignor_uses() -> None:
     """Made under another name, the worker's early topic would be an extra one and Faust's made late again.
     Faust has no public name for it: its assignor's own attribute is read, so a Faust upgrade that renames the
     topic fails here."""
