@@ -157,6 +157,26 @@ async def producer(linger_ms: int = 5) -> AIOKafkaProducer:
     return p
 
 
+async def produce_round_trip_s(n: int = 300) -> float:
+    """The median time one record takes to be sent and confirmed by a bare aiokafka producer configured as the
+    worker's (acks=all, idempotent, no linger), one after another, on a topic of its own: the baseline of a
+    durable step."""
+    topic = unique("bench-round-trip")
+    await create_topics([topic], 1)
+    p = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", enable_idempotence=True, linger_ms=0)
+    await asyncio.wait_for(p.start(), 30)
+    try:
+        await asyncio.wait_for(p.send_and_wait(topic, b"warm-up"), 30)
+        took = []
+        for i in range(n):
+            started = time.perf_counter()
+            await asyncio.wait_for(p.send_and_wait(topic, b"x" * 200, key=str(i).encode()), 30)
+            took.append(time.perf_counter() - started)
+        return sorted(took)[n // 2]
+    finally:
+        await p.stop()
+
+
 async def publish_all(topic: str, agent: str, ids: list[str], sent_at: dict[str, float] | None = None) -> float:
     """Publish every id as fast as the client goes; returns the monotonic time the first send started."""
     p = await producer()
