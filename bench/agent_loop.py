@@ -19,7 +19,6 @@ the fake's 200 ms wait is inside the last two.
 from __future__ import annotations
 
 import asyncio
-import json
 import re
 import statistics
 import sys
@@ -29,7 +28,7 @@ from typing import Any
 
 from bench import common
 from bench.b1_throughput import _measure, _value
-from bench.b2_provider_latency import LATENCY_S, fake_llm_with
+from bench.b2_provider_latency import LATENCY_S, fake_admin, fake_llm_with
 from bench.common import produce_round_trip_s, publish_each, task_ids
 from bench.report import Row
 
@@ -92,11 +91,7 @@ async def run(tmp: Path, n: int, n_seq: int) -> tuple[list[Row], dict[str, Any]]
 
 async def calls_received(url: str) -> list[dict[str, Any]]:
     """Every call the fake LLM received (task id, wall-clock time), from its ``/_admin/requests``."""
-    import aiohttp
-
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/_admin/requests",
-                                                         timeout=aiohttp.ClientTimeout(total=30)) as r:
-        return [{"task_id": c["task_id"], "ts": c["ts"]} for c in json.loads(await r.read())]
+    return [{"task_id": c["task_id"], "ts": c["ts"]} for c in await fake_admin(url, "requests")]
 
 
 def turn_phases(tasks: dict[str, tuple[float, float]], calls: list[dict[str, Any]]) -> dict[str, float]:

@@ -45,13 +45,18 @@ async def fake_llm_with(tmp: Path, latency: float, options: list[str]) -> tuple[
     raise RuntimeError(f"fake LLM did not start:\n{common.tail(log)}")
 
 
-async def _stats(url: str) -> dict[str, Any]:
-    """The fake's own counters: peak_in_flight shows how many of the worker's call slots were really busy."""
+async def fake_admin(url: str, path: str, timeout: float = 30) -> Any:
+    """The JSON of one of the fake LLM's admin pages (``/_admin/<path>``)."""
     import aiohttp
 
-    async with aiohttp.ClientSession() as http, http.get(f"{url}/_admin/stats",
-                                                         timeout=aiohttp.ClientTimeout(total=5)) as r:
+    async with aiohttp.ClientSession() as http, http.get(f"{url}/_admin/{path}",
+                                                         timeout=aiohttp.ClientTimeout(total=timeout)) as r:
         return await r.json()
+
+
+async def _stats(url: str) -> dict[str, Any]:
+    """The fake's own counters: peak_in_flight shows how many of the worker's call slots were really busy."""
+    return await fake_admin(url, "stats", timeout=5)
 
 
 async def ours(tmp: Path, n: int, url: str) -> dict[str, Any]:

@@ -151,8 +151,9 @@ class Watch:
             await self._consumer.stop()
 
 
-async def producer(linger_ms: int = 5) -> AIOKafkaProducer:
-    p = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", linger_ms=linger_ms, max_batch_size=256 * 1024)
+async def producer(linger_ms: int = 5, **settings: Any) -> AIOKafkaProducer:
+    p = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", linger_ms=linger_ms, max_batch_size=256 * 1024,
+                         **settings)
     await asyncio.wait_for(p.start(), 30)
     return p
 
@@ -163,8 +164,7 @@ async def produce_round_trip_s(n: int = 300) -> float:
     durable step."""
     topic = unique("bench-round-trip")
     await create_topics([topic], 1)
-    p = AIOKafkaProducer(bootstrap_servers=BOOTSTRAP, acks="all", enable_idempotence=True, linger_ms=0)
-    await asyncio.wait_for(p.start(), 30)
+    p = await producer(linger_ms=0, enable_idempotence=True)
     try:
         await asyncio.wait_for(p.send_and_wait(topic, b"warm-up"), 30)
         took = []
