@@ -239,11 +239,11 @@ class Runtime(Service):
         await self.route.send(task_id, outcome)
 
     def member(self) -> bool:
-        """This worker still owns the partitions it believes it owns: a commit or heartbeat it sent less than half a
-        session timeout ago was accepted by the group's coordinator. A worker cut off from the group for longer (a
-        stalled loop, a broker away) may have lost them without knowing yet: its outcomes then go on the topic, where
-        the partition's owner, whoever it is now, applies them (docs/decisions.md, "Outcomes applied where they
-        ran")."""
+        """This worker still owns the partitions it believes it owns: a commit, heartbeat or group sync it sent less
+        than half a session timeout ago was accepted by the group's coordinator. A worker cut off from the group for
+        longer (a stalled loop, a broker away) may have lost them without knowing yet: its outcomes then go on the
+        topic, where the partition's owner, whoever it is now, applies them (docs/decisions.md, "Outcomes applied
+        where they ran")."""
         if getattr(self.app, "rebalancing", False):  # Faust revokes before it tells the ledger (Ledger.forget)
             return False
         consumer: Any = self.app.consumer
@@ -314,10 +314,11 @@ class Runtime(Service):
         return cast("float | None", consumer.member_at)
 
     def may_be_member(self) -> bool:
-        """The group cannot have expelled this worker yet: no commit was refused to it for a whole session timeout
-        (its last accepted one was sent less than that ago, or it has not committed since it joined)."""
+        """The group cannot have expelled this worker yet: a commit, heartbeat or group sync it sent less than a
+        session timeout ago was accepted. Never before the group's first word (its first sync counts): a worker
+        stopped before it had any can not tell how long it was away."""
         consumer: Any = self.app.consumer
-        return consumer.member_at is None or bool(consumer.member_since(self.settings.session_timeout_s))
+        return bool(consumer.member_since(self.settings.session_timeout_s))
 
     def on_assigned(self) -> None:
         self.flow.assigned()

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from time import monotonic
 from typing import Any, Callable, Iterable, Mapping, Optional, cast
 
-from aiokafka.protocol.group import HeartbeatRequest
+from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
 from aiokafka.structs import OffsetAndMetadata
 from faust.transport.consumer import ensure_TPset
 from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread, ensure_aiokafka_TP
@@ -67,7 +67,7 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         await super().on_start()
         coordinator = self.coordinator()
         if coordinator is not None:
-            watch_heartbeats(coordinator, cast("WatermarkConsumer", self.consumer).confirmed_member)
+            watch_group_answers(coordinator, cast("WatermarkConsumer", self.consumer).confirmed_member)
 
     async def _commit(self, offsets: Mapping[TP, int]) -> bool:
         # Faust crashes the worker on any commit error. A lost broker connection or
@@ -99,21 +99,26 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         return {tp: offsets.get(ensure_aiokafka_TP(tp)) for tp in tps}
 
 
-def watch_heartbeats(coordinator: Any, confirmed: Callable[[float], None]) -> None:
-    """Call ``confirmed(sent)`` for every heartbeat the group's coordinator answers without an error: it counts this
-    worker a member of the current generation, with no rebalance under way, as an accepted commit does.
+def watch_group_answers(coordinator: Any, confirmed: Callable[[float], None]) -> None:
+    """Call ``confirmed(sent)`` for every heartbeat and every group sync the group's coordinator answers without an
+    error: each counts this worker a member of the current generation, as an accepted commit does.
 
     Commits alone were not enough: Faust flushes its producer buffer before each commit, and in a burst the buffer
     stays full, so a busy worker went 5-7 s without a commit, counted itself no member and held every task's
     follow-ups (docs/decisions.md, "Fencing: confirmed membership"). The heartbeats run on the consumer's thread every
     heartbeat interval whatever the producer does. aiokafka answers a heartbeat only to its own routine (which
-    counts a "rebalance in progress" answer a success), so the coordinator's request method is wrapped here."""
+    counts a "rebalance in progress" answer a success), so the coordinator's request method is wrapped here.
+
+    The sync that ends a rebalance counts too: aiokafka starts heartbeating only once Faust's assignment callback
+    returned, a heartbeat interval later, so a worker that had just joined had no word from the group for a second
+    or more while it already owned partitions and wrote them. Stopped in that window, it woke with no confirmation
+    older than its stop to tell it had been away (docs/decisions.md, "Fencing: confirmed membership")."""
     send = coordinator._send_req
 
     async def send_req(request: Any) -> Any:
         sent = monotonic()
         resp = await send(request)
-        if isinstance(request, HeartbeatRequest) and getattr(resp, "error_code", None) == 0:
+        if isinstance(request, HeartbeatRequest | SyncGroupRequest) and getattr(resp, "error_code", None) == 0:
             confirmed(sent)
         return resp
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import time
 
 import faust
-from aiokafka.protocol.group import HeartbeatRequest
+from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
 from faust.types import TP
 
-from agents_stream.kafka.consumer import PASS_OVER_S, Rereads, WatermarkConsumer, commit_again, watch_heartbeats
+from agents_stream.kafka.consumer import PASS_OVER_S, Rereads, WatermarkConsumer, commit_again, watch_group_answers
 
 
 async def _ignore(*args: object) -> None:
@@ -64,7 +64,7 @@ class _Answer:
 
 
 class _Coordinator:
-    """aiokafka's group coordinator as far as watch_heartbeats sees it: one request method, answers given in order."""
+    """aiokafka's group coordinator as watch_group_answers sees it: one request method, answers given in order."""
 
     def __init__(self, *codes: int) -> None:
         self.codes = list(codes)
@@ -79,7 +79,7 @@ async def test_only_a_heartbeat_the_coordinator_accepted_confirms_membership() -
     member: 25) or another request's answer says nothing."""
     coordinator = _Coordinator(27, 22, 25, 0, 0)
     seen: list[float] = []
-    watch_heartbeats(coordinator, seen.append)
+    watch_group_answers(coordinator, seen.append)
     heartbeat = HeartbeatRequest("group", 3, "member-1")
     before = time.monotonic()
     for _ in range(3):
@@ -89,6 +89,20 @@ async def test_only_a_heartbeat_the_coordinator_accepted_confirms_membership() -
     assert seen == [], "only heartbeats are read here (accepted commits are counted where they are sent)"
     await coordinator._send_req(heartbeat)
     assert len(seen) == 1 and before <= seen[0] <= time.monotonic(), "the time the heartbeat was sent"
+
+
+async def test_the_sync_that_ends_a_rebalance_confirms_membership_before_the_first_heartbeat() -> None:
+    """aiokafka heartbeats only a heartbeat interval after Faust's assignment callback returned: until then the sync
+    the coordinator accepted is the group's one word that this worker is a member. A refused sync says nothing."""
+    coordinator = _Coordinator(27, 0)
+    seen: list[float] = []
+    watch_group_answers(coordinator, seen.append)
+    sync = SyncGroupRequest("group", 4, "member-1", None, [])
+    await coordinator._send_req(sync)
+    assert seen == [], "a sync refused (a rebalance under way) is no word from the group"
+    before = time.monotonic()
+    await coordinator._send_req(sync)
+    assert len(seen) == 1 and before <= seen[0] <= time.monotonic(), "the time the sync was sent"
 
 
 def test_membership_never_goes_back_to_an_older_confirmation() -> None:
