@@ -77,6 +77,11 @@ class Cancellation:
                 via=decision.via, reason=reason, now=now,
             )
             return None, recorded, list(said)
+        stored = _cancelled_by(record, by, decision.via, reason)
+        if stored is not None:
+            # Read again: the owner that applied it lost the partition before the result went out (a result waits
+            # for its record to be durable). The stored result, as for a redelivered task.
+            return record, record, [leases.EmitResult(stored)]
         refused = self._refusal(record, decision, signed)
         if refused is not None:
             log.info("Cancel of %s by %r (via %s) ignored: %s", task_id, by, decision.via, refused)
@@ -143,3 +148,11 @@ class Cancellation:
 
 def _now() -> float:
     return time.time()
+
+
+def _cancelled_by(record: TaskRecord, by: str, via: str, reason: str) -> str | None:
+    """The stored result of a task this very cancel (the same person, channel and reason) ended, else None."""
+    if record.state != leases.CANCELLED or not record.cancel or record.result is None:
+        return None
+    made = json.loads(record.cancel)
+    return record.result if (made.get("by"), made.get("via"), made.get("reason")) == (by, via, reason) else None

@@ -45,13 +45,10 @@ class Tracing:
 class AppliedHere:
     """How the transition of an outcome applied where it ran (``Ledger.apply_here``) is carried out: ``durable`` is
     called once all of it is durable, or ``fenced`` instead when the partition moved before its writes were
-    confirmed (Outbox.deliver): nothing of it is acted on here. ``record_first``: a result or dead letter is sent
-    only once the record is durable (such an outcome has no outcome record to apply again: a crash between the two
-    must not leave a result whose task runs again)."""
+    confirmed (Outbox.deliver): nothing of it is acted on here."""
 
     durable: Callable[[], object] | None = None
     fenced: Callable[[], object] | None = None
-    record_first: bool = False
 
 log = logging.getLogger(__name__)
 
@@ -99,9 +96,10 @@ class Effects:
         """Write ``new`` (when it differs from ``old``), carry out ``effects``; ``extra`` sends are held with the
         offset too. ``traced_by``: where its spans go; ``here``: an outcome applied where it ran (AppliedHere)."""
         span, trace = traced_by.span, traced_by.parent
-        durable, fenced, record_first = here.durable, here.fenced, here.record_first
+        durable, fenced = here.durable, here.fenced
         sends: list[Send] = list(extra or [])
-        ending: list[Send] = []  # the result, its fan-in and caller, a dead letter
+        results: list[Send] = []  # the result, its fan-in and caller
+        dead: list[Send] = []  # a dead letter (and, without a result, its failure to the job and caller)
         after: list[Callable[[], object]] = []
         wrote = new is not None and new != old
         if wrote:
@@ -126,22 +124,30 @@ class Effects:
             ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
             after.append(lambda: metrics.tasks.labels(*ended).inc())
         for effect in effects:
-            self._effect(tp, offset, task_id, record, effect, task, sends, ending, after, traced)
+            self._effect(tp, offset, task_id, record, effect, task, sends, (results, dead), after, traced)
         starts = [e.dispatch for e in effects if isinstance(e, leases.Dispatch)]
         if starts:  # a dispatch that waits for this record no longer waits if the partition moves first
             fenced = partial(self._not_started, task_id, starts[-1], fenced)
         if durable is not None:
             after.insert(0, durable)  # first: a follow-up that fails must not leave its waiter waiting
         if traced is not None:
-            if sends or ending:  # the spans end once the transition is durable
+            if sends or results or dead:  # the spans end once the transition is durable
                 after.append(partial(traced.end, new))
             else:
                 traced.end(new)
-        if ending and wrote and record_first:
-            # Two deliveries, the offset held throughout: the second is opened before the first releases it. The
-            # outbox runs the second only once the record is durable while the partition is this worker's and the
-            # group confirms it a member (Outbox.deliver); otherwise the next owner finds the task finished and
-            # sends the stored result itself.
+        # An outcome applied where it ran has no outcome record to apply again: its dead letter waits for the record
+        # too. Any other transition's dead letter goes beside it, as its event is read again until both are durable.
+        ending = results + dead if durable is not None else results
+        if durable is None:
+            sends += dead
+        if ending and wrote:
+            # A result says the task ended: it goes out only once the record that ends it is durable while the
+            # partition is this worker's and the group confirms it a member (Outbox.deliver). Sent beside the
+            # record, it could land while the record, written by a worker that lost the partition meanwhile, is
+            # skipped by the next owner (owner epochs): the task would run again and answer twice. Two deliveries,
+            # the offset held throughout: the second is opened before the first releases it. Fenced, the event
+            # that ended the task is read again by the next owner, which finds the task finished and sends the
+            # stored result (Ledger._lease_change, Cancellation.on_decision, leases.receive).
             after = [partial(self.outbox.deliver, tp, offset, ending, after, fence=True, fenced=fenced)]
         else:
             sends += ending
@@ -184,11 +190,12 @@ class Effects:
 
     def _effect(
         self, tp: TP, offset: int, task_id: str, record: Any, effect: Effect,
-        task: TaskPayload | None, sends: list[Send], ending: list[Send], after: list[Callable[[], object]],
+        task: TaskPayload | None, sends: list[Send], ending: tuple[list[Send], list[Send]],
+        after: list[Callable[[], object]],
         traced: spans.Traced | None,
     ) -> None:
-        """Carry out one effect of a transition: ``sends`` (and ``ending``: its result or dead letter) are held with
-        the offset, ``after`` runs once they are durable."""
+        """Carry out one effect of a transition: ``sends`` (and ``ending``: its result sends, its dead letter's) are
+        held with the offset, ``after`` runs once they are durable."""
         if traced is not None:
             traced.effect(effect)
         if isinstance(effect, leases.Track):
@@ -202,10 +209,10 @@ class Effects:
             self.scanner.start(task_id, TP(record.topic, record.partition), effect.dispatch)
             after.append(partial(self._dispatch, task_id, payload, effect.dispatch, done, trace))
         elif isinstance(effect, leases.EmitResult):
-            ending += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
+            ending[0].extend(endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result))
         elif isinstance(effect, leases.DeadLetter):
             dead, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
-            ending += dead
+            ending[1].extend(dead)
             after.append(counted)
         elif isinstance(effect, leases.Control):
             if effect.event == "task.redispatched":

@@ -323,7 +323,7 @@ class Ledger:
             new, effects, extra = changed
             self.effects.apply(
                 tp, offset, task_id, record, new, effects, extra=extra, here=AppliedHere(
-                    durable=partial(_resolve, durable), fenced=partial(_fence, durable, task_id), record_first=True,
+                    durable=partial(_resolve, durable), fenced=partial(_fence, durable, task_id),
                 ),
             )
         return durable
@@ -344,6 +344,11 @@ class Ledger:
                 if new is record or new is None or record is None or new.lease_until - record.lease_until < ttl / 3:
                     return None
             case TaskSucceeded() | TaskFailed():
+                stored = _result_of(record, event)
+                if stored is not None:
+                    # Read again: the owner that applied it lost the partition before the result went out (a result
+                    # waits for its record to be durable). The stored result, as for a redelivered task.
+                    return record, [leases.EmitResult(stored)], []
                 if record is None or record.terminal:
                     return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
                 if event.dispatch != record.dispatch:
@@ -436,6 +441,13 @@ class Ledger:
         self.recent.forget({tp.partition for tp in tps})
         if self.orchestrator is not None:
             self.orchestrator.recent.forget({tp.partition for tp in tps})
+
+
+def _result_of(record: TaskRecord | None, event: TaskSucceeded | TaskFailed) -> str | None:
+    """The stored result of a task ``event`` itself ended (the same run, the same outcome), else None."""
+    if record is None or not record.terminal or event.dispatch != record.dispatch or record.state != event.kind:
+        return None
+    return record.result
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

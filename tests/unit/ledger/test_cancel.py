@@ -123,8 +123,8 @@ def _ledger(record: leases.TaskRecord | None = None, *, agents: set[str] | None 
 def _decision(task_id: str = "t-1", *, signed: bool = True, **fields: Any) -> bytes:
     """A cancel as people send it: for this app id's task (``app_id=None``: a caller's cancel, naming the agent)."""
     fields.setdefault("app_id", Settings().app_id)
-    decision = ApprovalDecision(task_id=task_id, decision="cancel", by="ops", via="cli", comment="wrong input",
-                                **fields)
+    fields.setdefault("by", "ops")
+    decision = ApprovalDecision(task_id=task_id, decision="cancel", via="cli", comment="wrong input", **fields)
     if signed:
         decision = with_signature(SECRET, decision)
     return decision.model_dump_json(exclude_none=True).encode()
@@ -149,7 +149,7 @@ async def test_the_ledger_cancels_a_running_task_once_and_stops_its_run_after_th
     assert result["error"] == "cancelled by ops: wrong input"
     assert result["job_id"] == "job-9" and result["completed_at"].startswith("2026-12-01T10:00:00")
     assert _sent(f.sent, topics.JOB_EVENTS), "its job hears the step failed"
-    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 4, b"t-1", _decision()))
+    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 4, b"t-1", _decision(by="lead")))
     late = outcome.rejected(Run(TASK, 2, "w1"), Rejected("permanent_error: 400", "late", "primary:p"))
     f.ledger.handle(faust_event(TP(MINE, 0), 9, b"t-1", encode(late)))
     f.ledger.handle(faust_event(TP(MINE, 0), 10, b"t-1", encode(Heartbeat(worker="w1", dispatch=2, owner="w1"))))
@@ -159,6 +159,22 @@ async def test_the_ledger_cancels_a_running_task_once_and_stops_its_run_after_th
     )
     ignored = [c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancel_ignored"]
     assert ignored and ignored[0]["details"]["reason"] == "the task is cancelled already"
+
+
+async def test_a_cancel_read_again_sends_the_stored_result_and_does_nothing_else() -> None:
+    """Its first reader lost the partition before the result went out (a result waits for its record): the next owner
+    reads the same cancel again, finds the task it ended, and sends the stored result byte for byte."""
+    f = _ledger(_record(leases.AWAITING_APPROVAL))
+    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1", _decision()))
+    await _spin()
+    first = [v for t, v in f.sent if t == topics.RESULTS]
+    f.ledger.forget({TP(topics.APPROVALS, 0)})
+    f.watermark.start(TP(topics.APPROVALS, 0), 3)  # the next owner (the same table, recovered) reads it again
+    f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1", _decision()))
+    await _spin()
+    assert [v for t, v in f.sent if t == topics.RESULTS] == first * 2, "the stored result again, byte for byte"
+    assert len([c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancelled"]) == 1
+    assert not [c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancel_ignored"]
 
 
 async def test_a_cancelled_caller_sends_a_signed_cancel_to_each_subtask_it_waits_for() -> None:

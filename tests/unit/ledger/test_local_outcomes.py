@@ -16,7 +16,7 @@ from agents_stream.tables.definitions import Tables
 from faust.types import TP
 
 from agents_stream.contract import topics
-from agents_stream.contract.events import JournalEntry, StepDone
+from agents_stream.contract.events import JournalEntry, StepDone, encode
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import run as outcome
 from agents_stream.execution.run import Answer, Run
@@ -202,6 +202,57 @@ async def test_a_result_whose_partition_moved_before_its_record_was_durable_is_l
     tasks.confirm_all()
     await _spin()
     assert not _results(f)
+
+
+OUTCOMES_HOME = TP(topics.outcomes_topic(Settings().app_id), HOME.partition)  # co-partitioned with the task
+
+
+async def _outcome_read_with_its_record_unconfirmed() -> tuple[LedgerHarness, PendingTable, bytes]:
+    """A ledger that received the task (its lease record confirmed), then read its answer on the outcomes topic (a
+    run on a worker the partition had moved from): the finished record's changelog send not yet confirmed. The
+    ledger, its task table, the outcome record's value."""
+    tasks = PendingTable()
+    tasks.unconfirmed = []
+    f = _ledger(tasks)
+    _received(f, HOME, 0)
+    tasks.confirm_all()
+    await _spin()
+    value = encode(outcome.succeeded(_run(), Answer("done", "high", "primary:p")))
+    f.watermark.start(OUTCOMES_HOME, 3)
+    f.ledger.handle(faust_event(OUTCOMES_HOME, 3, b"t1", value))
+    await _spin()
+    return f, tasks, value
+
+
+async def test_a_result_read_on_the_outcomes_topic_is_sent_only_once_its_finished_record_is_durable() -> None:
+    """Sent beside its record, a result could land while the record, written by a worker that lost the partition
+    meanwhile, is skipped by the next owner (an older owner epoch): the task would run again and answer twice."""
+    f, tasks, _ = await _outcome_read_with_its_record_unconfirmed()
+    assert tasks["t1"]["state"] == leases.SUCCEEDED
+    assert not _results(f), "the result went out before its record was durable"
+    assert f.watermark.commit_offset(OUTCOMES_HOME) == 3, "the outcome's offset is held"
+    tasks.confirm_all()
+    await _spin()
+    assert _results(f) == [topics.RESULTS]
+    assert f.watermark.commit_offset(OUTCOMES_HOME) == 4
+
+
+async def test_an_outcome_read_again_after_its_result_was_fenced_sends_the_stored_result() -> None:
+    """The partition moved before the finished record was confirmed: no result from here, and the outcome's offset
+    is not released. The next owner reads the outcome again, finds the task finished by that very dispatch, and
+    sends the stored result: nothing is lost, and nothing runs again."""
+    f, tasks, value = await _outcome_read_with_its_record_unconfirmed()
+    f.ledger.forget({HOME, OUTCOMES_HOME})
+    tasks.confirm_all()
+    await _spin()
+    assert not _results(f), "fenced: its partition moved before the record was durable"
+    stored = tasks["t1"]["result"]
+    f.watermark.start(OUTCOMES_HOME, 3)  # the next owner (the same table, recovered) reads from the group's commit
+    f.ledger.handle(faust_event(OUTCOMES_HOME, 3, b"t1", value))
+    await _spin()
+    assert _results(f) == [topics.RESULTS]
+    assert [v for t, v in f.sent if t == topics.RESULTS] == [stored.encode()], "the stored result, byte for byte"
+    assert not f.dispatched[1:], "the task did not run again"
 
 
 async def test_a_result_applied_here_waits_while_the_group_has_not_confirmed_this_worker() -> None:
