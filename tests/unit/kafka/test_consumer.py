@@ -1,14 +1,18 @@
-"""Pausing intake must not drop the batch Faust is delivering (agents_stream.kafka.consumer.WatermarkConsumer)."""
+"""The consumer Faust is given (agents_stream.kafka.consumer): pausing intake keeps the batch in delivery, and what
+counts as the group's word that this worker is a member."""
 
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 
 import faust
 from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
 from faust.types import TP
 
+from agents_stream.app import Runtime
 from agents_stream.kafka.consumer import PASS_OVER_S, Rereads, WatermarkConsumer, commit_again, watch_group_answers
+from agents_stream.settings import Settings
 
 
 async def _ignore(*args: object) -> None:
@@ -103,6 +107,22 @@ async def test_the_sync_that_ends_a_rebalance_confirms_membership_before_the_fir
     before = time.monotonic()
     await coordinator._send_req(sync)
     assert len(seen) == 1 and before <= seen[0] <= time.monotonic(), "the time the sync was sent"
+
+
+def test_a_worker_with_no_word_from_the_group_yet_does_not_trust_its_confirmed_writes() -> None:
+    """A table's write confirmed while the group may have expelled the worker makes its partition stale (rebuilt from
+    the changelog). Stopped before any word from the group, a worker can not tell how long it was away: its writes
+    may have landed after the next owner's, so it trusts none until a commit, heartbeat or sync is accepted."""
+    app = faust.App("test-consumer-trust", broker="kafka://127.0.0.1:1")  # never started: no connection
+    consumer = WatermarkConsumer(
+        app.transport, callback=_ignore, on_partitions_revoked=_ignore, on_partitions_assigned=_ignore,
+    )
+    runtime = SimpleNamespace(app=SimpleNamespace(consumer=consumer), settings=Settings(session_timeout_s=6.0))
+    assert not Runtime.may_be_member(runtime), "no word from the group yet"  # type: ignore[arg-type]
+    consumer.confirmed_member(time.monotonic() - 1.0)
+    assert Runtime.may_be_member(runtime)  # type: ignore[arg-type]
+    consumer.member_at = time.monotonic() - 7.0
+    assert not Runtime.may_be_member(runtime), "the last word is older than a session"  # type: ignore[arg-type]
 
 
 def test_membership_never_goes_back_to_an_older_confirmation() -> None:
