@@ -224,7 +224,10 @@ class ChangelogState:
         if self.app.in_transaction:
             super()._on_changelog_sent(fut)  # type: ignore[misc]  # faust.Table's, LedgerTable's next base
             return
-        res, message = fut.result(), fut.message
+        self.record_confirmed(fut.result(), fut.message.key, fut.message.value)
+
+    def record_confirmed(self, res: Any, key: bytes, value: bytes | None) -> None:
+        """The broker confirmed the changelog record ``key`` → ``value`` (``res``: its RecordMetadata)."""
         tp = res.topic_partition
         if tp.partition in self.stale:
             return
@@ -236,7 +239,7 @@ class ChangelogState:
                         "group; its local store is recovered from the changelog the next time it owns the partition",
                         self.name, tp.partition)
             return
-        offset = self.unconfirmed.confirmed(tp.partition, message.key, message.value, res.offset)
+        offset = self.unconfirmed.confirmed(tp.partition, key, value, res.offset)
         if offset is not None:
             self.data.set_persisted_offset(tp, offset)
 

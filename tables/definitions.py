@@ -7,6 +7,7 @@ import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 import faust
@@ -176,13 +177,23 @@ class LedgerTable(ChangelogState, faust.Table):
             log.warning("Test fault: the changelog record of %s in table %s is never sent", key, self.name)
             return asyncio.get_running_loop().create_future()  # never settles, as if the broker never answered
         epoch = self.epochs.get(partition)
+        headers = [header(epoch)] if epoch is not None else None
+        direct = getattr(self.app.producer, "direct", None)  # the worker's IdempotentProducer has one
+        if direct is not None and not self.app.in_transaction:
+            sent = direct.send(self.changelog_topic.get_topic_name(), key, value, partition=partition, headers=headers)
+            sent.add_done_callback(partial(self._direct_sent, key, value))
+            return sent
         # Faust's own send (Collection.send_changelog) with the epoch's header: its callback keeps the partition's
         # persisted changelog offset in RocksDB.
         return self.changelog_topic.send_soon(
             key=key, value=value, partition=partition, key_serializer="raw", value_serializer="raw",
-            callback=self._on_changelog_sent, eager_partitioning=True,
-            headers=[header(epoch)] if epoch is not None else None,
+            callback=self._on_changelog_sent, eager_partitioning=True, headers=headers,
         )
+
+    def _direct_sent(self, key: bytes, value: bytes | None, sent: "asyncio.Future[Any]") -> None:
+        """A direct send of a changelog record settled: once confirmed, the partition's persisted offset may move."""
+        if not sent.cancelled() and sent.exception() is None:
+            self.record_confirmed(sent.result(), key, value)
 
     # -- reads ---------------------------------------------------------------------------------------
 

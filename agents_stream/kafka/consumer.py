@@ -25,6 +25,7 @@ from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
+from agents_stream.kafka.direct import DirectSends
 from agents_stream.kafka.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -393,6 +394,8 @@ class IdempotentProducer(AIOKafkaProducer):
         super().__init__(*args, **kwargs)
         self.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
         self._tracked: set[str] = set()
+        #: records sent straight into aiokafka's batches, past Faust's buffer (the tables' changelogs)
+        self.direct = DirectSends(self._ensure_producer, self.track)
         #: the topics the broker had when this worker started (``kafka.admin.ensure_topics`` fills it): Faust's
         #: declares of them are skipped (``create_topic``)
         self.present_topics: set[str] = set()
@@ -400,7 +403,7 @@ class IdempotentProducer(AIOKafkaProducer):
     def _settings_extra(self) -> Mapping[str, Any]:
         return {**super()._settings_extra(), "enable_idempotence": True}
 
-    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+    def track(self, topic: str) -> None:
         # aiokafka's client refreshes the metadata of the topics it tracks, and of every topic in the cluster while
         # it tracks none: it starts with all of them, and a topic already in that first answer is never tracked, so
         # a worker asked for the whole cluster every refresh (5% of its CPU on a broker of 2,400 topics). Tracking
@@ -408,7 +411,14 @@ class IdempotentProducer(AIOKafkaProducer):
         if topic not in self._tracked:
             self._tracked.add(topic)
             self._ensure_producer().client.add_topic(topic)
+
+    async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
+        self.track(topic)
         return await super().send(topic, *args, **kwargs)
+
+    async def on_stop(self) -> None:
+        await self.direct.stop()  # a direct send still waiting for metadata: its records stay unconfirmed
+        await super().on_stop()
 
     async def create_topic(self, topic: str, partitions: int, replication: int, **kwargs: Any) -> None:
         """Faust's declare of a topic, skipped for one the broker had when this worker started (``present_topics``).

@@ -235,18 +235,22 @@ class GuardedTopic(faust.Topic):
 
     def _fail(self, fut: FutureMessage, exc: Undeliverable) -> FutureMessage:
         """``fut`` fails for good with ``exc`` (and operators read what to do)."""
-        if isinstance(exc, RecordTooLarge):
-            log.error(
-                "A record for %s is too large to send (%s); it is not sent and its send fails for good. Bound what "
-                "grows the record, or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topic's max.message.bytes",
-                self.get_topic_name(), exc,
-            )
-        else:
-            log.error(
-                "A record for %s can never be sent (%s); it is not sent and its send fails for good. If this topic "
-                "is one of this app's, grant the worker's principal Write on it (scripts/acls.sh); if a task's "
-                "parent named it, the task's producer is at fault", self.get_topic_name(), exc,
-            )
+        log_undeliverable(self.get_topic_name(), exc)
         if not fut.done():
             fut.set_exception(exc)
         return fut
+
+
+def log_undeliverable(topic: str, exc: Undeliverable) -> None:
+    """Tell operators that a record for ``topic`` fails for good, and what to do."""
+    if isinstance(exc, RecordTooLarge):
+        log.error(
+            "A record for %s is too large to send (%s); it is not sent and its send fails for good. Bound what "
+            "grows the record, or raise AGENTS_STREAM_RECORD_MAX_BYTES and the topic's max.message.bytes", topic, exc,
+        )
+    else:
+        log.error(
+            "A record for %s can never be sent (%s); it is not sent and its send fails for good. If this topic "
+            "is one of this app's, grant the worker's principal Write on it (scripts/acls.sh); if a task's "
+            "parent named it, the task's producer is at fault", topic, exc,
+        )

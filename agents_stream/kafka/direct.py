@@ -1,0 +1,147 @@
+"""Direct sends: records handed to aiokafka's batches from the caller's own stack, without Faust's producer buffer.
+
+Faust's ``send_soon`` puts each record in its producer buffer, whose one task takes them out one at a time and
+awaits Faust's ``publish_message`` for each (a ``FutureMessage``, its sensors, a callback): about 0.3 ms of CPU a
+record on a 2-core host, three records a task. aiokafka's ``send`` itself only appends the record to the batch of
+its partition, which its sender sends at once while no request to that broker is in flight, and with the next ones
+gathered behind it otherwise; it waits only for a topic's first metadata or for a full batch to drain. A direct
+send runs that ``send`` on the caller's stack; the rare one that must wait finishes in a task, and every record of
+its topic after it queues behind it, so the records of a partition keep the order they were sent in
+(docs/decisions.md, "Direct changelog sends"; the runs alternated with Faust's path are in bench/notes.md).
+
+A topic's records must all go one way, all direct or all through Faust's buffer: two paths would not keep their
+order. The ledger's tables send their changelog records this way (``tables/definitions.py``), and nothing else
+writes those topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import types
+from collections import deque
+from typing import Any, Callable, Coroutine, Generator
+
+from aiokafka.errors import KafkaTimeoutError
+
+from agents_stream.background import Background
+from agents_stream.kafka.delivery import log_undeliverable, undeliverable
+from agents_stream.tables.writes import chain
+
+__all__ = ["MAX_QUEUED", "DirectSends"]
+
+#: one record's send: topic, key, value, partition, headers
+_Record = tuple[str, "bytes | None", "bytes | None", "int | None", "list[tuple[str, bytes]] | None"]
+
+
+#: records of one topic queued behind a send that waits, before the next ones fail at once (their senders retry
+#: them: the outbox holds their offsets); aiokafka's own batch of a partition holds what it sends next
+MAX_QUEUED = 10_000
+
+
+class DirectSends:
+    """Sends records straight into aiokafka's batches; each send's future settles with the broker's answer.
+
+    ``producer()`` is the aiokafka producer now (Faust's producer makes it on its first use); ``track(topic)``
+    is called before each send (the producer's metadata tracking). A send that must wait (its topic's first
+    metadata, a full batch) is finished by a task of this object's, held in ``tasks``; every record of its topic
+    sent meanwhile queues behind it, in order. Other topics go on: one topic's wait holds no other's records."""
+
+    def __init__(self, producer: Callable[[], Any], track: Callable[[str], None]) -> None:
+        self.producer = producer
+        self.track = track
+        self.tasks = Background("direct sends waiting for the producer")
+        #: per topic with a send waiting, the records queued behind it
+        self._queued: dict[str, deque[tuple[_Record, asyncio.Future[Any]]]] = {}
+
+    def send(
+        self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,
+        headers: list[tuple[str, bytes]] | None = None,
+    ) -> asyncio.Future[Any]:
+        """Send one record; the future settles with its RecordMetadata once the broker confirmed it, or with the
+        producer's error. A record the producer refuses at once fails at once: too large, as RecordTooLarge (and
+        operators read what to do), as Faust's path does (``GuardedTopic``)."""
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        record = (topic, key, value, partition, headers)
+        queue = self._queued.get(topic)
+        if queue is not None:
+            if len(queue) >= MAX_QUEUED:
+                answer.set_exception(KafkaTimeoutError(
+                    f"{MAX_QUEUED} records for {topic} already wait for the producer; this one is not queued (its "
+                    "sender retries it)"))
+            else:
+                queue.append((record, answer))
+            return answer
+        try:
+            coro = self._start(record)
+            blocked_on = coro.send(None)
+        except StopIteration as done:  # appended to its batch: the usual case
+            chain(done.value, answer)
+            return answer
+        except Exception as exc:  # the producer refused it at once (too large, not running)
+            permanent = undeliverable(exc)
+            if permanent is not None:
+                log_undeliverable(topic, permanent)
+            answer.set_exception(permanent or exc)
+            return answer
+        self._queued[topic] = deque()
+        self.tasks.start(self._finish(topic, coro, blocked_on, answer))
+        return answer
+
+    def _start(self, record: _Record) -> Coroutine[Any, Any, Any]:
+        topic, key, value, partition, headers = record
+        self.track(topic)
+        return self.producer().send(topic, value=value, key=key, partition=partition, headers=headers)
+
+    async def _finish(
+        self, topic: str, coro: Coroutine[Any, Any, Any], blocked_on: Any, answer: asyncio.Future[Any],
+    ) -> None:
+        """Finish the send that had to wait, then send the records of its topic queued behind it, one at a time."""
+        queue = self._queued[topic]
+        try:
+            try:
+                chain(await _resumed(coro, blocked_on), answer)
+            except Exception as exc:
+                _fail(answer, exc)
+            while queue:
+                record, answer = queue[0]
+                try:
+                    chain(await self._start(record), answer)
+                except Exception as exc:
+                    _fail(answer, exc)
+                queue.popleft()
+        except asyncio.CancelledError:  # stopping: nothing queued goes out any more; its senders see why
+            stopped = ConnectionError("the producer stopped before this record was sent")
+            _fail(answer, stopped)
+            for _, queued in queue:
+                _fail(queued, stopped)
+            raise
+        finally:
+            del self._queued[topic]
+
+    async def stop(self) -> None:
+        """Cancel the sends still waiting; the records queued behind them fail."""
+        await self.tasks.stop()
+
+
+@types.coroutine
+def _resumed(coro: Coroutine[Any, Any, Any], blocked_on: Any) -> Generator[Any, Any, Any]:
+    """Go on with ``coro``, which was run by hand until it first waited on ``blocked_on``: the task that awaits
+    this waits on what ``coro`` waits on, and passes its answers (and a cancel) on to it."""
+    while True:
+        try:
+            sent = yield blocked_on
+        except BaseException as exc:
+            try:
+                blocked_on = coro.throw(exc)
+            except StopIteration as done:
+                return done.value
+        else:
+            try:
+                blocked_on = coro.send(sent)
+            except StopIteration as done:
+                return done.value
+
+
+def _fail(answer: asyncio.Future[Any], exc: BaseException) -> None:
+    if not answer.done():
+        answer.set_exception(exc)

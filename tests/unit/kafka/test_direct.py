@@ -1,0 +1,145 @@
+"""Direct sends (agents_stream.kafka.direct): records keep their order, a send that must wait finishes in a task, a
+refused record fails its own future, and stopping fails what was still queued. The producer here is a fake with
+aiokafka's ``send`` contract: a coroutine that appends the record and returns the future of its confirmation,
+waiting first when the topic's metadata is unknown."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+
+from agents_stream.kafka import direct as direct_module
+from agents_stream.kafka.delivery import RecordTooLarge
+from agents_stream.kafka.direct import DirectSends
+
+
+class FakeProducer:
+    """Appends records in the order its ``send`` coroutines reach their append; the broker's answers are futures
+    the test settles. A topic in ``unknown`` waits for ``metadata`` first; a value over ``max_size`` is refused."""
+
+    def __init__(self) -> None:
+        self.appended: list[tuple[str, bytes | None]] = []
+        self.answers: list[asyncio.Future[Any]] = []
+        self.unknown: set[str] = set()
+        self.metadata = asyncio.Event()
+        self.max_size = 100
+
+    async def send(self, topic: str, value: bytes | None = None, key: bytes | None = None, partition: int | None = None,
+                   headers: Any = None) -> asyncio.Future[Any]:
+        if topic in self.unknown:
+            await self.metadata.wait()
+            self.unknown.discard(topic)
+        if value is not None and len(value) > self.max_size:
+            raise MessageSizeTooLargeError("the record is larger than the producer's max request size")
+        self.appended.append((topic, value))
+        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.answers.append(answer)
+        return answer
+
+
+async def appended(producer: FakeProducer, n: int) -> None:
+    """Wait (1 s at most) until the producer appended ``n`` records."""
+    for _ in range(1000):
+        if len(producer.appended) >= n:
+            return
+        await asyncio.sleep(0.001)
+
+
+def sends(producer: FakeProducer) -> tuple[DirectSends, list[str]]:
+    tracked: list[str] = []
+    return DirectSends(lambda: producer, tracked.append), tracked
+
+
+async def test_a_send_is_appended_before_it_returns_and_settles_with_the_brokers_answer() -> None:
+    producer = FakeProducer()
+    direct, tracked = sends(producer)
+    sent = direct.send("t", b"k", b"v1", partition=3)
+    assert producer.appended == [("t", b"v1")]  # on the caller's stack: no task, no loop turn
+    assert tracked == ["t"]
+    assert not sent.done()
+    producer.answers[0].set_result("metadata of v1")
+    await asyncio.sleep(0)
+    assert sent.result() == "metadata of v1"
+
+
+async def test_a_failed_answer_fails_the_send() -> None:
+    producer = FakeProducer()
+    direct, _ = sends(producer)
+    sent = direct.send("t", b"k", b"v1")
+    producer.answers[0].set_exception(ConnectionError("broker gone"))
+    with pytest.raises(ConnectionError):
+        await asyncio.wait_for(sent, 1)
+
+
+async def test_a_record_refused_at_once_fails_its_own_send_only() -> None:
+    producer = FakeProducer()
+    direct, _ = sends(producer)
+    too_large = direct.send("t", b"k", b"x" * 101)
+    after = direct.send("t", b"k", b"v2")
+    with pytest.raises(RecordTooLarge, match="max request size"):
+        await asyncio.wait_for(too_large, 1)
+    assert producer.appended == [("t", b"v2")]
+    assert not after.done()
+
+
+async def test_records_of_a_topic_sent_while_one_waits_queue_behind_it_in_order() -> None:
+    producer = FakeProducer()
+    producer.unknown.add("new")
+    direct, _ = sends(producer)
+    first = direct.send("new", b"k", b"v1")  # waits for the topic's metadata, in a task
+    other = direct.send("known", b"k", b"v2")  # another topic goes on
+    third = direct.send("new", b"k", b"v3")
+    await asyncio.sleep(0.01)
+    assert producer.appended == [("known", b"v2")]  # nothing of "new" overtakes its waiting record
+    producer.metadata.set()
+    await appended(producer, 3)
+    assert producer.appended == [("known", b"v2"), ("new", b"v1"), ("new", b"v3")]
+    for i, answer in enumerate(producer.answers):
+        answer.set_result(i)
+    assert await asyncio.wait_for(asyncio.gather(other, first, third), 1) == [0, 1, 2]
+    direct.send("new", b"k", b"v4")  # its queue drained: appended at once again
+    assert producer.appended[-1] == ("new", b"v4")
+
+
+async def test_a_topic_with_too_many_records_queued_fails_the_next_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct_module, "MAX_QUEUED", 2)
+    producer = FakeProducer()
+    producer.unknown.add("new")
+    direct, _ = sends(producer)
+    waiting = [direct.send("new", b"k", f"v{i}".encode()) for i in range(3)]  # one waits, two queue
+    refused = direct.send("new", b"k", b"v3")
+    with pytest.raises(KafkaTimeoutError, match="already wait"):
+        await asyncio.wait_for(refused, 1)
+    producer.metadata.set()
+    await appended(producer, 3)
+    assert producer.appended == [("new", b"v0"), ("new", b"v1"), ("new", b"v2")]
+    assert not any(sent.done() for sent in waiting)
+
+
+async def test_stopping_fails_the_waiting_send_and_those_queued_behind_it() -> None:
+    producer = FakeProducer()
+    producer.unknown.add("new")
+    direct, _ = sends(producer)
+    first = direct.send("new", b"k", b"v1")
+    second = direct.send("new", b"k", b"v2")
+    await asyncio.sleep(0)
+    await asyncio.wait_for(direct.stop(), 5)
+    for sent in (first, second):
+        with pytest.raises(ConnectionError, match="stopped"):
+            await asyncio.wait_for(sent, 1)
+    assert producer.appended == []
+    producer.unknown.clear()
+    third = direct.send("new", b"k", b"v3")  # nothing waits any more
+    assert producer.appended == [("new", b"v3")] and not third.done()
+
+
+async def test_a_producer_that_is_not_running_fails_the_send() -> None:
+    def not_ready() -> Any:
+        raise RuntimeError("Producer service not yet started")
+
+    direct = DirectSends(not_ready, lambda topic: None)
+    with pytest.raises(RuntimeError, match="not yet started"):
+        await asyncio.wait_for(direct.send("t", b"k", b"v"), 1)
