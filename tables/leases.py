@@ -274,6 +274,17 @@ def finish(
     return replace(record, state=status, result=result, finished_at=now, steps_done=None), effects
 
 
+def ended_by(record: TaskRecord | None, *, dispatch: int, status: str) -> str | None:
+    """The stored result of a task that the outcome ``status`` of run ``dispatch`` itself ended, else None.
+
+    That outcome read again means its first reader lost the partition before the result went out (a result waits
+    for its record to be durable, docs/decisions.md "A result waits for its record"): the result is sent again,
+    byte for byte, as for a redelivered task."""
+    if record is None or not record.terminal or dispatch != record.dispatch or record.state != status:
+        return None
+    return record.result
+
+
 def checkpoint(
     record: TaskRecord | None, *, index: int, output: Any, dispatch: int | None = None,
 ) -> tuple[TaskRecord | None, list[Effect]]:

@@ -344,10 +344,8 @@ class Ledger:
                 if new is record or new is None or record is None or new.lease_until - record.lease_until < ttl / 3:
                     return None
             case TaskSucceeded() | TaskFailed():
-                stored = _result_of(record, event)
-                if stored is not None:
-                    # Read again: the owner that applied it lost the partition before the result went out (a result
-                    # waits for its record to be durable). The stored result, as for a redelivered task.
+                stored = leases.ended_by(record, dispatch=event.dispatch, status=event.kind)
+                if stored is not None:  # read again: its first reader lost the partition before the result went out
                     return record, [leases.EmitResult(stored)], []
                 if record is None or record.terminal:
                     return None  # the first outcome won; a later one (a re-dispatch racing) changes nothing
@@ -441,13 +439,6 @@ class Ledger:
         self.recent.forget({tp.partition for tp in tps})
         if self.orchestrator is not None:
             self.orchestrator.recent.forget({tp.partition for tp in tps})
-
-
-def _result_of(record: TaskRecord | None, event: TaskSucceeded | TaskFailed) -> str | None:
-    """The stored result of a task ``event`` itself ended (the same run, the same outcome), else None."""
-    if record is None or not record.terminal or event.dispatch != record.dispatch or record.state != event.kind:
-        return None
-    return record.result
 
 
 def _resolve(fut: asyncio.Future[None]) -> None:

@@ -179,6 +179,18 @@ def test_success_emits_result_and_releases_offsets() -> None:
     assert new == replace(rec, state=SUCCEEDED, result=RESULT, finished_at=T0 + 3)
 
 
+def test_only_the_outcome_that_ended_a_task_read_again_gives_its_stored_result() -> None:
+    """Its first reader may have lost the partition before the result went out: the same run's same outcome read
+    again sends the stored result. Another run's, another outcome, a running or unknown task: nothing."""
+    done, _ = leases.finish(running(dispatch=2, owner=ME), status=SUCCEEDED, result=RESULT, reason=None, now=T0 + 3)
+    assert leases.ended_by(done, dispatch=2, status=SUCCEEDED) == RESULT
+    assert leases.ended_by(done, dispatch=1, status=SUCCEEDED) is None, "an earlier run's outcome"
+    assert leases.ended_by(done, dispatch=2, status=FAILED) is None, "not the outcome that ended it"
+    assert leases.ended_by(replace(done, state=leases.CANCELLED), dispatch=2, status=SUCCEEDED) is None
+    assert leases.ended_by(running(dispatch=2, owner=ME), dispatch=2, status=SUCCEEDED) is None
+    assert leases.ended_by(None, dispatch=1, status=SUCCEEDED) is None
+
+
 def test_failure_emits_result_dead_letters_and_releases_offsets() -> None:
     """A failure emits its result, dead-letters the payload as 'downstream' with the dispatch count, alerts,
     then releases its offsets."""
