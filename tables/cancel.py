@@ -102,6 +102,17 @@ def cancelled_before_arrival(record: TaskRecord | None) -> dict[str, Any] | None
     return made if isinstance(made, dict) else None
 
 
+def cancelled_by(record: TaskRecord | None, *, by: str, via: str, reason: str) -> str | None:
+    """The stored result of a task this very cancel (the same person, channel and reason) ended, else None: read
+    again, its first reader lost the partition before the result went out (a result waits for its record)."""
+    if record is None or record.state != CANCELLED or record.result is None or not record.cancel:
+        return None
+    made = json.loads(record.cancel)
+    if not isinstance(made, dict) or (made.get("by"), made.get("via"), made.get("reason")) != (by, via, reason):
+        return None
+    return record.result
+
+
 def arrived(
     record: TaskRecord, *, payload: str, digest: str | None, topic: str, partition: int, offset: int, now: float,
     result: str,

@@ -77,17 +77,15 @@ class Cancellation:
                 via=decision.via, reason=reason, now=now,
             )
             return None, recorded, list(said)
-        stored = _cancelled_by(record, by, decision.via, reason)
-        if stored is not None:
-            # Read again: the owner that applied it lost the partition before the result went out (a result waits
-            # for its record to be durable). The stored result, as for a redelivered task.
-            return record, record, [leases.EmitResult(stored)]
-        refused = self._refusal(record, decision, signed)
+        again = cancel.cancelled_by(record, by=by, via=decision.via, reason=reason)
+        refused = self._refusal(record, decision, signed, again=again is not None)
         if refused is not None:
             log.info("Cancel of %s by %r (via %s) ignored: %s", task_id, by, decision.via, refused)
             self.outbox.control("task.cancel_ignored", task_id, record.agent,
                                 {"by": by, "via": decision.via, "signed": signed, "reason": refused})
             return None
+        if again is not None:  # the stored result, as for a redelivered task
+            return record, record, [leases.EmitResult(again)]
         if not signed:
             log.warning(
                 "Cancel of %s by %r (via %s) carries no valid signature; applied (set AGENTS_STREAM_APPROVAL_SECRET "
@@ -100,7 +98,9 @@ class Cancellation:
                                      result=result)
         return record, new, list(effects)
 
-    def _refusal(self, record: TaskRecord, decision: ApprovalDecision, signed: bool) -> str | None:
+    def _refusal(self, record: TaskRecord, decision: ApprovalDecision, signed: bool, *, again: bool) -> str | None:
+        """Why this cancel is not applied, or None. ``again``: it is the cancel that ended the task, read again; it
+        passes the same checks as the first time, less the task being finished."""
         if decision.app_id is not None and decision.app_id != self.settings.app_id:
             return f"the cancel is for the task of this id in app id {decision.app_id}; this is app id " \
                    f"{self.settings.app_id}"
@@ -109,7 +109,7 @@ class Cancellation:
                     "POST /tasks/<id>/cancel and agents-stream tasks cancel do), or the task's agent")
         if decision.agent is not None and decision.agent != record.agent:
             return f"the cancel is for a task of agent {decision.agent}; this task is agent {record.agent}'s"
-        if record.terminal:
+        if record.terminal and not again:
             return f"the task is {record.state} already"
         if record.agent in self.sagas and leases.completed_steps(record):
             return ("a saga that has done steps is not cancelled: it completes, or compensates when a step fails "
@@ -149,10 +149,3 @@ class Cancellation:
 def _now() -> float:
     return time.time()
 
-
-def _cancelled_by(record: TaskRecord, by: str, via: str, reason: str) -> str | None:
-    """The stored result of a task this very cancel (the same person, channel and reason) ended, else None."""
-    if record.state != leases.CANCELLED or not record.cancel or record.result is None:
-        return None
-    made = json.loads(record.cancel)
-    return record.result if (made.get("by"), made.get("via"), made.get("reason")) == (by, via, reason) else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Callable, Sequence
 
@@ -51,6 +51,15 @@ class AppliedHere:
     fenced: Callable[[], object] | None = None
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _EndSends:
+    """The sends that say a task ended: its result (with its job's fan-in and its caller's copy), sent once the record
+    is durable, and its dead letter (and, without a result, its failure to the job and the caller)."""
+
+    results: list[Send] = field(default_factory=list)
+    dead: list[Send] = field(default_factory=list)
 
 Effect = leases.Effect | SendTask | CancelTask | StopRun
 
@@ -98,8 +107,7 @@ class Effects:
         span, trace = traced_by.span, traced_by.parent
         durable, fenced = here.durable, here.fenced
         sends: list[Send] = list(extra or [])
-        results: list[Send] = []  # the result, its fan-in and caller
-        dead: list[Send] = []  # a dead letter (and, without a result, its failure to the job and caller)
+        end = _EndSends()
         after: list[Callable[[], object]] = []
         wrote = new is not None and new != old
         if wrote:
@@ -124,22 +132,22 @@ class Effects:
             ended = (record.agent, outcome)  # type: ignore[union-attr]  # a task that ended has a record
             after.append(lambda: metrics.tasks.labels(*ended).inc())
         for effect in effects:
-            self._effect(tp, offset, task_id, record, effect, task, sends, (results, dead), after, traced)
+            self._effect(tp, offset, task_id, record, effect, task, sends, end, after, traced)
         starts = [e.dispatch for e in effects if isinstance(e, leases.Dispatch)]
         if starts:  # a dispatch that waits for this record no longer waits if the partition moves first
             fenced = partial(self._not_started, task_id, starts[-1], fenced)
         if durable is not None:
             after.insert(0, durable)  # first: a follow-up that fails must not leave its waiter waiting
         if traced is not None:
-            if sends or results or dead:  # the spans end once the transition is durable
+            if sends or end.results or end.dead:  # the spans end once the transition is durable
                 after.append(partial(traced.end, new))
             else:
                 traced.end(new)
-        # An outcome applied where it ran has no outcome record to apply again: its dead letter waits for the record
-        # too. Any other transition's dead letter goes beside it, as its event is read again until both are durable.
-        ending = results + dead if durable is not None else results
-        if durable is None:
-            sends += dead
+        if durable is not None:  # applied where it ran: no outcome record to apply again, so its dead letter waits too
+            ending = end.results + end.dead
+        else:  # its event is read again until the record and the dead letter are both durable
+            ending = end.results
+            sends += end.dead
         if ending and wrote:
             # A result says the task ended: it goes out only once the record that ends it is durable while the
             # partition is this worker's and the group confirms it a member (Outbox.deliver). Sent beside the
@@ -147,7 +155,7 @@ class Effects:
             # skipped by the next owner (owner epochs): the task would run again and answer twice. Two deliveries,
             # the offset held throughout: the second is opened before the first releases it. Fenced, the event
             # that ended the task is read again by the next owner, which finds the task finished and sends the
-            # stored result (Ledger._lease_change, Cancellation.on_decision, leases.receive).
+            # stored result (leases.ended_by, cancel.cancelled_by, leases.receive).
             after = [partial(self.outbox.deliver, tp, offset, ending, after, fence=True, fenced=fenced)]
         else:
             sends += ending
@@ -190,12 +198,11 @@ class Effects:
 
     def _effect(
         self, tp: TP, offset: int, task_id: str, record: Any, effect: Effect,
-        task: TaskPayload | None, sends: list[Send], ending: tuple[list[Send], list[Send]],
-        after: list[Callable[[], object]],
+        task: TaskPayload | None, sends: list[Send], end: _EndSends, after: list[Callable[[], object]],
         traced: spans.Traced | None,
     ) -> None:
-        """Carry out one effect of a transition: ``sends`` (and ``ending``: its result sends, its dead letter's) are
-        held with the offset, ``after`` runs once they are durable."""
+        """Carry out one effect of a transition: ``sends`` (and ``end``, its result's and dead letter's) are held with
+        the offset, ``after`` runs once they are durable."""
         if traced is not None:
             traced.effect(effect)
         if isinstance(effect, leases.Track):
@@ -209,10 +216,10 @@ class Effects:
             self.scanner.start(task_id, TP(record.topic, record.partition), effect.dispatch)
             after.append(partial(self._dispatch, task_id, payload, effect.dispatch, done, trace))
         elif isinstance(effect, leases.EmitResult):
-            ending[0].extend(endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result))
+            end.results += endings.result_sends(self.outbox, self.delegation, task_id, record, effect.result)
         elif isinstance(effect, leases.DeadLetter):
-            dead, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
-            ending[1].extend(dead)
+            letters, counted = endings.dead_letter_sends(self.outbox, self.delegation, task_id, record, effect)
+            end.dead += letters
             after.append(counted)
         elif isinstance(effect, leases.Control):
             if effect.event == "task.redispatched":

@@ -87,6 +87,16 @@ def test_a_finished_or_unknown_task_is_not_changed_by_a_cancel() -> None:
     assert _cancel(None) == (None, [])
 
 
+def test_only_the_cancel_that_ended_a_task_read_again_gives_its_stored_result() -> None:
+    ended, _ = _cancel(_record(leases.AWAITING_APPROVAL))
+    assert cancel.cancelled_by(ended, by="ops", via="cli", reason="wrong input") == "R"
+    assert cancel.cancelled_by(ended, by="lead", via="cli", reason="wrong input") is None, "another person's cancel"
+    assert cancel.cancelled_by(ended, by="ops", via="web", reason="wrong input") is None
+    assert cancel.cancelled_by(ended, by="ops", via="cli", reason="other") is None
+    assert cancel.cancelled_by(_record(leases.SUCCEEDED), by="ops", via="cli", reason="wrong input") is None
+    assert cancel.cancelled_by(None, by="ops", via="cli", reason="wrong input") is None
+
+
 def test_a_task_cancelled_before_it_arrived_is_answered_when_it_comes() -> None:
     early, _ = cancel.before_arrival(agent="analyzer", topic="agent.tasks.analyzer", partition=3, by="ops",
                                      via="caller", reason="r", now=10.0)
@@ -175,6 +185,22 @@ async def test_a_cancel_read_again_sends_the_stored_result_and_does_nothing_else
     assert [v for t, v in f.sent if t == topics.RESULTS] == first * 2, "the stored result again, byte for byte"
     assert len([c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancelled"]) == 1
     assert not [c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancel_ignored"]
+
+
+async def test_a_cancel_read_again_for_another_app_id_or_unsigned_is_refused_not_answered() -> None:
+    """Read again, the cancel passes the checks it passed the first time (less the task being finished): one naming
+    another app id, or unsigned where signatures are required, gets no result sent."""
+    for refused in (_decision(app_id="another-app"), _decision(signed=False)):
+        f = _ledger(_record(leases.AWAITING_APPROVAL), approval_require_signed=True)
+        f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 3, b"t-1", _decision()))
+        await _spin()
+        first = [v for t, v in f.sent if t == topics.RESULTS]
+        f.ledger.forget({TP(topics.APPROVALS, 0)})
+        f.watermark.start(TP(topics.APPROVALS, 0), 4)
+        f.ledger.handle(faust_event(TP(topics.APPROVALS, 0), 4, b"t-1", refused))
+        await _spin()
+        assert [v for t, v in f.sent if t == topics.RESULTS] == first
+        assert [c for c in _sent(f.sent, topics.CONTROL) if c["event"] == "task.cancel_ignored"]
 
 
 async def test_a_cancelled_caller_sends_a_signed_cancel_to_each_subtask_it_waits_for() -> None:
