@@ -394,8 +394,9 @@ class IdempotentProducer(AIOKafkaProducer):
         super().__init__(*args, **kwargs)
         self.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
         self._tracked: set[str] = set()
-        #: records sent straight into aiokafka's batches, past Faust's buffer (the tables' changelogs)
-        self.direct = DirectSends(self._ensure_producer, self.track)
+        #: records sent straight into aiokafka's batches, past Faust's buffer (the tables' changelogs, and every
+        #: record of a topic of raw keys and values: ``GuardedTopic``); they wait for ``on_start`` to finish
+        self.direct = DirectSends(self._ensure_producer, self.track, started=False)
         #: the topics the broker had when this worker started (``kafka.admin.ensure_topics`` fills it): Faust's
         #: declares of them are skipped (``create_topic``)
         self.present_topics: set[str] = set()
@@ -415,6 +416,10 @@ class IdempotentProducer(AIOKafkaProducer):
     async def send(self, topic: str, *args: Any, **kwargs: Any) -> Any:
         self.track(topic)
         return await super().send(topic, *args, **kwargs)
+
+    async def on_start(self) -> None:
+        await super().on_start()  # Faust makes the aiokafka producer here, a new one even if one was made before
+        self.direct.running.set()
 
     async def on_stop(self) -> None:
         await self.direct.stop()  # a direct send still waiting for metadata: its records stay unconfirmed

@@ -210,7 +210,38 @@ class GuardedTopic(faust.Topic):
     """Faust's topic (the app's ``Topic`` class, so changelogs too) whose buffered sends fail their own future when
     the send can never succeed (the record is too large, the topic's name is invalid, the broker refuses this
     worker on it), instead of raising inside Faust's ProducerBuffer, where the error kills the worker ("We
-    experienced a crash!") and strands every task behind it, or waiting there for an invalid topic's metadata."""
+    experienced a crash!") and strands every task behind it, or waiting there for an invalid topic's metadata.
+
+    A topic of raw keys and values (every topic the app writes) skips Faust's buffer: its ``send_soon`` hands the
+    record to the worker's direct sends (``kafka.direct``), all of that topic's records alike, so they keep their
+    order. Its future settles with the broker's answer (a RecordMetadata), as Faust's does; Faust's send sensors
+    do not see these records (the app does not use them). Another topic, a send that asks for a callback, a
+    timestamp or a schema, and a producer without direct sends (a plain Faust app) take Faust's path."""
+
+    def send_soon(  # type: ignore[override]  # Faust's FutureMessage or, sent direct, an asyncio.Future: both await
+        self, *, key: Any = None, value: Any = None, partition: int | None = None, headers: Any = None,
+        **options: Any,
+    ) -> "asyncio.Future[Any]":
+        """Faust's ``send_soon``; ``options`` are its other keywords (a timestamp, a schema, a callback, ...)."""
+        direct = getattr(self.app.producer, "direct", None)
+        if (direct is None or self.key_serializer != "raw" or self.value_serializer != "raw"
+                or any(option not in (None, False, "raw") for option in options.values())
+                or self.app.in_transaction):
+            return super().send_soon(
+                key=key, value=value, partition=partition, headers=headers, **options)
+        topic = self.get_topic_name()
+        invalid = refused_topic(topic)
+        if invalid is not None:  # never asked of the broker: no wait on its metadata
+            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            exc = SendRefused(invalid)
+            log_undeliverable(topic, exc)
+            failed.set_exception(exc)
+            return failed
+        if isinstance(headers, dict):
+            headers = list(headers.items())
+        sent: asyncio.Future[Any] = direct.send(topic, _raw(key), _raw(value), partition=partition,
+                                                headers=headers or None)
+        return sent
 
     async def publish_message(self, fut: FutureMessage, wait: bool = False) -> Awaitable[RecordMetadata]:
         invalid = refused_topic(self.get_topic_name())
@@ -239,6 +270,11 @@ class GuardedTopic(faust.Topic):
         if not fut.done():
             fut.set_exception(exc)
         return fut
+
+
+def _raw(data: Any) -> bytes | None:
+    """A key or value as the raw codec writes it: bytes as they are, text as UTF-8."""
+    return data.encode("utf-8") if isinstance(data, str) else data
 
 
 def log_undeliverable(topic: str, exc: Undeliverable) -> None:

@@ -10,8 +10,14 @@ its topic after it queues behind it, so the records of a partition keep the orde
 (docs/decisions.md, "Direct changelog sends"; the runs alternated with Faust's path are in bench/notes.md).
 
 A topic's records must all go one way, all direct or all through Faust's buffer: two paths would not keep their
-order. The ledger's tables send their changelog records this way (``tables/definitions.py``), and nothing else
-writes those topics.
+order. Every record this app sends goes this way: the ledger's tables send their changelog records
+(``tables/definitions.py``), and every topic of raw keys and values (all of the app's own, from results and outcomes to
+conversation events and dead letters) sends its ``send_soon`` here (``kafka.delivery.GuardedTopic``).
+
+Before the producer has started, and after it stopped, no record goes to aiokafka: Faust makes a new aiokafka
+producer as it starts, and a record appended to one made earlier would never leave. A send before the start waits
+for it (``START_WAIT_S`` at most) with every record of its topic behind it, as Faust's buffer held them; a send after
+the stop fails at once (its sender retries it: the outbox holds its offset).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from agents_stream.background import Background
 from agents_stream.kafka.delivery import log_undeliverable, undeliverable
 from agents_stream.tables.writes import chain
 
-__all__ = ["MAX_QUEUED", "DirectSends"]
+__all__ = ["MAX_QUEUED", "START_WAIT_S", "DirectSends"]
 
 #: one record's send: topic, key, value, partition, headers
 _Record = tuple[str, "bytes | None", "bytes | None", "int | None", "list[tuple[str, bytes]] | None"]
@@ -36,6 +42,8 @@ _Record = tuple[str, "bytes | None", "bytes | None", "int | None", "list[tuple[s
 #: records of one topic queued behind a send that waits, before the next ones fail at once (their senders retry
 #: them: the outbox holds their offsets); aiokafka's own batch of a partition holds what it sends next
 MAX_QUEUED = 10_000
+#: how long a send made before the producer started waits for it before it fails (its sender retries it)
+START_WAIT_S = 60.0
 
 
 class DirectSends:
@@ -44,11 +52,18 @@ class DirectSends:
     ``producer()`` is the aiokafka producer now (Faust's producer makes it on its first use); ``track(topic)``
     is called before each send (the producer's metadata tracking). A send that must wait (its topic's first
     metadata, a full batch) is finished by a task of this object's, held in ``tasks``; every record of its topic
-    sent meanwhile queues behind it, in order. Other topics go on: one topic's wait holds no other's records."""
+    sent meanwhile queues behind it, in order. Other topics go on: one topic's wait holds no other's records.
 
-    def __init__(self, producer: Callable[[], Any], track: Callable[[str], None]) -> None:
+    ``running`` says the producer may be sent to: set by its owner once the producer started (``started=False``
+    makes sends wait for that), cleared by ``stop``."""
+
+    def __init__(self, producer: Callable[[], Any], track: Callable[[str], None], *, started: bool = True) -> None:
         self.producer = producer
         self.track = track
+        self.running = asyncio.Event()
+        if started:
+            self.running.set()
+        self.stopped = False
         self.tasks = Background("direct sends waiting for the producer")
         #: per topic with a send waiting, the records queued behind it
         self._queued: dict[str, deque[tuple[_Record, asyncio.Future[Any]]]] = {}
@@ -71,6 +86,13 @@ class DirectSends:
             else:
                 queue.append((record, answer))
             return answer
+        if not self.running.is_set():
+            if self.stopped:
+                answer.set_exception(_stopped())
+                return answer
+            self._queued[topic] = deque()  # the records of this topic sent meanwhile queue behind this one
+            self.tasks.start(self._finish(topic, self._once_running(record), None, answer))
+            return answer
         try:
             coro = self._start(record)
             blocked_on = coro.send(None)
@@ -88,18 +110,29 @@ class DirectSends:
         return answer
 
     def _start(self, record: _Record) -> Coroutine[Any, Any, Any]:
+        if not self.running.is_set():
+            raise _stopped()
         topic, key, value, partition, headers = record
         self.track(topic)
         return self.producer().send(topic, value=value, key=key, partition=partition, headers=headers)
 
+    async def _once_running(self, record: _Record) -> Any:
+        try:
+            await asyncio.wait_for(self.running.wait(), START_WAIT_S)
+        except asyncio.TimeoutError:
+            raise ConnectionError(f"the producer did not start within {START_WAIT_S:.0f}s; this record was not sent "
+                                  "(its sender retries it)") from None
+        return await self._start(record)
+
     async def _finish(
         self, topic: str, coro: Coroutine[Any, Any, Any], blocked_on: Any, answer: asyncio.Future[Any],
     ) -> None:
-        """Finish the send that had to wait, then send the records of its topic queued behind it, one at a time."""
+        """Finish the send that had to wait (``coro`` run by hand up to ``blocked_on``, or not started yet: None),
+        then send the records of its topic queued behind it, one at a time."""
         queue = self._queued[topic]
         try:
             try:
-                chain(await _resumed(coro, blocked_on), answer)
+                chain(await (coro if blocked_on is None else _resumed(coro, blocked_on)), answer)
             except Exception as exc:
                 _fail(answer, exc)
             while queue:
@@ -110,7 +143,7 @@ class DirectSends:
                     _fail(answer, exc)
                 queue.popleft()
         except asyncio.CancelledError:  # stopping: nothing queued goes out any more; its senders see why
-            stopped = ConnectionError("the producer stopped before this record was sent")
+            stopped = _stopped()
             _fail(answer, stopped)
             for _, queued in queue:
                 _fail(queued, stopped)
@@ -119,7 +152,9 @@ class DirectSends:
             del self._queued[topic]
 
     async def stop(self) -> None:
-        """Cancel the sends still waiting; the records queued behind them fail."""
+        """Cancel the sends still waiting; the records queued behind them fail, and so does every send from now on."""
+        self.stopped = True
+        self.running.clear()
         await self.tasks.stop()
 
 
@@ -140,6 +175,11 @@ def _resumed(coro: Coroutine[Any, Any, Any], blocked_on: Any) -> Generator[Any, 
                 blocked_on = coro.send(sent)
             except StopIteration as done:
                 return done.value
+
+
+def _stopped() -> ConnectionError:
+    return ConnectionError("the producer is not running (it stopped, or never started) and this record was not sent; "
+                           "its sender retries it")
 
 
 def _fail(answer: asyncio.Future[Any], exc: BaseException) -> None:

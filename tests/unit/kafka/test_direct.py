@@ -128,12 +128,43 @@ async def test_stopping_fails_the_waiting_send_and_those_queued_behind_it() -> N
     await asyncio.sleep(0)
     await asyncio.wait_for(direct.stop(), 5)
     for sent in (first, second):
-        with pytest.raises(ConnectionError, match="stopped"):
+        with pytest.raises(ConnectionError, match="not running"):
             await asyncio.wait_for(sent, 1)
     assert producer.appended == []
     producer.unknown.clear()
-    third = direct.send("new", b"k", b"v3")  # nothing waits any more
-    assert producer.appended == [("new", b"v3")] and not third.done()
+    third = direct.send("new", b"k", b"v3")  # a stopped producer takes nothing any more: its sender retries it
+    with pytest.raises(ConnectionError, match="not running"):
+        await asyncio.wait_for(third, 1)
+    assert producer.appended == []
+
+
+async def test_records_sent_before_the_producer_started_wait_for_it_in_order_and_then_go_out() -> None:
+    """Faust makes a new aiokafka producer as it starts: a record appended to one made before would never leave."""
+    producer = FakeProducer()
+    direct = DirectSends(lambda: producer, lambda topic: None, started=False)
+    early = [direct.send("t", b"k", f"v{i}".encode()) for i in range(3)]
+    other = direct.send("u", b"k", b"w")
+    await asyncio.sleep(0.01)
+    assert producer.appended == [] and not any(sent.done() for sent in [*early, other])
+    direct.running.set()  # the producer's start finished
+    await appended(producer, 4)
+    assert [value for topic, value in producer.appended if topic == "t"] == [b"v0", b"v1", b"v2"]
+    later = direct.send("t", b"k", b"v3")  # nothing waits any more: on the caller's stack again
+    assert producer.appended[-1] == ("t", b"v3")
+    for answer in producer.answers:
+        answer.set_result("confirmed")
+    assert [await asyncio.wait_for(sent, 1) for sent in [*early, other, later]] == ["confirmed"] * 5
+
+
+async def test_a_producer_that_never_starts_fails_the_records_waiting_for_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(direct_module, "START_WAIT_S", 0.05)
+    producer = FakeProducer()
+    direct = DirectSends(lambda: producer, lambda topic: None, started=False)
+    first, second = direct.send("t", b"k", b"v1"), direct.send("t", b"k", b"v2")
+    for sent in (first, second):
+        with pytest.raises(ConnectionError, match="did not start|not running"):
+            await asyncio.wait_for(sent, 1)
+    assert producer.appended == []
 
 
 async def test_a_producer_that_is_not_running_fails_the_send() -> None:
