@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from agents_stream.tables.leases import AWAITING_APPROVAL, AWAITING_SUBTASKS, TaskRecord, completed_steps
+from agents_stream.tables.leases import (
+    AWAITING_APPROVAL,
+    AWAITING_SUBTASKS,
+    TaskRecord,
+    appended_steps,
+    completed_steps,
+)
 
 __all__ = ["round_events"]
 
@@ -26,11 +32,16 @@ def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) ->
     if new.dispatch and (old is None or new.dispatch != old.dispatch):
         dispatched = {"attempt": new.dispatch}
         events.append(_event(f"round:{number}:dispatch:{new.dispatch}", "dispatched", number, dispatched))
-    before = len(completed_steps(old)) if old is not None else 0
-    done = completed_steps(new)
+    added = appended_steps(old, new)
+    if added is None:  # not an append (a journal begun again): the steps after the old count
+        before = len(completed_steps(old))
+        done = completed_steps(new)
+        earlier, added = done[:before], done[before:]
+    else:  # old's steps are the ones before: parsed only when one of them may be an escalation
+        earlier = completed_steps(old) if added and old is not None and _ESCALATED in (old.steps_done or "") else []
     # a routed round's escalated handler starts its turns at 0 again: its events' ids say which handler (":h<n>")
-    stage = sum(1 for e in done[:before] if isinstance(e, dict) and e.get("kind") == "escalated")
-    for entry in done[before:]:
+    stage = sum(1 for e in earlier if isinstance(e, dict) and e.get("kind") == "escalated")
+    for entry in added:
         if isinstance(entry, dict):
             shown = _journal_event(number, entry)
             if stage and entry.get("kind") in _PER_HANDLER:
@@ -47,6 +58,9 @@ def round_events(number: int, old: TaskRecord | None, new: TaskRecord | None) ->
             events.append(_event(waiting, "waiting_for_subagents", number, {}))
     return events
 
+
+#: an escalation entry's kind as its journal's JSON holds it (a cheap test before parsing a journal)
+_ESCALATED = '"escalated"'
 
 #: journal kinds a handler's part of a routed round repeats (their ids begin again with each handler)
 _PER_HANDLER = frozenset({"turn", "tool", "decision", "subresult"})

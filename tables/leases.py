@@ -308,6 +308,24 @@ def completed_steps(record: TaskRecord | None) -> list[Any]:
     return json.loads(record.steps_done) if record is not None and record.steps_done else []
 
 
+def appended_steps(old: TaskRecord | None, new: TaskRecord) -> list[Any] | None:
+    """The steps ``new`` did after ``old``'s, parsed from the text ``new``'s journal appended to ``old``'s; None
+    when it did not append to it (then compare ``completed_steps`` of both). ``checkpoint`` writes the whole list
+    again in one compact form, so a journal that grew keeps ``old``'s text up to its closing bracket: the new
+    steps are read without parsing a long journal (a 100 KB tool result) twice at every transition."""
+    before = old.steps_done if old is not None and old.steps_done else ""
+    after = new.steps_done or ""
+    if after == before:
+        return []
+    if not before or before == "[]":
+        return completed_steps(new)
+    head = before[:-1]  # its steps, without the closing bracket: a comma after it separates the list's own entries
+    if before.endswith("]") and after.startswith(head) and after[len(head):len(head) + 1] == ",":
+        added: list[Any] = json.loads("[" + after[len(head) + 1:])
+        return added
+    return None
+
+
 def expire(
     record: TaskRecord | None,
     *,

@@ -20,7 +20,7 @@ from agents_stream.tables.leases import (
     TaskRecord,
     Track,
 )
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
@@ -506,3 +506,31 @@ def test_a_redispatch_carries_the_checkpoint_and_finishing_clears_it() -> None:
     done, _ = leases.finish(taken, status=SUCCEEDED, result=RESULT, reason=None, now=T0 + 2)
     assert done.steps_done is None and leases.completed_steps(done) == []
     assert leases.checkpoint(done, index=1, output="late")[0] == done, "nothing changes once terminal"
+
+
+# -- the steps a transition added (appended_steps) ----------------------------------------------------------------
+
+_ENTRIES = st.lists(st.one_of(
+    st.dictionaries(st.sampled_from(["kind", "text", "content"]), st.text(max_size=5), max_size=3),
+    st.text(max_size=5), st.integers(), st.lists(st.integers(), max_size=2)), max_size=4)
+
+
+def _journal(entries: list[object] | None, compact: bool) -> TaskRecord:
+    text = None if entries is None else json.dumps(entries, separators=(",", ":") if compact else None)
+    return replace(running(), steps_done=text)
+
+
+@settings(max_examples=300, deadline=None)
+@given(old=st.one_of(st.none(), _ENTRIES), more=_ENTRIES, rewritten=st.one_of(st.none(), _ENTRIES),
+       compact=st.booleans())
+def test_the_steps_a_transition_added_are_read_from_the_text_it_appended_or_left_to_a_full_compare(
+    old: list[object] | None, more: list[object], rewritten: list[object] | None, compact: bool,
+) -> None:
+    before = _journal(old, compact)
+    after = _journal((old or []) + more if rewritten is None else rewritten, compact)
+    added = leases.appended_steps(before, after)
+    if rewritten is None:
+        assert added == more, "a journal that grew: exactly the steps it appended"
+    if added is not None:  # whatever it read is what a full compare gives
+        assert leases.completed_steps(after) == leases.completed_steps(before) + added
+    assert leases.appended_steps(None, after) == leases.completed_steps(after)
