@@ -232,11 +232,7 @@ class GuardedTopic(faust.Topic):
         topic = self.get_topic_name()
         invalid = refused_topic(topic)
         if invalid is not None:  # never asked of the broker: no wait on its metadata
-            failed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-            exc = SendRefused(invalid)
-            log_undeliverable(topic, exc)
-            failed.set_exception(exc)
-            return failed
+            return self._fail(asyncio.get_running_loop().create_future(), SendRefused(invalid))
         if isinstance(headers, dict):
             headers = list(headers.items())
         sent: asyncio.Future[Any] = direct.send(topic, _raw(key), _raw(value), partition=partition,
@@ -264,7 +260,7 @@ class GuardedTopic(faust.Topic):
                 fut.set_exception(exc)
             return fut
 
-    def _fail(self, fut: FutureMessage, exc: Undeliverable) -> FutureMessage:
+    def _fail(self, fut: "asyncio.Future[Any]", exc: Undeliverable) -> "asyncio.Future[Any]":
         """``fut`` fails for good with ``exc`` (and operators read what to do)."""
         log_undeliverable(self.get_topic_name(), exc)
         if not fut.done():
