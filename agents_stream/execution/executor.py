@@ -27,7 +27,10 @@ from agents_stream.contract.events import (
     CallParked,
     CallsDelegated,
     Heartbeat,
+    JournalEntry,
     LeaseExpired,
+    OutcomeEvent,
+    StepDone,
     TaskFailed,
     TaskSucceeded,
 )
@@ -58,6 +61,8 @@ log = logging.getLogger(__name__)
 
 #: how long stop() waits for cancelled slots, and for each provider to close
 _CLOSE_S = 5.0
+#: what a run reports of its own work (not its heartbeats or its release): fenced once the worker joined again
+_OF_A_RUN = (JournalEntry, StepDone, CallParked, CallsDelegated, TaskSucceeded, TaskFailed)
 
 
 @dataclass(frozen=True)
@@ -98,8 +103,9 @@ class Executor(Service):
         self.worker_id = worker_id
         #: how long stop() lets running calls finish (default: AGENTS_STREAM_SHUTDOWN_GRACE_S)
         self.grace_s = settings.shutdown_grace_s if grace_s is None else grace_s
-        send_outcome, send_control, on_flow_change = outlets.send_outcome, outlets.send_control, outlets.on_flow_change
-        self._send_outcome = send_outcome
+        send_control, on_flow_change = outlets.send_control, outlets.on_flow_change
+        self._send_any = outlets.send_outcome
+        send_outcome = self._send_outcome
         self._on_flow_change = on_flow_change
         rng = rng or random.Random()
         # a round's text streams to agent.conversation.events as the model writes it (execution/chunks.py)
@@ -328,6 +334,16 @@ class Executor(Service):
                 self.ladder.forget(run)
                 run.done.set()
                 self.runs.pop(task_id, None)
+
+    async def _send_outcome(self, task_id: str, outcome: OutcomeEvent) -> None:
+        """Send an outcome to the ledger; an outcome of a run of this worker (a journal entry, a checkpoint, a
+        parked call, delegated calls, the final) raises ``Fenced`` instead when the worker joined the group again
+        since the run was dispatched (``Membership.verify_outcome``). Its release and heartbeats always go."""
+        if self.membership is not None and isinstance(outcome, _OF_A_RUN):
+            run = self.runs.get(task_id)
+            if run is not None and run.dispatch == outcome.dispatch:
+                self.membership.verify_outcome(run)
+        await self._send_any(task_id, outcome)
 
     def _stopping(self) -> bool:
         """The slot itself is being cancelled (stop), not only the run it was awaiting."""

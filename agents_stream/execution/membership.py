@@ -15,6 +15,9 @@ fenced: docs/security.md, "Fencing"). So every provider call and every tool atte
   word: a commit or heartbeat accepted after the gap (not expelled: go on) or a changed id (``Fenced``), at most
   ``wait_s`` (then ``Fenced`` too: its lease lapses and the partition's owner runs the task from its journal).
 
+The executor asks ``Membership.verify_outcome`` before sending a run's outcome (a journal entry, a checkpoint, the
+final): not once the worker joined again under a new id, even when the task's partition came back to it.
+
 A worker cut off from the brokers but not from its model provider is not stopped by this: its runs call on until
 the cut heals and the group refuses its heartbeat (then the id check stops them); what they write is fenced meanwhile.
 The check costs a clock read and an attribute read on a healthy worker.
@@ -94,6 +97,15 @@ class Membership:
             await self._sleep(self._tick_s)
             self._look()
 
+    def verify_outcome(self, run: Run) -> None:
+        """Raise ``Fenced`` when this worker joined the group again, under a new member id, since ``run`` was
+        dispatched: the run's outcome must not be sent, even when the task's partition is this worker's again (its
+        dispatch may have been run by another member meanwhile). Unlike ``check`` it never waits, and a worker
+        leaving the group (no id while it stops) still sends the outcomes of the runs it lets finish."""
+        now = self.member_id()
+        if run.member and now and now != run.member:
+            raise _left(run, now)
+
     async def check(self, run: Run) -> None:
         """Return when ``run`` may act; raise ``Fenced`` when this worker is no longer the member it was dispatched
         under, or the group has not confirmed it within ``wait_s`` of a stall."""
@@ -101,11 +113,7 @@ class Membership:
         while True:
             now = self.member_id()
             if run.member and now != run.member:
-                raise Fenced(
-                    f"task {run.task.task_id}: this worker left the group after dispatch {run.dispatch} was given to "
-                    f"it ({'it is joining again' if not now else 'it joined again under a new member id'}); the "
-                    "partition's owner runs the task now"
-                )
+                raise _left(run, now)
             if not self._look():
                 return
             if run.dispatched_at is not None and self.stalled_at is not None and run.dispatched_at >= self.stalled_at:
@@ -119,6 +127,14 @@ class Membership:
                     f"its event loop standing still; dispatch {run.dispatch} stops here and its lease lapses"
                 )
             await self._sleep(self._tick_s)
+
+
+def _left(run: Run, now: str | None) -> Fenced:
+    return Fenced(
+        f"task {run.task.task_id}: this worker left the group after dispatch {run.dispatch} was given to it "
+        f"({'it is joining again' if not now else 'it joined again under a new member id'}); the partition's owner "
+        "runs the task now"
+    )
 
 
 class GatedAdmission:

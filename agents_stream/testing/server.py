@@ -94,6 +94,8 @@ class FakeLLM:
         self._site: web.TCPSite | None = None
         self._listener_lock = asyncio.Lock()
         self._stopping = asyncio.Event()
+        #: set by ``release_held`` and by the stop: the answers waiting out their latency then go out at once
+        self._release = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._outage_timer: asyncio.Task[None] | None = None
 
@@ -131,7 +133,8 @@ class FakeLLM:
         return self
 
     async def stop(self) -> None:
-        self._stopping.set()  # wakes every sleeping answer
+        self._stopping.set()
+        self._release.set()  # wakes every sleeping answer, and those asked from now on do not sleep
         self._outage_timer = None
         tasks, self._tasks = list(self._tasks), set()
         for task in tasks:
@@ -355,8 +358,16 @@ class FakeLLM:
         return record, key
 
     async def _sleep(self, seconds: float) -> None:
+        released = self._release  # the release of answers held now (or the stop), not of answers asked later
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), seconds)
+            await asyncio.wait_for(released.wait(), seconds)
+
+    def release_held(self) -> None:
+        """Every answer now waiting out its latency goes out at once; answers asked later wait out theirs. A test
+        holds an answer (a long latency) until the moment it wants it to arrive."""
+        self._release.set()
+        if not self._stopping.is_set():
+            self._release = asyncio.Event()
 
     # plain endpoints
 

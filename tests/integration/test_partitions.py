@@ -15,6 +15,9 @@ The "mid journal write" tests (e, f) cut only W1's way to the broker (Netns's si
 charges: the answers still reach W1, which journals each charge call, and those changelog writes are held in the
 cut, unconfirmed, so W1's loop waits to be told to run the charge.
 
+Test (h) holds W1's final answers until W1 is back in the group and owns every partition again (W2 finished and
+left): the model's answers then reach a worker that holds the tasks' partitions but not their dispatches.
+
 The product fences a worker that lost its partitions and logs a line containing "fenced" (the product's word,
 docs/security.md); the tests assert it last, after the effects and the results.
 """
@@ -372,3 +375,53 @@ async def test_a_worker_paused_while_its_model_calls_back_off_asks_the_model_not
                          what="every task's first model call failed on W1")
         await asyncio.sleep(0.3)  # the 500s reach W1, whose retries start backing off
         await paused_while_w2_finishes(s, w1)
+
+
+#: how long the model holds W1's final answers in (h): longer than the whole test, so they arrive when the test
+#: releases them (FakeLLM.release_held), never before
+HELD_S = 300.0
+
+
+async def test_a_worker_back_with_the_tasks_partitions_when_its_final_answer_arrives_sends_no_second_result(
+        cluster_factory):
+    """(h) As (d), but the final answers reach W1 only once it is back in the group and owns every partition again:
+    W2 finished the tasks and left before the link healed. W1 holds the tasks' partitions, but not the dispatches
+    its runs were given before the cut: each run must say it is fenced, and send no second result."""
+    async with scenario(cluster_factory, {}) as s:
+        reply = s.reply
+
+        def hold_w1_final_answers(request: RecordedRequest, turn: int) -> Reply | None:
+            answer = reply(request, turn)
+            if answer is not None and turn == 2 and "fault" not in s.marks:  # asked by W1, before the cut
+                answer = ok(answer.text or "", latency=HELD_S)
+            return answer
+
+        s.llm.responder = hold_w1_final_answers
+        w1 = s.cluster.worker("w1")
+        with Netns(expose=[BROKER_PORT, s.llm.port, s.services.port], publish=[w1.web_port]) as net:
+            w1.prefix = net.exec_prefix()
+            w1.start()
+            await w1.wait_ready()
+            await s.send_tasks()
+            await eventually(lambda: s.asked(2) == set(s.accounts), timeout=45, interval=0.1,
+                             what="every final answer being decided on W1")
+            net.cut()
+            s.mark("fault")
+            w2 = await s.cluster.started("w2")
+            await results_for(set(s.accounts), timeout=60)
+            s.mark("w2 done")
+            code, _ = w2.terminate()  # W2 leaves the group: W1, back, is its only member and owns every partition
+            assert code == 0, f"w2 exited with {code}:\n{w2.tail()}"
+            readied = w1.log_path.read_text(errors="replace").count("Worker ready")
+            net.heal()
+            s.mark("heal")
+            await eventually(lambda: w1.log_path.read_text(errors="replace").count("Worker ready") > readied,
+                             timeout=60, interval=0.2, what="W1 back in the group, its partitions recovered")
+            s.llm.release_held()
+            s.mark("answers")
+            await quiesce(s)
+            w1.kill()
+        await assert_once_each(s, w1)
+        log = w1.log_path.read_text(errors="replace")
+        unfenced = [t for t in s.accounts if f"Task {t} (dispatch 1) is fenced" not in log]
+        assert not unfenced, f"W1 got the final answers of {unfenced} and never said their runs were fenced"

@@ -211,3 +211,36 @@ async def test_a_run_whose_worker_the_group_expels_during_its_backoff_asks_the_p
     assert len(p.requests) == 1
     assert [(e["dispatch"], e.get("released")) for e in w.events("t1", "expired")] == [(3, True)]
     assert w.events("t1", "succeeded") == [] and w.events("t1", "failed") == []
+
+
+@pytest.mark.parametrize(("now", "fenced"), [("m1", False), ("m2", True), ("", False), (None, False)],
+                         ids=["same-id", "joined-again", "leaving", "stopped"])
+def test_an_outcome_is_fenced_only_once_the_worker_joined_again_under_a_new_id(now: str | None, fenced: bool) -> None:
+    """A run's outcome is not sent once the worker is back under a new member id (the partition may be its own
+    again, but not the dispatch); a worker leaving the group (no id while it stops) still sends the outcomes of the
+    runs it lets finish, and a run dispatched before the id was known is never fenced by it."""
+    group = Group(member=now)
+    membership = group.membership()
+    if fenced:
+        with pytest.raises(Fenced, match="joined again under a new member id"):
+            membership.verify_outcome(a_run("m1"))
+    else:
+        membership.verify_outcome(a_run("m1"))
+    membership.verify_outcome(a_run(None))
+    assert group.waits == []
+
+
+async def test_a_final_answer_that_arrives_after_the_worker_joined_again_is_not_sent() -> None:
+    """The model answers while the worker is expelled and back under a new id (its partitions may be its own
+    again): the run sends no result and releases its lease, so the partition's owner decides the task from its
+    journal."""
+    group = Group()
+    membership = Membership(lambda: group.member, lambda: time.monotonic(), stall_s=3.0, wait_s=5.0)
+    async with FakeLLM(default=ok("from a worker that left the group", latency=0.5)) as p:
+        async with worker({"p": p}, {"providers": ["p"]}, membership=membership) as w:
+            w.dispatch("t1", dispatch=3)
+            await w.until(lambda: len(p.requests) == 1, what="the model call")
+            group.member = "m2"
+            await w.until(lambda: w.events("t1", "expired"), what="the run's release")
+    assert w.events("t1", "succeeded") == [] and w.events("t1", "failed") == []
+    assert [(e["dispatch"], e.get("released")) for e in w.events("t1", "expired")] == [(3, True)]
