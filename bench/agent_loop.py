@@ -1,8 +1,9 @@
 """B2's agent figure: one worker running a 3-turn agent with 2 tool calls per task, every model call 200 ms.
 
 Each task is `bench/agent_def.py`'s agent: turn 0 calls `fetch`, turn 1 calls `store`, turn 2 answers (the fake
-LLM's `--tool-turns fetch,store`). Each turn and each tool result is journaled (a JournalEntry confirmed by the broker)
-before the next action, so a task makes 3 model calls and 5 journal writes. Throughput: N tasks published at once.
+LLM's `--tool-turns fetch,store`). Each turn is journaled (a JournalEntry confirmed by the broker) before its calls
+run, each tool result before the next entry (the next turn is asked meanwhile), so a task makes 3 model calls and 5
+journal writes. Throughput: N tasks published at once.
 Overhead per turn: tasks published one at a time; (median task latency − 3 × 200 ms) / 3: it carries the task's
 intake and its result too. A durable step (one entry journaled and confirmed) is read from the worker's
 agents_stream_journal_durable_seconds over the same tasks, and printed beside its baseline: one record sent and

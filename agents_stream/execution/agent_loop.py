@@ -1,9 +1,13 @@
 """The durable agent loop: replay the journal, ask the model, run the tools it asks for, journal each result.
 
-Each model turn and each tool result is journaled (``record``: durable before it
-returns) before the loop acts on it, so a loop started again on the same journal
-(after a crash, a rebalance or a hold) asks no journaled turn again and runs no
-journaled call again. What the next action is comes from the pure
+Each model turn is journaled (``record``: durable before it returns) before the
+loop acts on it, so a loop started again on the same journal (after a crash, a
+rebalance or a hold) asks no journaled turn again and runs no journaled call
+again. A tool result is journaled the same way, but the model is asked the next
+turn while its record is on its way: the result is confirmed before the next
+entry is journaled and before the loop ends, so nothing acts on an unconfirmed
+result (a crash meanwhile runs the call again under its key, and asks the turn
+again, as a crash during the model call does). What the next action is comes from the pure
 ``tables/journal.py``; this module does the asking and the calling. It has no
 I/O of its own: the model is ``ask`` and the journal ``record``, so it is tested
 without a broker or a provider.
@@ -115,7 +119,8 @@ class RunSignals:
 
 
 class Loop:
-    """One task's loop over its journal (``entries``, appended as each entry is durable)."""
+    """One task's loop over its journal (``entries``, appended as each entry is journaled; all of them durable when
+    ``run`` returns)."""
 
     def __init__(
         self,
@@ -146,14 +151,29 @@ class Loop:
         self._interrupted = signals.interrupted
         self._lock = asyncio.Lock()
         self._broken = False
+        #: the record of the last tool result, not awaited by the model call after it (``_confirmed``)
+        self._unconfirmed: asyncio.Future[None] | None = None
         self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)
 
     async def run(self) -> Done | Failed | Parked | Delegated | Unavailable:
         """The task's end; Parked at a call a human must decide; Unavailable when no model may be asked now (the
-        caller holds the task)."""
+        caller holds the task). Every entry in ``entries`` is durable when it returns or raises Interrupted."""
+        try:
+            end = await self._steps()
+            await self._confirmed()
+            return end
+        finally:
+            pending = self._unconfirmed
+            if pending is not None:  # the run ends on an error: its last result's record is not awaited
+                if pending.done() and not pending.cancelled():
+                    pending.exception()  # seen: the run's own error is what it raises
+                pending.cancel()
+
+    async def _steps(self) -> Done | Failed | Parked | Delegated | Unavailable:
         self._note_upgrade()
         while True:
             if self._interrupted():  # a safe point: every step so far is journaled, nothing runs
+                await self._confirmed()
                 raise Interrupted(f"task {self.task.task_id}: its conversation has a new message")
             state = journal.replay(self.entries)
             action = journal.next_action(state, self.agent.limits, self.code)
@@ -266,7 +286,7 @@ class Loop:
             entry = await self.tools.call(turn, call, state.decisions.get(key), state.subresults.get(key))
             results[i] = self._bounded(entry)
             if results[i] is None:
-                results[i] = await self._journal(entry)
+                results[i] = await self._journal(entry, confirmed=False)
             if results[i] is None:
                 details = {"turn": turn, "call_id": entry["id"], "tool": entry["name"], "error": entry["error"],
                            "attempts": entry["attempts"]}
@@ -300,9 +320,11 @@ class Loop:
                  f"tool_result_max_bytes {limit}")
         return Failed(error, error, f"tool:{entry['name']}")
 
-    async def _journal(self, entry: dict[str, Any]) -> Failed | None:
-        """Make ``entry`` durable and add it to the journal (one at a time: indexes follow the order of records)."""
+    async def _journal(self, entry: dict[str, Any], *, confirmed: bool = True) -> Failed | None:
+        """Make ``entry`` durable and add it to the journal (one at a time: indexes follow the order of records).
+        ``confirmed=False`` (a tool result): its record is started, and awaited by the next entry or the loop's end."""
         async with self._lock:
+            await self._confirmed()
             if self._broken:  # an earlier record failed: whether it became durable is unknown, so stop here
                 raise JournalBroken(f"task {self.task.task_id}: a journal write failed; the task resumes from "
                                     "its checkpoint when it is dispatched again")
@@ -311,14 +333,27 @@ class Loop:
                 error = (f"journal_too_large: with {entry['kind']} entry {len(self.entries) + 1} the agent's "
                          f"journal would not fit in the task's record")
                 return Failed(error, error, f"journal:{entry['kind']}")
-            try:
-                await self._record(len(self.entries), entry)
-            except BaseException:
-                self._broken = True
-                raise
+            if confirmed:
+                try:
+                    await self._record(len(self.entries), entry)
+                except BaseException:
+                    self._broken = True
+                    raise
+            else:
+                self._unconfirmed = asyncio.ensure_future(self._record(len(self.entries), entry))
             self.entries.append(entry)
             self._bytes = grown
         return None
+
+    async def _confirmed(self) -> None:
+        """Wait for the record of the last tool result, if it is not confirmed yet; its error is the loop's."""
+        pending, self._unconfirmed = self._unconfirmed, None
+        if pending is not None:
+            try:
+                await pending
+            except BaseException:
+                self._broken = True
+                raise
 
 
 def _turn_entry(turn: int, answer: TurnAnswer, version: str) -> dict[str, Any]:

@@ -504,7 +504,7 @@ async def test_a_failed_tool_calls_text_is_in_the_transcript_the_event_the_log_a
                      t("I could not tell"))
     durable: list[Any] = []
     events: list[tuple[str, dict[str, Any]]] = []
-    loop = Loop(agent, TASK, durable, ask=make_ask(World(), model), record=make_record(World(), durable),
+    loop = Loop(agent, TASK, [], ask=make_ask(World(), model), record=make_record(World(), durable),
                 signals=RunSignals(on_event=lambda event, details: events.append((event, details))))
     with caplog.at_level("INFO", logger="agents_stream.execution.agent_loop"):
         end = await loop.run()
@@ -529,3 +529,56 @@ def test_a_tool_errors_detail_is_bounded() -> None:
     assert len(error_detail("x" * 10_000, {})) == ERROR_DETAIL_MAX_CHARS
     assert error_detail("token abcdefgh1234 and pw", {"MY_TOKEN": "abcdefgh1234", "SHORT_KEY": "pw"}) == \
         "token <redacted> and pw"
+
+
+class HeldRecord:
+    """A journal whose tool-result records are confirmed only when the test says (``confirm``) or fail (``fail``)."""
+
+    def __init__(self) -> None:
+        self.durable: list[Any] = []
+        self.log: list[str] = []
+        self.released = asyncio.Event()
+        self.error: BaseException | None = None
+
+    async def __call__(self, index: int, entry: dict[str, Any]) -> None:
+        if entry["kind"] == "tool":
+            self.log.append(f"result {index} sent")
+            await self.released.wait()
+            if self.error is not None:
+                raise self.error
+        self.durable.append(entry)
+        self.log.append(f"{entry['kind']} {index} durable")
+
+
+async def test_the_next_turn_is_asked_while_a_tool_results_record_is_on_its_way_and_journaled_after_it() -> None:
+    """A tool result's record is not awaited by the next model call, only by the next entry: the model is asked turn
+    1 while the result's record is unconfirmed, and turn 1 is journaled after the result is durable."""
+    held = HeldRecord()
+    base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
+
+    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+        held.log.append(f"asked turn {turns_in(conv)}")
+        if turns_in(conv) == 1:
+            held.released.set()  # the result's record is confirmed only now, while the model is being asked
+        return await base(conv)
+
+    loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held)
+    end = await asyncio.wait_for(loop.run(), 10)  # a loop that awaited the result before asking would wait forever
+    assert isinstance(end, Done) and end.output == "done"
+    assert held.log == ["asked turn 0", "turn 0 durable", "result 1 sent", "asked turn 1", "tool 1 durable",
+                        "turn 2 durable"]
+
+
+async def test_a_tool_results_record_that_fails_stops_the_loop_before_the_next_turn_is_journaled() -> None:
+    held = HeldRecord()
+    held.error = RuntimeError("the broker refused the record")
+    base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
+
+    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+        held.released.set()
+        return await base(conv)
+
+    loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held)
+    with pytest.raises(RuntimeError, match="refused"):
+        await loop.run()
+    assert [e["kind"] for e in held.durable] == ["turn"], "nothing after the failed result is journaled"
