@@ -58,7 +58,8 @@ _CONFIDENCE = ("high", "medium", "low")
 
 #: asks the model for the next turn of the conversation: an answer, no provider available (hold), or the task's fault
 Ask = Callable[[Conversation], Awaitable[TurnAnswer | Unavailable | Rejected]]
-#: journals entry number ``index``; returns once it is durable
+#: journals entry number ``index`` (called before the entry joins the loop's journal); returns once it is durable.
+#: A tool result's record is awaited only before the next entry's, not before the next model call (``Loop._journal``)
 Record = Callable[[int, dict[str, Any]], Awaitable[None]]
 #: a control event of the loop (agent.turn, agent.tool_call) and its details
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -341,6 +342,7 @@ class Loop:
                     raise
             else:
                 self._unconfirmed = asyncio.ensure_future(self._record(len(self.entries), entry))
+                await asyncio.sleep(0)  # its first step runs now, as an awaited record's does: before the append
             self.entries.append(entry)
             self._bytes = grown
         return None
