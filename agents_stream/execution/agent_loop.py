@@ -3,11 +3,12 @@
 Each model turn is journaled (``record``: durable before it returns) before the
 loop acts on it, so a loop started again on the same journal (after a crash, a
 rebalance or a hold) asks no journaled turn again and runs no journaled call
-again. A tool result is journaled the same way, but the model is asked the next
-turn while its record is on its way: the result is confirmed before the next
-entry is journaled and before the loop ends, so nothing acts on an unconfirmed
-result (a crash meanwhile runs the call again under its key, and asks the turn
-again, as a crash during the model call does). What the next action is comes from the pure
+again. A tool result is journaled the same way, but while the group confirms the
+worker a member the model is asked the next turn while its record is on its way:
+the result is confirmed before the next entry is journaled and before the loop
+ends, so nothing acts on an unconfirmed result (a crash meanwhile runs the call
+again under its key, and asks the turn again, as a crash during the model call
+does). What the next action is comes from the pure
 ``tables/journal.py``; this module does the asking and the calling. It has no
 I/O of its own: the model is ``ask`` and the journal ``record``, so it is tested
 without a broker or a provider.
@@ -59,7 +60,8 @@ _CONFIDENCE = ("high", "medium", "low")
 #: asks the model for the next turn of the conversation: an answer, no provider available (hold), or the task's fault
 Ask = Callable[[Conversation], Awaitable[TurnAnswer | Unavailable | Rejected]]
 #: journals entry number ``index`` (called before the entry joins the loop's journal); returns once it is durable.
-#: A tool result's record is awaited only before the next entry's, not before the next model call (``Loop._journal``)
+#: A tool result's record is awaited only before the next entry's, not before the next model call, while the group
+#: confirms the worker a member (``RunSignals.confirmed``, ``Loop._journal``)
 Record = Callable[[int, dict[str, Any]], Awaitable[None]]
 #: a control event of the loop (agent.turn, agent.tool_call) and its details
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -112,11 +114,13 @@ class LoopLimits:
 
 @dataclass(frozen=True)
 class RunSignals:
-    """The loop's two lines to its run: the control events it reports (``on_event(event, details)``), and whether
-    the run was asked to stop at the next safe point (a conversation's new message)."""
+    """The loop's lines to its run: the control events it reports (``on_event(event, details)``), whether the run
+    was asked to stop at the next safe point (a conversation's new message), and whether the group confirms the
+    worker a member now (``confirmed``: a tool result's record holds the next model call only while it does not)."""
 
     on_event: OnEvent = lambda event, details: None
     interrupted: Callable[[], bool] = lambda: False
+    confirmed: Callable[[], bool] = lambda: True
 
 
 class Loop:
@@ -150,6 +154,7 @@ class Loop:
         self.tools = ToolCaller(agent, task, calling)  # how its tools are called: circuits, retries, trace, token
         self._on_event = signals.on_event
         self._interrupted = signals.interrupted
+        self._confirmed_member = signals.confirmed
         self._lock = asyncio.Lock()
         self._broken = False
         #: the record of the last tool result, not awaited by the model call after it (``_confirmed``)
@@ -287,7 +292,9 @@ class Loop:
             entry = await self.tools.call(turn, call, state.decisions.get(key), state.subresults.get(key))
             results[i] = self._bounded(entry)
             if results[i] is None:
-                results[i] = await self._journal(entry, confirmed=False)
+                # a worker the group has not confirmed lately may have lost the task: its result's record (the
+                # outcomes topic then, and Fenced) must come before the next model call, which it would waste
+                results[i] = await self._journal(entry, confirmed=not self._confirmed_member())
             if results[i] is None:
                 details = {"turn": turn, "call_id": entry["id"], "tool": entry["name"], "error": entry["error"],
                            "attempts": entry["attempts"]}

@@ -97,6 +97,12 @@ class Membership:
             await self._sleep(self._tick_s)
             self._look()
 
+    def confirmed(self) -> bool:
+        """The group accepted a commit or heartbeat of this worker less than ``stall_s`` ago: it still owns what it
+        owned then. A worker cut off from the brokers stops being confirmed within ``stall_s`` of the cut."""
+        at = self.confirmed_at()
+        return at is not None and self._clock() - at < self.stall_s
+
     def verify_outcome(self, run: Run) -> None:
         """Raise ``Fenced`` when this worker joined the group again, under a new member id, since ``run`` was
         dispatched: the run's outcome must not be sent, even when the task's partition is this worker's again (its

@@ -582,3 +582,29 @@ async def test_a_tool_results_record_that_fails_stops_the_loop_before_the_next_t
     with pytest.raises(RuntimeError, match="refused"):
         await loop.run()
     assert [e["kind"] for e in held.durable] == ["turn"], "nothing after the failed result is journaled"
+
+
+async def test_a_worker_the_group_has_not_confirmed_lately_waits_for_its_tool_results_record_before_asking() -> None:
+    """Cut off from the brokers, a worker may have lost the task: its tool result's record (which then goes to the
+    partition's owner, and fences the run) is awaited before the next model call, which would be wasted."""
+    held = HeldRecord()
+    base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
+
+    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+        held.log.append(f"asked turn {turns_in(conv)}")
+        return await base(conv)
+
+    async def release_soon() -> None:
+        while "result 1 sent" not in held.log:
+            await asyncio.sleep(0.01)
+        held.log.append("confirmed")
+        held.released.set()
+
+    loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held,
+                signals=RunSignals(confirmed=lambda: False))
+    releaser = asyncio.ensure_future(release_soon())
+    end = await asyncio.wait_for(loop.run(), 10)
+    await releaser
+    assert isinstance(end, Done)
+    assert held.log == ["asked turn 0", "turn 0 durable", "result 1 sent", "confirmed", "tool 1 durable",
+                        "asked turn 1", "turn 2 durable"]

@@ -244,3 +244,13 @@ async def test_a_final_answer_that_arrives_after_the_worker_joined_again_is_not_
             await w.until(lambda: w.events("t1", "expired"), what="the run's release")
     assert w.events("t1", "succeeded") == [] and w.events("t1", "failed") == []
     assert [(e["dispatch"], e.get("released")) for e in w.events("t1", "expired")] == [(3, True)]
+
+
+def test_a_worker_is_confirmed_while_the_group_accepted_a_commit_or_heartbeat_within_half_a_session() -> None:
+    group = Group()
+    membership = group.membership()  # stall_s 3 s; the last acceptance 1 s ago
+    assert membership.confirmed()
+    group.now += 2.5
+    assert not membership.confirmed(), "3.5 s without an accepted commit or heartbeat"
+    group.confirmed_at = None
+    assert not membership.confirmed()
