@@ -188,10 +188,10 @@ async def assert_once_each(s: Scenario, zombie: Worker) -> None:
     assert "fenced" in log, f"{zombie.name} never logged that it was fenced:\n{zombie.tail(40)}"
 
 
-async def cut_while(s: Scenario, ready: Callable[[], bool], what: str, before_heal: Callable[[], Any] | None = None,
-                    ) -> Worker:
-    """W1 alone in its own network namespace takes every task to ``ready``; then its link goes down, W2 (on the host)
-    takes the tasks over and finishes them; then the link comes back. Returns W1."""
+@contextlib.asynccontextmanager
+async def w1_cut_off(s: Scenario, ready: Callable[[], bool], what: str) -> AsyncIterator[tuple[Worker, Netns]]:
+    """W1 alone in its own network namespace takes every task to ``ready``; then its link goes down. Yields W1 and
+    its namespace (to heal); W1 is killed on the way out."""
     w1 = s.cluster.worker("w1")
     with Netns(expose=[BROKER_PORT, s.llm.port, s.services.port], publish=[w1.web_port]) as net:
         w1.prefix = net.exec_prefix()
@@ -201,10 +201,20 @@ async def cut_while(s: Scenario, ready: Callable[[], bool], what: str, before_he
         await eventually(ready, timeout=45, interval=0.1, what=what)
         net.cut()
         s.mark("fault")
+        try:
+            yield w1, net
+        finally:
+            w1.kill()  # before its namespace goes: the worker is the namespace's last process
+
+
+async def cut_while(s: Scenario, ready: Callable[[], bool], what: str, before_heal: Callable[[], Any] | None = None,
+                    ) -> Worker:
+    """W1 is cut off at ``ready`` (``w1_cut_off``), W2 (on the host) takes the tasks over and finishes them; then
+    the link comes back. Returns W1."""
+    async with w1_cut_off(s, ready, what) as (w1, net):
         if before_heal is not None:
             before_heal()
         await w2_finishes_then_heal(s, net)
-        w1.kill()  # before its namespace goes: the worker is the namespace's last process
     return w1
 
 
@@ -397,16 +407,8 @@ async def test_a_worker_back_with_the_tasks_partitions_when_its_final_answer_arr
             return answer
 
         s.llm.responder = hold_w1_final_answers
-        w1 = s.cluster.worker("w1")
-        with Netns(expose=[BROKER_PORT, s.llm.port, s.services.port], publish=[w1.web_port]) as net:
-            w1.prefix = net.exec_prefix()
-            w1.start()
-            await w1.wait_ready()
-            await s.send_tasks()
-            await eventually(lambda: s.asked(2) == set(s.accounts), timeout=45, interval=0.1,
-                             what="every final answer being decided on W1")
-            net.cut()
-            s.mark("fault")
+        async with w1_cut_off(s, lambda: s.asked(2) == set(s.accounts), "every final answer being decided on W1",
+                              ) as (w1, net):
             w2 = await s.cluster.started("w2")
             await results_for(set(s.accounts), timeout=60)
             s.mark("w2 done")
@@ -420,7 +422,6 @@ async def test_a_worker_back_with_the_tasks_partitions_when_its_final_answer_arr
             s.llm.release_held()
             s.mark("answers")
             await quiesce(s)
-            w1.kill()
         await assert_once_each(s, w1)
         log = w1.log_path.read_text(errors="replace")
         unfenced = [t for t in s.accounts if f"Task {t} (dispatch 1) is fenced" not in log]
