@@ -91,7 +91,7 @@ class AgentRunner:
             signals=RunSignals(
                 on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
                 interrupted=lambda: run.interrupted,
-                confirmed=(lambda: True) if self.caller.membership is None else self.caller.membership.confirmed,
+                confirmed_member=(lambda: True) if self.caller.membership is None else self.caller.membership.confirmed,
             ),
         )
         end = await loop.run()

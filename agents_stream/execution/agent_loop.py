@@ -61,7 +61,7 @@ _CONFIDENCE = ("high", "medium", "low")
 Ask = Callable[[Conversation], Awaitable[TurnAnswer | Unavailable | Rejected]]
 #: journals entry number ``index`` (called before the entry joins the loop's journal); returns once it is durable.
 #: A tool result's record is awaited only before the next entry's, not before the next model call, while the group
-#: confirms the worker a member (``RunSignals.confirmed``, ``Loop._journal``)
+#: confirms the worker a member (``RunSignals.confirmed_member``, ``Loop._journal``)
 Record = Callable[[int, dict[str, Any]], Awaitable[None]]
 #: a control event of the loop (agent.turn, agent.tool_call) and its details
 OnEvent = Callable[[str, dict[str, Any]], None]
@@ -116,11 +116,12 @@ class LoopLimits:
 class RunSignals:
     """The loop's lines to its run: the control events it reports (``on_event(event, details)``), whether the run
     was asked to stop at the next safe point (a conversation's new message), and whether the group confirms the
-    worker a member now (``confirmed``: a tool result's record holds the next model call only while it does not)."""
+    worker a member now (``confirmed_member``: a tool result's record holds the next model call only while it does
+    not)."""
 
     on_event: OnEvent = lambda event, details: None
     interrupted: Callable[[], bool] = lambda: False
-    confirmed: Callable[[], bool] = lambda: True
+    confirmed_member: Callable[[], bool] = lambda: True
 
 
 class Loop:
@@ -154,11 +155,11 @@ class Loop:
         self.tools = ToolCaller(agent, task, calling)  # how its tools are called: circuits, retries, trace, token
         self._on_event = signals.on_event
         self._interrupted = signals.interrupted
-        self._confirmed_member = signals.confirmed
+        self._confirmed_member = signals.confirmed_member
         self._lock = asyncio.Lock()
         self._broken = False
-        #: the record of the last tool result, not awaited by the model call after it (``_confirmed``)
-        self._unconfirmed: asyncio.Future[None] | None = None
+        #: the record of the last tool result, not awaited by the model call after it (``_settle_record``)
+        self._pending_record: asyncio.Future[None] | None = None
         self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)
 
     async def run(self) -> Done | Failed | Parked | Delegated | Unavailable:
@@ -166,10 +167,10 @@ class Loop:
         caller holds the task). Every entry in ``entries`` is durable when it returns or raises Interrupted."""
         try:
             end = await self._steps()
-            await self._confirmed()
+            await self._settle_record()
             return end
         finally:
-            pending = self._unconfirmed
+            pending = self._pending_record
             if pending is not None:  # the run ends on an error: its last result's record is not awaited
                 if pending.done() and not pending.cancelled():
                     pending.exception()  # seen: the run's own error is what it raises
@@ -179,7 +180,7 @@ class Loop:
         self._note_upgrade()
         while True:
             if self._interrupted():  # a safe point: every step so far is journaled, nothing runs
-                await self._confirmed()
+                await self._settle_record()
                 raise Interrupted(f"task {self.task.task_id}: its conversation has a new message")
             state = journal.replay(self.entries)
             action = journal.next_action(state, self.agent.limits, self.code)
@@ -294,7 +295,7 @@ class Loop:
             if results[i] is None:
                 # a worker the group has not confirmed lately may have lost the task: its result's record (the
                 # outcomes topic then, and Fenced) must come before the next model call, which it would waste
-                results[i] = await self._journal(entry, confirmed=not self._confirmed_member())
+                results[i] = await self._journal(entry, wait=not self._confirmed_member())
             if results[i] is None:
                 details = {"turn": turn, "call_id": entry["id"], "tool": entry["name"], "error": entry["error"],
                            "attempts": entry["attempts"]}
@@ -328,11 +329,11 @@ class Loop:
                  f"tool_result_max_bytes {limit}")
         return Failed(error, error, f"tool:{entry['name']}")
 
-    async def _journal(self, entry: dict[str, Any], *, confirmed: bool = True) -> Failed | None:
+    async def _journal(self, entry: dict[str, Any], *, wait: bool = True) -> Failed | None:
         """Make ``entry`` durable and add it to the journal (one at a time: indexes follow the order of records).
-        ``confirmed=False`` (a tool result): its record is started, and awaited by the next entry or the loop's end."""
+        ``wait=False`` (a tool result): its record is started, and awaited by the next entry or the loop's end."""
         async with self._lock:
-            await self._confirmed()
+            await self._settle_record()
             if self._broken:  # an earlier record failed: whether it became durable is unknown, so stop here
                 raise JournalBroken(f"task {self.task.task_id}: a journal write failed; the task resumes from "
                                     "its checkpoint when it is dispatched again")
@@ -341,22 +342,22 @@ class Loop:
                 error = (f"journal_too_large: with {entry['kind']} entry {len(self.entries) + 1} the agent's "
                          f"journal would not fit in the task's record")
                 return Failed(error, error, f"journal:{entry['kind']}")
-            if confirmed:
+            if wait:
                 try:
                     await self._record(len(self.entries), entry)
                 except BaseException:
                     self._broken = True
                     raise
             else:
-                self._unconfirmed = asyncio.ensure_future(self._record(len(self.entries), entry))
+                self._pending_record = asyncio.ensure_future(self._record(len(self.entries), entry))
                 await asyncio.sleep(0)  # its first step runs now, as an awaited record's does: before the append
             self.entries.append(entry)
             self._bytes = grown
         return None
 
-    async def _confirmed(self) -> None:
+    async def _settle_record(self) -> None:
         """Wait for the record of the last tool result, if it is not confirmed yet; its error is the loop's."""
-        pending, self._unconfirmed = self._unconfirmed, None
+        pending, self._pending_record = self._pending_record, None
         if pending is not None:
             try:
                 await pending

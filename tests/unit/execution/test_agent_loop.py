@@ -601,7 +601,7 @@ async def test_a_worker_the_group_has_not_confirmed_lately_waits_for_its_tool_re
         held.released.set()
 
     loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held,
-                signals=RunSignals(confirmed=lambda: False))
+                signals=RunSignals(confirmed_member=lambda: False))
     releaser = asyncio.ensure_future(release_soon())
     end = await asyncio.wait_for(loop.run(), 10)
     await releaser
