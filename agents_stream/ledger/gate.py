@@ -53,7 +53,7 @@ class ApprovalGate:
         #: a ``cancel`` decision's transitions (ledger/cancel_decisions.py)
         self.cancellation = cancellation
 
-    def _policy(self, record: TaskRecord) -> ApprovalPolicy | None:
+    def policy_of(self, record: TaskRecord) -> ApprovalPolicy | None:
         """The approval policy a task's parked call waits under: its agent's, else — a routed agent's task, whose
         handler's tool asked (execution/handlers.py) — the policy of the handler its journal names now."""
         policy = self.policies.get(record.agent)
@@ -176,7 +176,7 @@ class ApprovalGate:
         """An agent loop's tool call waits for a human: the task parks at that call, within the agent's cap."""
         if record is None:
             return None
-        policy = self._policy(record)
+        policy = self.policy_of(record)
         if policy is None:  # the plan refuses such an agent at start; a config changed under a running task
             log.error(
                 "Task %s: tool %s needs approval but agent %s has no approval levels; give it [agents.%s.approval] "
@@ -195,7 +195,7 @@ class ApprovalGate:
         """A level's time ran out (an ``approval_timeout`` event): escalate, or reject after the last level."""
         if record is None:
             return None
-        policy = self._policy(record)
+        policy = self.policy_of(record)
         new, effects = approvals.escalate(
             record, level=level, timeouts=[lv.timeout_s for lv in policy.levels] if policy else [], now=time.time(),
             rejected_result=self._rejected_json(task_id, record, "timeout"), me=self.worker_id,
@@ -216,7 +216,7 @@ class ApprovalGate:
 
     def notify(self, task_id: str, record: TaskRecord, level: int) -> None:
         """Tell the level's webhook (best effort: a lost notification still times out and escalates)."""
-        policy = self._policy(record)
+        policy = self.policy_of(record)
         if policy is None or level >= len(policy.levels):
             return
         rung = policy.levels[level]
@@ -249,7 +249,7 @@ class ApprovalGate:
     def describe(self, task_id: str, record: TaskRecord) -> dict[str, Any]:
         """One waiting approval, as /approvals lists it."""
         state = approvals.state(record)
-        policy = self._policy(record)
+        policy = self.policy_of(record)
         level = state.get("level", 0)
         payload = json.loads(record.payload)
         return {

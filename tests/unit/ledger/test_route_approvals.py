@@ -35,13 +35,13 @@ def test_a_routed_tasks_call_waits_under_its_handlers_policy() -> None:
     gate = _gate({"support": SUPPORT})
     route = {"kind": "route", "turn": -1, "handler": "faq", "by": "rule", "reason": "r"}
     escalated = {"kind": "escalated", "turn": -1, "from": "faq", "to": "support", "reason": "it failed"}
-    assert gate._policy(_record("desk", [route, escalated])) is SUPPORT
-    assert gate._policy(_record("desk", [route])) is None
-    assert gate._policy(_record("desk", None)) is None
-    assert gate._policy(_record("support", None)) is SUPPORT
+    assert gate.policy_of(_record("desk", [route, escalated])) is SUPPORT
+    assert gate.policy_of(_record("desk", [route])) is None
+    assert gate.policy_of(_record("desk", None)) is None
+    assert gate.policy_of(_record("support", None)) is SUPPORT
 
 
 def test_the_routed_agents_own_policy_wins() -> None:
     gate = _gate({"support": SUPPORT, "desk": DESK})
     route = {"kind": "route", "turn": -1, "handler": "support", "by": "rule", "reason": "r"}
-    assert gate._policy(_record("desk", [route])) is DESK
+    assert gate.policy_of(_record("desk", [route])) is DESK
