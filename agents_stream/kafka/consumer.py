@@ -26,6 +26,7 @@ from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
 from agents_stream.kafka.direct import DirectSends
+from agents_stream.kafka.rereads import Rereads
 from agents_stream.kafka.watermark import Watermark
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,13 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         commitable = {tp: off for tp, off in offsets.items() if tp in assigned}
         if not commitable:
             return False
+        coordinator = self.coordinator()
+        if coordinator is not None and not in_a_generation(coordinator.generation):
+            cast("WatermarkConsumer", self.consumer)._last_commit_error = NotAMember(
+                "this worker is not a member of the group's current generation (cut off past its session, joining "
+                "again, or leaving): its offsets may be behind what the partitions' owners committed meanwhile"
+            )
+            return False
         sent = monotonic()
         try:
             await consumer.commit(
@@ -98,6 +106,21 @@ class WatermarkConsumerThread(AIOKafkaConsumerThread):
         found = await self.coordinator().fetch_committed_offsets({ensure_aiokafka_TP(tp) for tp in tps})
         offsets = {ensure_aiokafka_TP(tp): meta.offset for tp, meta in found.items()}  # none without a commit
         return {tp: offsets.get(ensure_aiokafka_TP(tp)) for tp in tps}
+
+
+class NotAMember(Exception):
+    """A commit not sent: this worker is in no generation of its group (``in_a_generation``)."""
+
+
+def in_a_generation(generation: int) -> bool:
+    """Whether a consumer whose group coordinator holds ``generation`` may commit: only as a member of a generation.
+
+    aiokafka sets it to -1 when the group no longer knows this worker (cut off past its session, before it joins
+    again) and when it leaves. A commit sent then goes out as a consumer outside any group, which the broker accepts
+    while the group has no members: a worker cut off while another ran its tasks and left, coming back, committed its
+    own offsets from before the cut over the ones the other had committed, and read those tasks again from there
+    (each finished one's result was sent a second time). Its next commit, as a member, carries the same watermark."""
+    return generation > 0
 
 
 def watch_group_answers(coordinator: Any, confirmed: Callable[[float], None]) -> None:
@@ -140,57 +163,6 @@ def commit_again(
 
 
 FAULT_DROP_FETCHED = "AGENTS_STREAM_FAULT_DROP_FETCHED"
-
-
-#: how long a re-read passes over the records fetched before its seek, waiting for the record at its start (it comes
-#: within a fetch wait, 100 ms, unless it was dropped again): then they are delivered, the ledger sees the gap again,
-#: and its next re-read comes as before (``Flow.reread``)
-PASS_OVER_S = 1.0
-
-
-class Rereads:
-    """The partitions being read again from an offset (a gap's or a stall's re-read, ``kafka/flow.py``), and the
-    records passed over until that offset arrives.
-
-    The seek lands while Faust's delivery loop may be part-way through a batch fetched before it. Faust raises its
-    read offset of a partition with every record it delivers and drops any later record below it as already read,
-    so the rest of that batch (past the re-read's start) would raise it past the gap again, and the re-read's own
-    records would be dropped: the gap stayed until the next re-read, seconds later. From the seek until the record
-    at its start arrives (for ``PASS_OVER_S`` at most), a record of that partition past the start is passed over (not
-    delivered). Nothing is lost by it: the ledger would not apply such a record (it lies past the gap), and it is
-    fetched again after the start, in order. Pure bookkeeping, no I/O: the caller gives the time.
-    """
-
-    def __init__(self) -> None:
-        self._start: dict[TP, tuple[int, float]] = {}  # partition → (start, passing over until: monotonic)
-
-    def __bool__(self) -> bool:
-        return bool(self._start)
-
-    def start(self, tp: TP, offset: int, now: float) -> None:
-        self._start[tp] = (offset, now + PASS_OVER_S)
-
-    def cancel(self, tps: Iterable[TP]) -> None:
-        """No re-read of ``tps`` is under way any more (its seek failed, or a rebalance seeks them anew)."""
-        for tp in tps:
-            self._start.pop(tp, None)
-
-    def clear(self) -> None:
-        """A rebalance seeks every assigned partition to the group's commit: no re-read is under way after it."""
-        self._start.clear()
-
-    def passes_over(self, tp: TP, offset: int, now: float) -> bool:
-        """Whether the record at ``offset`` of ``tp`` was fetched before the seek of a re-read (past its start,
-        before the start arrived): not to be delivered. The record at the start ends the re-read, and so does
-        ``PASS_OVER_S`` without it (it was dropped again: the ledger's next re-read is the way on)."""
-        found = self._start.get(tp)
-        if found is None:
-            return False
-        start, until = found
-        if offset == start or now > until:
-            del self._start[tp]
-            return False
-        return offset > start
 
 
 class WatermarkConsumer(AIOKafkaConsumer):

@@ -423,6 +423,10 @@ async def test_a_worker_back_with_the_tasks_partitions_when_its_final_answer_arr
             s.mark("answers")
             await quiesce(s)
         await assert_once_each(s, w1)
+        # W1 came back as the group's only member: it must not commit its offsets from before the cut over W2's
+        # (kafka/consumer.py, in_a_generation), or it reads the finished tasks again and sends their results twice.
+        sent = {t: len(records) for t, records in (await results_for(set(s.accounts), timeout=20)).items()}
+        assert all(n == 1 for n in sent.values()), f"results sent per task, one each: {sent}"
         log = w1.log_path.read_text(errors="replace")
         unfenced = [t for t in s.accounts if f"Task {t} (dispatch 1) is fenced" not in log]
         assert not unfenced, f"W1 got the final answers of {unfenced} and never said their runs were fenced"

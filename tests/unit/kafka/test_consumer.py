@@ -11,7 +11,8 @@ from aiokafka.protocol.group import HeartbeatRequest, SyncGroupRequest
 from faust.types import TP
 
 from agents_stream.app import Runtime
-from agents_stream.kafka.consumer import PASS_OVER_S, Rereads, WatermarkConsumer, commit_again, watch_group_answers
+from agents_stream.kafka.consumer import WatermarkConsumer, commit_again, in_a_generation, watch_group_answers
+from agents_stream.kafka.rereads import PASS_OVER_S, Rereads
 from agents_stream.settings import Settings
 
 
@@ -191,3 +192,11 @@ def test_a_re_read_passes_over_only_its_partition_and_ends_at_its_start_a_rebala
     assert not rereads.passes_over(a, 9, 10.1 + PASS_OVER_S), (
         "its start dropped again: past its time the records are delivered, the ledger sees the gap and reads again")
     assert not rereads
+
+
+def test_only_a_member_of_a_generation_commits() -> None:
+    """aiokafka's generation is -1 while the group does not know this worker (cut off past its session, or leaving):
+    a commit then would be taken from outside the group while it has no members, over the offsets its owners
+    committed meanwhile."""
+    assert in_a_generation(1) and in_a_generation(42)
+    assert not in_a_generation(-1)

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import faust
 from faust.types import TP
 
-from agents_stream.kafka.consumer import Rereads, WatermarkConsumer
+from agents_stream.kafka.consumer import WatermarkConsumer
 from agents_stream.kafka.flow import REREAD_AGAIN_S, Flow
+from agents_stream.kafka.rereads import Rereads
 from agents_stream.kafka.watermark import Watermark
 
 TASKS = TP("agent.tasks.a", 4)
