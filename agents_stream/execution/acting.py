@@ -59,10 +59,11 @@ class AgentRunner:
         self._rng = rng
 
     async def run(
-        self, run: Run, plan: AgentPlan, agent: Agent,
+        self, run: Run, plan: AgentPlan, agent: Agent, *, final_with_outcome: bool = False,
     ) -> TaskSucceeded | TaskFailed | CallParked | CallsDelegated | None:
         """The task's outcome (CallParked: a call waits for a human), or None: held (no rung available), its
-        journal kept in ``run.steps_done``."""
+        journal kept in ``run.steps_done``. ``final_with_outcome``: the final answer's entry is left in
+        ``run.final_entry``, for the executor to send with the outcome."""
         task = run.task
         try:
             spec = OutputSpec.from_model(agent.output_model) if agent.output_model else OutputSpec.for_task(
@@ -92,9 +93,13 @@ class AgentRunner:
                 on_event=lambda event, details: self._send_control(event, task.task_id, task.agent_name, details),
                 interrupted=lambda: run.interrupted,
                 confirmed_member=(lambda: True) if self.caller.membership is None else self.caller.membership.confirmed,
+                final_with_outcome=final_with_outcome,
             ),
         )
         end = await loop.run()
+        if loop.final_entry is not None:  # the executor sends it with the final outcome (Executor._send_final)
+            index, entry = loop.final_entry
+            run.final_entry = JournalEntry(worker=run.worker, dispatch=run.dispatch, index=index, output=entry)
         if isinstance(end, Unavailable):
             self.ladder.hold(run, f"no provider of its ladder is available ({end.why})")
             now, probe = time.time(), settings.probe_interval_s

@@ -8,7 +8,9 @@ worker a member the model is asked the next turn while its record is on its way:
 the result is confirmed before the next entry is journaled and before the loop
 ends, so nothing acts on an unconfirmed result (a crash meanwhile runs the call
 again under its key, and asks the turn again, as a crash during the model call
-does). What the next action is comes from the pure
+does). The final answer's entry can go with the task's final outcome instead
+(``RunSignals.final_with_outcome``, ``Loop.final_entry``): one write of the
+task's record. What the next action is comes from the pure
 ``tables/journal.py``; this module does the asking and the calling. It has no
 I/O of its own: the model is ``ask`` and the journal ``record``, so it is tested
 without a broker or a provider.
@@ -110,16 +112,18 @@ class RunSignals:
     """The loop's lines to its run: the control events it reports (``on_event(event, details)``), whether the run
     was asked to stop at the next safe point (a conversation's new message), and whether the group confirms the
     worker a member now (``confirmed_member``: a tool result's record holds the next model call only while it does
-    not)."""
+    not). ``final_with_outcome``: the caller sends the final answer's entry with the task's final outcome
+    (``Loop.final_entry``), while the worker is confirmed a member."""
 
     on_event: OnEvent = lambda event, details: None
     interrupted: Callable[[], bool] = lambda: False
     confirmed_member: Callable[[], bool] = lambda: True
+    final_with_outcome: bool = False
 
 
 class Loop:
     """One task's loop over its journal (``entries``, appended as each entry is journaled; all of them durable when
-    ``run`` returns)."""
+    ``run`` returns, but ``final_entry``)."""
 
     def __init__(
         self,
@@ -149,17 +153,25 @@ class Loop:
         self._on_event = signals.on_event
         self._interrupted = signals.interrupted
         self._confirmed_member = signals.confirmed_member
+        self._final_with_outcome = signals.final_with_outcome
         self._lock = asyncio.Lock()
         self._broken = False
         #: the record of the last tool result, not awaited by the model call after it (``_settle_record``)
         self._pending_record: asyncio.Future[None] | None = None
+        #: (index, entry): the final answer's entry, in ``entries`` but not recorded. Left here when ``run`` returns
+        #: Done: the caller sends it with the final outcome, which the ledger writes to the same task record, so
+        #: both are one write. Recorded (awaited) before anything else the loop journals, and on any other end.
+        self.final_entry: tuple[int, dict[str, Any]] | None = None
         self.code = journal.Code(task.agent_name, agent.code_version, self._refuses)
 
     async def run(self) -> Done | Failed | Parked | Delegated | Unavailable:
         """The task's end; Parked at a call a human must decide; Unavailable when no model may be asked now (the
-        caller holds the task). Every entry in ``entries`` is durable when it returns or raises Interrupted."""
+        caller holds the task). Every entry in ``entries`` is durable when it returns or raises Interrupted, but
+        ``final_entry`` when it returns Done."""
         try:
             end = await self._steps()
+            if isinstance(end, Done) and self.final_entry is not None:
+                return end  # no tool result's record is pending: holding the final entry settled it
             await self._settle_record()
             return end
         finally:
@@ -185,7 +197,9 @@ class Loop:
                     if isinstance(answer, Rejected):
                         return Failed(answer.reason, answer.error, answer.source)
                     entry = turn_entry(turn, answer, self.code.version)
-                    failed = await self._journal(entry)
+                    # the final answer (no calls): held for the final outcome, when the caller sends it so
+                    hold = self._final_with_outcome and not entry["calls"] and self._confirmed_member()
+                    failed = await self._journal(entry, hold=hold)
                     if failed is not None:
                         return failed
                     self._on_event("agent.turn", {"turn": turn, "source": answer.source,
@@ -322,9 +336,10 @@ class Loop:
                  f"tool_result_max_bytes {limit}")
         return Failed(error, error, f"tool:{entry['name']}")
 
-    async def _journal(self, entry: dict[str, Any], *, wait: bool = True) -> Failed | None:
+    async def _journal(self, entry: dict[str, Any], *, wait: bool = True, hold: bool = False) -> Failed | None:
         """Make ``entry`` durable and add it to the journal (one at a time: indexes follow the order of records).
-        ``wait=False`` (a tool result): its record is started, and awaited by the next entry or the loop's end."""
+        ``wait=False`` (a tool result): its record is started, and awaited by the next entry or the loop's end.
+        ``hold`` (the final answer): not recorded here; the caller sends it with the final outcome (``final_entry``)."""
         async with self._lock:
             await self._settle_record()
             if self._broken:  # an earlier record failed: whether it became durable is unknown, so stop here
@@ -335,7 +350,9 @@ class Loop:
                 error = (f"journal_too_large: with {entry['kind']} entry {len(self.entries) + 1} the agent's "
                          f"journal would not fit in the task's record")
                 return Failed(error, error, f"journal:{entry['kind']}")
-            if wait:
+            if hold:
+                self.final_entry = (len(self.entries), entry)
+            elif wait:
                 try:
                     await self._record(len(self.entries), entry)
                 except BaseException:
@@ -349,14 +366,18 @@ class Loop:
         return None
 
     async def _settle_record(self) -> None:
-        """Wait for the record of the last tool result, if it is not confirmed yet; its error is the loop's."""
+        """Wait for the record of the last tool result, if it is not confirmed yet, and record a held final answer;
+        their error is the loop's."""
         pending, self._pending_record = self._pending_record, None
-        if pending is not None:
-            try:
+        held, self.final_entry = self.final_entry, None
+        try:
+            if pending is not None:
                 await pending
-            except BaseException:
-                self._broken = True
-                raise
+            if held is not None:
+                await self._record(*held)
+        except BaseException:
+            self._broken = True
+            raise
 
 
 def _compact(value: Any) -> str:

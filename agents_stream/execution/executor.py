@@ -308,7 +308,7 @@ class Executor(Service):
                 else:  # a failure's labels: its kind as the status, "failed" as the confidence
                     status, confidence = outcome.kind, "failed"
                 metrics.answers.labels(run.task.agent_name, status, outcome.source.split(":")[0], confidence).inc()
-                await self._send_outcome(task_id, outcome)
+                await self._send_final(task_id, outcome, run)
         except asyncio.CancelledError:
             if not run.cancelled or self._stopping():
                 raise
@@ -334,6 +334,26 @@ class Executor(Service):
                 self.ladder.forget(run)
                 run.done.set()
                 self.runs.pop(task_id, None)
+
+    async def _send_final(self, task_id: str, outcome: TaskSucceeded | TaskFailed, run: Run) -> None:
+        """Send a run's final outcome. The final answer's journal entry the agent loop held back (``run.final_entry``)
+        goes just ahead of it, not awaited: applied here, both change the task's record in the same loop turn and
+        reach the changelog as one record, the finished one (one broker round trip where there were two); on the
+        outcomes topic they go in order. The entry's own confirmation is awaited after the outcome went."""
+        entry, run.final_entry = run.final_entry, None
+        if entry is None:
+            await self._send_outcome(task_id, outcome)
+            return
+        journaled = asyncio.ensure_future(self._send_outcome(task_id, entry))
+        try:
+            await asyncio.sleep(0)  # the entry's send takes its first step, its apply, ahead of the outcome's
+            await self._send_outcome(task_id, outcome)
+            await journaled  # bounded: the route waits for an entry to be durable for JOURNAL_DURABLE_S at most
+        finally:
+            if not journaled.done():
+                journaled.cancel()
+            elif not journaled.cancelled():
+                journaled.exception()  # seen: what this raises, if anything, is the outcome's own error
 
     async def _send_outcome(self, task_id: str, outcome: OutcomeEvent) -> None:
         """Send an outcome to the ledger; an outcome of a run of this worker (a journal entry, a checkpoint, a
@@ -363,12 +383,14 @@ class Executor(Service):
             await self.summariser.ensure(run, plan)  # a round: its summary first
         if plan.routing is not None:  # a routed agent: the handler its route picks (execution/handlers.py)
             return await self.handlers.run(run, plan)
-        return await self._run_plan(run, plan)
+        return await self._run_plan(run, plan, final_with_outcome=True)
 
     async def _run_plan(
-        self, run: Run, plan: AgentPlan,
+        self, run: Run, plan: AgentPlan, *, final_with_outcome: bool = False,
     ) -> TaskSucceeded | TaskFailed | CallParked | CallsDelegated | None:
-        """The run's task as ``plan``'s: a saga, an agent loop, steps, or one answer up the ladder."""
+        """The run's task as ``plan``'s: a saga, an agent loop, steps, or one answer up the ladder.
+        ``final_with_outcome``: an agent loop's final answer entry goes with the run's final outcome
+        (``_send_final``); not for a routed agent's handler, whose outcome its route may still escalate."""
         if plan.saga is not None:
             return await self.step_runner.run_saga(run, plan.saga)
         if plan.framework is not None:
@@ -379,7 +401,7 @@ class Executor(Service):
                 self.ladder.hold(run, agent)
                 run.wait = self.settings.probe_interval_s
                 return None
-            return await self.agent_runner.run(run, plan, agent)
+            return await self.agent_runner.run(run, plan, agent, final_with_outcome=final_with_outcome)
         if not run.task.steps:
             return await self.ladder.answer(run, run.task)
         return await self.step_runner.run_steps(run)

@@ -7,6 +7,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from agents_stream.contract.checkpoints import JournalEntry
 from agents_stream.contract.events import TaskFailed, TaskSucceeded, encode
 from agents_stream.contract.models import Confidence, TaskPayload, Usage
 from agents_stream.kafka.delivery import RECORD_OVERHEAD_BYTES
@@ -61,6 +62,9 @@ class Run:
     member: str | None = None
     #: when (the membership's monotonic clock) it was dispatched here: a stall after it may have made it stale
     dispatched_at: float | None = None
+    #: the final answer's journal entry, held back by the agent loop (``Loop.final_entry``): the executor sends it
+    #: just ahead of the final outcome, so the ledger writes both to the task's record at once
+    final_entry: JournalEntry | None = None
 
 
 # What one rung of the ladder came to.

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents_stream.config import AppConfig
+from agents_stream.contract.checkpoints import JournalEntry
 from agents_stream.contract.events import OutcomeEvent, encode
 from agents_stream.contract.models import TaskPayload
 from agents_stream.execution import pricing
@@ -51,6 +52,8 @@ class Worker:
     flow_changes: int = 0
     #: the ephemeral records it sent to agent.conversation.events (chunks of streamed text), as (key, value, partition)
     sent_events: list[tuple[bytes, bytes, int]] = field(default_factory=list)
+    #: when set, a journal entry's send is confirmed only once this is set (as the ledger's durable write would be)
+    confirm_journal: asyncio.Event | None = None
 
     def dispatch(self, task_id: str, instruction: str = "Summarise the report.", dispatch: int = 1,
                  **fields: Any) -> TaskPayload:
@@ -134,6 +137,9 @@ async def worker(
 
     async def send_outcome(task_id: str, outcome: OutcomeEvent) -> None:
         holder[0].outcomes.append((task_id, outcome))
+        confirm = holder[0].confirm_journal
+        if confirm is not None and isinstance(outcome, JournalEntry):
+            await confirm.wait()
 
     def send_control(event: str, subject: str, agent_name: str | None, details: dict[str, Any]) -> None:
         holder[0].controls.append(Control(event, subject, agent_name, details))

@@ -608,3 +608,45 @@ async def test_a_worker_the_group_has_not_confirmed_lately_waits_for_its_tool_re
     assert isinstance(end, Done)
     assert held.log == ["asked turn 0", "turn 0 durable", "result 1 sent", "confirmed", "tool 1 durable",
                         "asked turn 1", "turn 2 durable"]
+
+
+async def test_the_final_answers_entry_is_left_for_the_final_outcome_when_the_caller_sends_it_so() -> None:
+    """With ``final_with_outcome`` the final answer's entry joins the journal unrecorded (``final_entry``): the
+    executor sends it with the final outcome, one write. Every other entry is recorded as before."""
+    held = HeldRecord()
+    held.released.set()
+    ask = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
+    entries: list[Any] = []
+    loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, entries, ask=ask, record=held,
+                signals=RunSignals(final_with_outcome=True))
+    end = await asyncio.wait_for(loop.run(), 10)
+    assert isinstance(end, Done) and end.output == "done"
+    assert [e["kind"] for e in held.durable] == ["turn", "tool"], "the final turn is not recorded by the loop"
+    assert loop.final_entry == (2, entries[2]) and entries[2]["kind"] == "turn" and entries[2]["text"] == "done"
+
+
+async def test_a_held_final_answer_is_recorded_before_anything_journaled_after_it_and_on_any_other_end() -> None:
+    """The held final answer is a journal entry like any other once the loop goes on: an answer the output spec
+    rejects is recorded before its correction note; unconfirmed, the worker records it at once."""
+    agent = Agent("a", "x", output_model=Refund, format_retries=1)
+    indexes: list[tuple[int, str]] = []
+
+    async def record(index: int, entry: dict[str, Any]) -> None:
+        indexes.append((index, entry["kind"]))
+
+    good = scripted(t("refunded it"), t('{"refunded": true, "amount": 42.5}'))
+    loop = Loop(agent, TASK, [], ask=make_ask(World(), good), record=record, spec=OutputSpec.from_model(Refund),
+                signals=RunSignals(final_with_outcome=True))
+    assert isinstance(await loop.run(), Done)
+    assert indexes == [(0, "turn"), (1, "note")] and loop.final_entry is not None and loop.final_entry[0] == 2
+    indexes.clear()
+    bad = scripted(t("no"), t("still no"))
+    loop = Loop(agent, TASK, [], ask=make_ask(World(), bad), record=record, spec=OutputSpec.from_model(Refund),
+                signals=RunSignals(final_with_outcome=True))
+    assert isinstance(await loop.run(), Failed)
+    assert indexes == [(0, "turn"), (1, "note"), (2, "turn"), (3, "note")] and loop.final_entry is None
+    indexes.clear()
+    loop = Loop(SUPPORT, TASK, [], ask=make_ask(World(), scripted(t("done"))), record=record,
+                signals=RunSignals(final_with_outcome=True, confirmed_member=lambda: False))
+    assert isinstance(await loop.run(), Done)
+    assert indexes == [(0, "turn")] and loop.final_entry is None, "a worker not confirmed lately records it itself"

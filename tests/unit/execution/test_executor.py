@@ -172,3 +172,22 @@ async def test_a_full_queue_pauses_intake_and_a_free_slot_resumes_it() -> None:
             assert w.executor.blocked(AGENT) and w.flow_changes == 3
             await w.outcome("t2")
             assert not w.executor.blocked(AGENT) and w.flow_changes == 4
+
+
+async def test_an_agent_loops_final_answer_goes_just_ahead_of_its_outcome_which_does_not_wait_for_it() -> None:
+    """The final answer's journal entry and the task's outcome are sent in order, the outcome without waiting for
+    the entry's confirmation: applied here, the ledger writes both to the task's record at once (one write)."""
+    async with FakeLLM(default=ok("Your parcel is on its way.")) as p:
+        support = {"providers": ["p"], "agent": "agents_stream.examples.support:SUPPORT",
+                   "approval": {"levels": [{"name": "l", "timeout_s": 60}]}}
+        async with worker({"p": p}, support) as w:
+            w.confirm_journal = asyncio.Event()
+            w.dispatch("t-final", "Where is order o-1?")
+            # the old order (the entry confirmed, then the outcome) never gets here while the entry is unconfirmed
+            out = await w.outcome("t-final")
+            sent = [e["kind"] for e in w.events("t-final")]
+            w.confirm_journal.set()
+    assert out["kind"] == "succeeded" and out["output"] == "Your parcel is on its way."
+    assert sent[-2:] == ["step", "succeeded"], f"the final entry just ahead of the outcome: {sent}"
+    final = w.events("t-final", "step")[-1]
+    assert final["output"]["kind"] == "turn" and final["output"]["text"] == "Your parcel is on its way."
