@@ -70,9 +70,9 @@ class Membership:
         run.member = self.member_id()
         run.dispatched_at = self._clock()
 
-    def _look(self) -> bool:
-        """Note a gap in this loop since the last look; True while the group has not confirmed this worker since
-        the last one."""
+    def tick(self) -> bool:
+        """One look of the watch: note a gap in this loop since the last look; True while the group has not
+        confirmed this worker since the last gap."""
         now = self._clock()
         if self._ticked is None:
             return False  # not watching yet: the worker is still starting, no run can have lived through a stall
@@ -90,12 +90,16 @@ class Membership:
             return False
         return True
 
+    def start_watch(self) -> None:
+        """From now on gaps count: before it, the worker is still starting and no run can have lived through one."""
+        self._ticked = self._clock()
+
     async def watch(self) -> None:
         """Tick, so that a gap is noticed even when no run is calling (the executor owns this task)."""
-        self._ticked = self._clock()
+        self.start_watch()
         while True:
             await self._sleep(self._tick_s)
-            self._look()
+            self.tick()
 
     def confirmed(self) -> bool:
         """The group accepted a commit or heartbeat of this worker less than ``stall_s`` ago: it still owns what it
@@ -120,7 +124,7 @@ class Membership:
             now = self.member_id()
             if run.member and now != run.member:
                 raise _left(run, now)
-            if not self._look():
+            if not self.tick():
                 return
             if run.dispatched_at is not None and self.stalled_at is not None and run.dispatched_at >= self.stalled_at:
                 return  # dispatched from a record read since the stall (a worker's start stands still too, before

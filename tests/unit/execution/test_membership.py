@@ -44,7 +44,7 @@ class Group:
         membership = Membership(lambda: self.member, lambda: self.confirmed_at, stall_s=3.0, wait_s=wait_s,
                                 tick_s=0.25, clock=lambda: self.now, sleep=self.sleep)
         if watching:  # as if its watch had started now (watch() itself never returns on this fake clock)
-            membership._ticked = self.now
+            membership.start_watch()
         return membership
 
 
@@ -52,7 +52,7 @@ def ticking(group: Group, membership: Membership, seconds: float) -> None:
     """``seconds`` of a loop that runs: the watch ticks every 0.25 s."""
     for _ in range(round(seconds / 0.25)):
         group.now += 0.25
-        membership._look()
+        membership.tick()
 
 
 def a_run(member: str | None) -> Run:
@@ -136,7 +136,7 @@ async def test_a_run_dispatched_after_a_stall_does_not_wait_even_before_the_work
     before = a_run("m1")
     membership.stamp(before)
     group.now += 7.0
-    membership._look()  # the watch wakes: the stall is noticed
+    membership.tick()  # the watch wakes: the stall is noticed
     after = a_run(None)
     membership.stamp(after)
     await membership.check(after)
