@@ -9,11 +9,20 @@ import asyncio
 import logging
 from typing import Any, Callable, Coroutine, TypeVar
 
-__all__ = ["Background"]
+__all__ = ["Background", "abandon"]
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+
+def abandon(fut: "asyncio.Future[Any]") -> None:
+    """Its owner goes on without ``fut``, raising an error of its own: cancel it if it still runs, else mark its
+    exception seen (asyncio would log one never retrieved as a bug)."""
+    if not fut.done():
+        fut.cancel()
+    elif not fut.cancelled():
+        fut.exception()
 
 
 class Background:

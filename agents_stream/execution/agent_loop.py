@@ -30,6 +30,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
+from agents_stream.background import abandon
 from agents_stream.contract.errors import Fenced, Interrupted
 from agents_stream.contract.models import Confidence, TaskPayload
 from agents_stream.execution.agent_definitions import Agent
@@ -175,11 +176,8 @@ class Loop:
             await self._settle_record()
             return end
         finally:
-            pending = self._pending_record
-            if pending is not None:  # the run ends on an error: its last result's record is not awaited
-                if pending.done() and not pending.cancelled():
-                    pending.exception()  # seen: the run's own error is what it raises
-                pending.cancel()
+            if self._pending_record is not None:  # the run ends on an error: its last result's record is not awaited
+                abandon(self._pending_record)
 
     async def _steps(self) -> Done | Failed | Parked | Delegated | Unavailable:
         self._note_upgrade()

@@ -20,6 +20,7 @@ from typing import Any, Awaitable, Callable
 
 from mode import Service
 
+from agents_stream.background import abandon
 from agents_stream.config import AppConfig
 from agents_stream.contract.errors import Fenced, Interrupted
 from agents_stream.contract.events import (
@@ -350,10 +351,7 @@ class Executor(Service):
             await self._send_outcome(task_id, outcome)
             await journaled  # bounded: the route waits for an entry to be durable for JOURNAL_DURABLE_S at most
         finally:
-            if not journaled.done():
-                journaled.cancel()
-            elif not journaled.cancelled():
-                journaled.exception()  # seen: what this raises, if anything, is the outcome's own error
+            abandon(journaled)  # settled by now unless the outcome's send raised: that error is the one raised
 
     async def _send_outcome(self, task_id: str, outcome: OutcomeEvent) -> None:
         """Send an outcome to the ledger; an outcome of a run of this worker (a journal entry, a checkpoint, a
