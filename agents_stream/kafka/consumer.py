@@ -25,6 +25,7 @@ from faust.transport.drivers.aiokafka import Producer as AIOKafkaProducer
 from faust.transport.drivers.aiokafka import Transport as AIOKafkaTransport
 from faust.types import TP
 
+from agents_stream.contract.topics import CIRCUITS, CONTROL
 from agents_stream.kafka.direct import DirectSends
 from agents_stream.kafka.rereads import Rereads
 from agents_stream.kafka.watermark import Watermark
@@ -357,6 +358,10 @@ def _drop_records(records: Any, drops: dict[str, int]) -> Any:
 PRODUCER_BUFFER_MESSAGES = 2000
 
 
+#: the topics whose records nobody waits for: each rides with the next record of another topic (``kafka.direct``)
+RIDERS = frozenset({CONTROL, CIRCUITS})
+
+
 class IdempotentProducer(AIOKafkaProducer):
     """Faust's aiokafka producer with idempotence on (Faust sets it only inside transactions): a batch retried
     after a leader failover is written once, not twice (docs/cluster.md). Needs acks=all, which the app sets.
@@ -367,8 +372,9 @@ class IdempotentProducer(AIOKafkaProducer):
         self.buffer.max_messages = PRODUCER_BUFFER_MESSAGES
         self._tracked: set[str] = set()
         #: records sent straight into aiokafka's batches, past Faust's buffer (the tables' changelogs, and every
-        #: record of a topic of raw keys and values: ``GuardedTopic``); they wait for ``on_start`` to finish
-        self.direct = DirectSends(self._ensure_producer, self.track, started=False)
+        #: record of a topic of raw keys and values: ``GuardedTopic``); they wait for ``on_start`` to finish. The
+        #: control and breaker events ride with the next other record (``kafka.direct``, riders)
+        self.direct = DirectSends(self._ensure_producer, self.track, started=False, riders=RIDERS)
         #: the topics the broker had when this worker started (``kafka.admin.ensure_topics`` fills it): Faust's
         #: declares of them are skipped (``create_topic``)
         self.present_topics: set[str] = set()

@@ -14,6 +14,13 @@ order. Every record this app sends goes this way: the ledger's tables send their
 (``tables/definitions.py``), and every topic of raw keys and values (all of the app's own, from results and outcomes to
 conversation events and dead letters) sends its ``send_soon`` here (``kafka.delivery.GuardedTopic``).
 
+A record of a topic that carries no promise anyone waits for (the control events, the breakers' events: ``riders``)
+rides with the next other record: it is held until a send of another topic, or ``RIDE_S`` at most, and then goes
+just ahead of it. aiokafka keeps one produce request in flight per broker: a control event sent alone took that
+slot, and the journal entry a run waited for, sent a moment later, waited a whole round trip behind it. Held, the
+event goes in the entry's own request. Every record still leaves in the order it was sent: the held ones are
+released before any other send (docs/decisions.md, "Riders").
+
 Before the producer has started, and after it stopped, no record goes to aiokafka: Faust makes a new aiokafka
 producer as it starts, and a record appended to one made earlier would never leave. A send before the start waits
 for it (``START_WAIT_S`` at most) with every record of its topic behind it, as Faust's buffer held them; a send after
@@ -33,7 +40,7 @@ from agents_stream.background import Background
 from agents_stream.kafka.delivery import log_undeliverable, undeliverable
 from agents_stream.tables.writes import chain
 
-__all__ = ["MAX_QUEUED", "START_WAIT_S", "DirectSends"]
+__all__ = ["MAX_QUEUED", "RIDE_S", "START_WAIT_S", "DirectSends"]
 
 #: one record's send: topic, key, value, partition, headers
 _Record = tuple[str, "bytes | None", "bytes | None", "int | None", "list[tuple[str, bytes]] | None"]
@@ -42,6 +49,8 @@ _Record = tuple[str, "bytes | None", "bytes | None", "int | None", "list[tuple[s
 #: records of one topic queued behind a send that waits, before the next ones fail at once (their senders retry
 #: them: the outbox holds their offsets); aiokafka's own batch of a partition holds what it sends next
 MAX_QUEUED = 10_000
+#: how long a rider waits for another record to go with before it goes alone
+RIDE_S = 0.005
 #: how long a send made before the producer started waits for it before it fails (its sender retries it)
 START_WAIT_S = 60.0
 
@@ -55,9 +64,13 @@ class DirectSends:
     sent meanwhile queues behind it, in order. Other topics go on: one topic's wait holds no other's records.
 
     ``running`` says the producer may be sent to: set by its owner once the producer started (``started=False``
-    makes sends wait for that), cleared by ``stop``."""
+    makes sends wait for that), cleared by ``stop``. A record of a topic in ``riders`` is held until the next send
+    of another topic, or ``RIDE_S`` at most, and goes just ahead of it."""
 
-    def __init__(self, producer: Callable[[], Any], track: Callable[[str], None], *, started: bool = True) -> None:
+    def __init__(
+        self, producer: Callable[[], Any], track: Callable[[str], None], *, started: bool = True,
+        riders: frozenset[str] = frozenset(),
+    ) -> None:
         self.producer = producer
         self.track = track
         self.running = asyncio.Event()
@@ -67,6 +80,10 @@ class DirectSends:
         self.tasks = Background("direct sends waiting for the producer")
         #: per topic with a send waiting, the records queued behind it
         self._queued: dict[str, deque[tuple[_Record, asyncio.Future[Any]]]] = {}
+        self.riders = riders
+        #: riders held for the next other record, in the order they were sent; and the timer that sends them alone
+        self._riding: list[tuple[_Record, asyncio.Future[Any]]] = []
+        self._ride_timer: asyncio.TimerHandle | None = None
 
     def send(
         self, topic: str, key: bytes | None, value: bytes | None, *, partition: int | None = None,
@@ -75,8 +92,30 @@ class DirectSends:
         """Send one record; the future settles with its RecordMetadata once the broker confirmed it, or with the
         producer's error. A record the producer refuses at once fails at once: too large, as RecordTooLarge (and
         operators read what to do), as Faust's path does (``GuardedTopic``)."""
-        answer: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[Any] = loop.create_future()
         record = (topic, key, value, partition, headers)
+        if topic in self.riders and not self.stopped:
+            self._riding.append((record, answer))
+            if self._ride_timer is None:
+                self._ride_timer = loop.call_later(RIDE_S, self.release)
+            return answer
+        if self._riding:
+            self.release()
+        self._send(record, answer)
+        return answer
+
+    def release(self) -> None:
+        """Send the held riders now, in order (another record goes next, or they waited ``RIDE_S``)."""
+        if self._ride_timer is not None:
+            self._ride_timer.cancel()
+            self._ride_timer = None
+        riding, self._riding = self._riding, []
+        for record, answer in riding:
+            self._send(record, answer)
+
+    def _send(self, record: _Record, answer: asyncio.Future[Any]) -> None:
+        topic = record[0]
         queue = self._queued.get(topic)
         if queue is not None:
             if len(queue) >= MAX_QUEUED:
@@ -85,29 +124,28 @@ class DirectSends:
                     "sender retries it)"))
             else:
                 queue.append((record, answer))
-            return answer
+            return
         if not self.running.is_set():
             if self.stopped:
                 answer.set_exception(_stopped())
-                return answer
+                return
             self._queued[topic] = deque()  # the records of this topic sent meanwhile queue behind this one
             self.tasks.start(self._finish(topic, self._once_running(record), None, answer))
-            return answer
+            return
         try:
             coro = self._start(record)
             blocked_on = coro.send(None)
         except StopIteration as done:  # appended to its batch: the usual case
             chain(done.value, answer)
-            return answer
+            return
         except Exception as exc:  # the producer refused it at once (too large, not running)
             permanent = undeliverable(exc)
             if permanent is not None:
                 log_undeliverable(topic, permanent)
             answer.set_exception(permanent or exc)
-            return answer
+            return
         self._queued[topic] = deque()
         self.tasks.start(self._finish(topic, coro, blocked_on, answer))
-        return answer
 
     def _start(self, record: _Record) -> Coroutine[Any, Any, Any]:
         if not self.running.is_set():
@@ -152,7 +190,9 @@ class DirectSends:
             del self._queued[topic]
 
     async def stop(self) -> None:
-        """Cancel the sends still waiting; the records queued behind them fail, and so does every send from now on."""
+        """Send the held riders; cancel the sends still waiting: the records queued behind them fail, and so does
+        every send from now on."""
+        self.release()
         self.stopped = True
         self.running.clear()
         await self.tasks.stop()

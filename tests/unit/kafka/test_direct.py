@@ -174,3 +174,47 @@ async def test_a_producer_that_is_not_running_fails_the_send() -> None:
     direct = DirectSends(not_ready, lambda topic: None)
     with pytest.raises(RuntimeError, match="not yet started"):
         await asyncio.wait_for(direct.send("t", b"k", b"v"), 1)
+
+
+def riding(producer: FakeProducer) -> DirectSends:
+    return DirectSends(lambda: producer, lambda topic: None, riders=frozenset({"events"}))
+
+
+async def test_a_rider_waits_for_the_next_other_record_and_goes_just_ahead_of_it() -> None:
+    producer = FakeProducer()
+    direct = riding(producer)
+    first = direct.send("events", b"k", b"e1")
+    second = direct.send("events", b"k", b"e2")
+    assert producer.appended == []  # held: no request of its own
+    entry = direct.send("changelog", b"k", b"c1")
+    # on the caller's stack, in the order they were sent: one request carries all three
+    assert producer.appended == [("events", b"e1"), ("events", b"e2"), ("changelog", b"c1")]
+    for answer, metadata in zip(producer.answers, ("m1", "m2", "m3"), strict=True):
+        answer.set_result(metadata)
+    await asyncio.sleep(0)
+    assert (first.result(), second.result(), entry.result()) == ("m1", "m2", "m3")
+
+
+async def test_a_rider_with_nothing_to_ride_with_goes_alone_after_its_wait() -> None:
+    producer = FakeProducer()
+    direct = riding(producer)
+    started = asyncio.get_running_loop().time()
+    sent = direct.send("events", b"k", b"e1")
+    await appended(producer, 1)
+    assert producer.appended == [("events", b"e1")]
+    assert asyncio.get_running_loop().time() - started >= direct_module.RIDE_S * 0.9
+    producer.answers[0].set_result("m1")
+    assert await asyncio.wait_for(sent, 1) == "m1"
+    direct.send("changelog", b"k", b"c1")  # nothing held any more: only the new record goes
+    assert producer.appended == [("events", b"e1"), ("changelog", b"c1")]
+
+
+async def test_stopping_sends_the_held_riders_first() -> None:
+    producer = FakeProducer()
+    direct = riding(producer)
+    direct.send("events", b"k", b"e1")
+    await asyncio.wait_for(direct.stop(), 5)
+    assert producer.appended == [("events", b"e1")]  # into aiokafka's batch, which the producer's stop flushes
+    late = direct.send("events", b"k", b"e2")  # after the stop a rider fails at once, as every record does
+    with pytest.raises(ConnectionError, match="not running"):
+        await asyncio.wait_for(late, 1)
