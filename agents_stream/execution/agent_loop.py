@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable
+from typing import Any, Awaitable, Callable, Literal
 
 from agents_stream.background import abandon
 from agents_stream.contract.errors import Fenced, Interrupted
@@ -61,6 +61,11 @@ Ask = Callable[[Conversation], Awaitable[TurnAnswer | Unavailable | Rejected]]
 Record = Callable[[int, dict[str, Any]], Awaitable[None]]
 #: a control event of the loop (agent.turn, agent.tool_call) and its details
 OnEvent = Callable[[str, dict[str, Any]], None]
+#: how an entry's record is sent: ``await`` (confirmed before the loop goes on: a turn, a note); ``start`` (a tool
+#: result: started now, awaited by the next entry or the loop's end); ``after_next_call`` (a turn's last tool result:
+#: started once the next model call's request is out, ``Loop._ask_first``, then as ``start``); ``with_outcome`` (the
+#: final answer: not recorded here, the caller sends it with the final outcome, ``Loop.final_entry``)
+Journaling = Literal["await", "start", "after_next_call", "with_outcome"]
 
 
 class JournalBroken(Exception):
@@ -159,6 +164,9 @@ class Loop:
         self._broken = False
         #: the record of the last tool result, not awaited by the model call after it (``_settle_record``)
         self._pending_record: asyncio.Future[None] | None = None
+        #: (index, entry): the last tool result, its record not started yet: it starts once the next model call's
+        #: request is out (``_ask_first``), or before anything else the loop journals or settles
+        self._unstarted: tuple[int, dict[str, Any]] | None = None
         #: (index, entry): the final answer's entry, in ``entries`` but not recorded. Left here when ``run`` returns
         #: Done: the caller sends it with the final outcome, which the ledger writes to the same task record, so
         #: both are one write. Recorded (awaited) before anything else the loop journals, and on any other end.
@@ -176,7 +184,9 @@ class Loop:
             await self._settle_record()
             return end
         finally:
-            if self._pending_record is not None:  # the run ends on an error: its last result's record is not awaited
+            # The run ends on an error (or a cancel): its last result's record, on its way, is not awaited; one not
+            # started yet is not sent, and a resumed run calls that tool again, under the same idempotency key.
+            if self._pending_record is not None:
                 abandon(self._pending_record)
 
     async def _steps(self) -> Done | Failed | Parked | Delegated | Unavailable:
@@ -189,7 +199,8 @@ class Loop:
             action = journal.next_action(state, self.agent.limits, self.code)
             match action:
                 case AskModel(turn=turn):
-                    answer = await self._ask(conversation(self.task, self.agent, self.system, self.entries, self.spec))
+                    answer = await self._ask_first(
+                        conversation(self.task, self.agent, self.system, self.entries, self.spec))
                     if isinstance(answer, Unavailable):
                         return answer
                     if isinstance(answer, Rejected):
@@ -197,7 +208,7 @@ class Loop:
                     entry = turn_entry(turn, answer, self.code.version)
                     # the final answer (no calls): held for the final outcome, when the caller sends it so
                     hold = self._final_with_outcome and not entry["calls"] and self._confirmed_member()
-                    failed = await self._journal(entry, hold=hold)
+                    failed = await self._journal(entry, "with_outcome" if hold else "await")
                     if failed is not None:
                         return failed
                     self._on_event("agent.turn", {"turn": turn, "source": answer.source,
@@ -256,7 +267,7 @@ class Loop:
         except FormatError as exc:
             note = (f"Your final answer was rejected: {exc}. Answer again with only JSON (no prose, no code "
                     f"fence) matching this JSON Schema: {self.spec.describe()}")
-            return await self._journal({"kind": "note", "turn": turn, "text": note})
+            return await self._journal({"kind": "note", "turn": turn, "text": note}, "await")
         except CheckAborted as exc:
             return Failed(f"output_check_aborted: {exc}", f"the answer could not be checked: {exc}", source)
         return Done(output, confidence, source)
@@ -293,14 +304,21 @@ class Loop:
         """The calls of one turn, concurrently; each result is journaled on its own as it comes."""
         results: list[Failed | None] = [None] * len(calls)
 
+        running = [len(calls)]
+
         async def one(i: int, call: dict[str, Any]) -> None:
             key = (turn, call["id"])
             entry = await self.tools.call(turn, call, state.decisions.get(key), state.subresults.get(key))
+            running[0] -= 1
             results[i] = self._bounded(entry)
             if results[i] is None:
-                # a worker the group has not confirmed lately may have lost the task: its result's record (the
-                # outcomes topic then, and Fenced) must come before the next model call, which it would waste
-                results[i] = await self._journal(entry, wait=not self._confirmed_member())
+                # A worker the group has not confirmed lately may have lost the task: its result's record (the
+                # outcomes topic then, and Fenced) must come before the next model call, which it would waste. The
+                # turn's last result goes once the next call's request is out; one that finishes while others of
+                # its turn still run goes at once (a crash during a slow call must not lose it).
+                how: Journaling = ("await" if not self._confirmed_member()
+                                   else "after_next_call" if not running[0] else "start")
+                results[i] = await self._journal(entry, how)
             if results[i] is None:
                 details = {"turn": turn, "call_id": entry["id"], "tool": entry["name"], "error": entry["error"],
                            "attempts": entry["attempts"]}
@@ -334,10 +352,9 @@ class Loop:
                  f"tool_result_max_bytes {limit}")
         return Failed(error, error, f"tool:{entry['name']}")
 
-    async def _journal(self, entry: dict[str, Any], *, wait: bool = True, hold: bool = False) -> Failed | None:
-        """Make ``entry`` durable and add it to the journal (one at a time: indexes follow the order of records).
-        ``wait=False`` (a tool result): its record is started, and awaited by the next entry or the loop's end.
-        ``hold`` (the final answer): not recorded here; the caller sends it with the final outcome (``final_entry``)."""
+    async def _journal(self, entry: dict[str, Any], how: Journaling) -> Failed | None:
+        """Add ``entry`` to the journal, its record sent as ``how`` says (``Journaling``); one at a time: indexes
+        follow the order of records."""
         async with self._lock:
             await self._settle_record()
             if self._broken:  # an earlier record failed: whether it became durable is unknown, so stop here
@@ -348,14 +365,16 @@ class Loop:
                 error = (f"journal_too_large: with {entry['kind']} entry {len(self.entries) + 1} the agent's "
                          f"journal would not fit in the task's record")
                 return Failed(error, error, f"journal:{entry['kind']}")
-            if hold:
+            if how == "with_outcome":
                 self.final_entry = (len(self.entries), entry)
-            elif wait:
+            elif how == "await":
                 try:
                     await self._record(len(self.entries), entry)
                 except BaseException:
                     self._broken = True
                     raise
+            elif how == "after_next_call":
+                self._unstarted = (len(self.entries), entry)
             else:
                 self._pending_record = asyncio.ensure_future(self._record(len(self.entries), entry))
                 await asyncio.sleep(0)  # its first step runs now, as an awaited record's does: before the append
@@ -363,9 +382,32 @@ class Loop:
             self._bytes = grown
         return None
 
+    async def _ask_first(self, prompt: Any) -> Any:
+        """Ask the model; the last tool result's record, not started yet, starts once the call's request is out.
+        The record's transition is the ledger's work on this loop's one thread: done first, it held the request
+        back by as long (``bench.agent_loop``, "between two calls"). The next entry awaits the record as before."""
+        if self._unstarted is None:
+            return await self._ask(prompt)
+        asking = asyncio.ensure_future(self._ask(prompt))
+        try:
+            await asyncio.sleep(0)  # the call runs up to its first wait: its request is written to the socket
+            self._start_record()
+            await asyncio.sleep(0)  # the record's first step runs now, as an awaited record's does
+        except BaseException:  # cancelled: the call goes too (a result not started is not sent: see run)
+            asking.cancel()
+            raise
+        return await asking
+
+    def _start_record(self) -> None:
+        """Start the record of the last tool result, if it was not started yet (``_pending_record``)."""
+        if self._unstarted is not None:
+            (index, entry), self._unstarted = self._unstarted, None
+            self._pending_record = asyncio.ensure_future(self._record(index, entry))
+
     async def _settle_record(self) -> None:
         """Wait for the record of the last tool result, if it is not confirmed yet, and record a held final answer;
         their error is the loop's."""
+        self._start_record()
         pending, self._pending_record = self._pending_record, None
         held, self.final_entry = self.final_entry, None
         try:

@@ -552,7 +552,8 @@ class HeldRecord:
 
 async def test_the_next_turn_is_asked_while_a_tool_results_record_is_on_its_way_and_journaled_after_it() -> None:
     """A tool result's record is not awaited by the next model call, only by the next entry: the model is asked turn
-    1 while the result's record is unconfirmed, and turn 1 is journaled after the result is durable."""
+    1 first, the result's record starts once the call's request is out, and turn 1 is journaled after the result is
+    durable."""
     held = HeldRecord()
     base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
 
@@ -565,7 +566,7 @@ async def test_the_next_turn_is_asked_while_a_tool_results_record_is_on_its_way_
     loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held)
     end = await asyncio.wait_for(loop.run(), 10)  # a loop that awaited the result before asking would wait forever
     assert isinstance(end, Done) and end.output == "done"
-    assert held.log == ["asked turn 0", "turn 0 durable", "result 1 sent", "asked turn 1", "tool 1 durable",
+    assert held.log == ["asked turn 0", "turn 0 durable", "asked turn 1", "result 1 sent", "tool 1 durable",
                         "turn 2 durable"]
 
 
@@ -582,6 +583,89 @@ async def test_a_tool_results_record_that_fails_stops_the_loop_before_the_next_t
     with pytest.raises(RuntimeError, match="refused"):
         await loop.run()
     assert [e["kind"] for e in held.durable] == ["turn"], "nothing after the failed result is journaled"
+
+
+async def test_a_result_that_finishes_while_a_slower_call_of_its_turn_runs_is_recorded_at_once() -> None:
+    """Two calls in one turn: the quick one's record starts as it finishes, not once the slow one is done (a crash
+    during the slow call must not lose the quick one's result); the turn's last result waits for the next call."""
+    held = HeldRecord()
+    held.released.set()
+    slow_may_end = asyncio.Event()
+
+    @tool
+    async def slow(ctx: ToolContext) -> str:
+        """Take a while."""
+        await slow_may_end.wait()
+        held.log.append("slow ended")
+        return "slow done"
+
+    base = make_ask(World(), scripted(
+        t("", ToolCall("q", "lookup_order", {"order_id": "o-1"}), ToolCall("s", "slow", {})), t("done")))
+
+    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+        held.log.append(f"asked turn {turns_in(conv)}")
+        return await base(conv)
+
+    async def end_slow_once_quick_is_recorded() -> None:
+        while "tool 1 durable" not in held.log:
+            await asyncio.sleep(0.01)
+        slow_may_end.set()
+
+    ender = asyncio.ensure_future(end_slow_once_quick_is_recorded())
+    loop = Loop(Agent("a", "x", tools=[lookup_order, slow]), TASK, [], ask=ask, record=held)
+    end = await asyncio.wait_for(loop.run(), 10)
+    await ender
+    assert isinstance(end, Done)
+    assert held.log == ["asked turn 0", "turn 0 durable", "result 1 sent", "tool 1 durable", "slow ended",
+                        "asked turn 1", "result 2 sent", "tool 2 durable", "turn 3 durable"]
+
+
+async def test_a_tool_results_record_goes_out_even_when_the_next_model_call_fails() -> None:
+    """The result's record starts once the next call's request is out; a call that raises still leaves it sent (a
+    resumed run finds the result journaled instead of calling the tool again)."""
+    held = HeldRecord()
+    held.released.set()
+    base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
+
+    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+        if turns_in(conv) == 1:
+            raise RuntimeError("the model's connection broke")
+        return await base(conv)
+
+    loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held)
+    with pytest.raises(RuntimeError, match="connection broke"):
+        await loop.run()
+    for _ in range(100):  # not awaited by the run that failed: it settles on its own
+        if len(held.durable) == 2:
+            break
+        await asyncio.sleep(0.01)
+    assert [e["kind"] for e in held.durable] == ["turn", "tool"]
+
+
+async def test_a_run_cancelled_as_it_asks_cancels_the_model_call_too() -> None:
+    held = HeldRecord()
+    held.released.set()
+    base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
+    asked = asyncio.Event()
+    call_cancelled = asyncio.Event()
+
+    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+        if turns_in(conv) == 1:
+            asked.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                call_cancelled.set()
+                raise
+        return await base(conv)
+
+    loop = Loop(Agent("a", "x", tools=[lookup_order]), TASK, [], ask=ask, record=held)
+    run = asyncio.ensure_future(loop.run())
+    await asyncio.wait_for(asked.wait(), 5)
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    await asyncio.wait_for(call_cancelled.wait(), 5)
 
 
 async def test_a_worker_the_group_has_not_confirmed_lately_waits_for_its_tool_results_record_before_asking() -> None:
