@@ -116,6 +116,16 @@ class Membership:
         if run.member and now and now != run.member:
             raise _left(run, now)
 
+    def may_act(self, run: Run) -> bool:
+        """What ``check`` would say without waiting: True when ``run`` may act now. A call that waited after its
+        check (for a permit of the circuits) asks again with this: the wait may have lived through a stall."""
+        now = self.member_id()
+        if run.member and now != run.member:
+            return False
+        if not self.tick():
+            return True
+        return run.dispatched_at is not None and self.stalled_at is not None and run.dispatched_at >= self.stalled_at
+
     async def check(self, run: Run) -> None:
         """Return when ``run`` may act; raise ``Fenced`` when this worker is no longer the member it was dispatched
         under, or the group has not confirmed it within ``wait_s`` of a stall."""
@@ -156,8 +166,12 @@ class GatedAdmission:
         self._run = run
 
     async def acquire(self, provider: str) -> Permit:
-        await self._membership.check(self._run)
-        return await self._circuits.acquire(provider)
+        while True:
+            await self._membership.check(self._run)
+            permit = await self._circuits.acquire(provider)
+            if self._membership.may_act(self._run):
+                return permit
+            self._circuits.release(permit, "neutral")  # the wait for it lived through a stall: check again
 
     def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
         self._circuits.release(permit, result, retry_after=retry_after)

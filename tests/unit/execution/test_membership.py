@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 
@@ -174,15 +175,86 @@ async def test_a_run_dispatched_before_the_client_knew_its_id_is_checked_for_sta
 
 
 class Circuits:
+    """Permits at once; ``during_wait`` runs inside the next acquire (what happens while a run waits for one)."""
+
     def __init__(self) -> None:
         self.acquired: list[str] = []
+        self.released: list[str] = []
+        self.during_wait: list[Any] = []
 
     async def acquire(self, provider: str) -> Permit:
+        if self.during_wait:
+            self.during_wait.pop(0)()
         self.acquired.append(provider)
         return Permit(provider)
 
     def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
-        pass
+        self.released.append(result)
+
+
+async def test_a_permit_whose_wait_lived_through_a_stall_is_given_back_until_the_group_confirms_the_worker() -> None:
+    """Checked, then waiting for a permit while the process stood still for 12 s: the permit is given back
+    (neutral), and the attempt waits for the group; confirmed, it goes on with a new permit."""
+    circuits, group = Circuits(), Group()
+    membership = group.membership(wait_s=5.0)
+    gated = GatedAdmission(circuits, membership, a_run("m1"))
+
+    def stall() -> None:
+        group.now += 12.0
+
+    circuits.during_wait.append(stall)
+    group.script = [("m1", False), ("m1", True)]  # the group confirms the worker on the second look
+    permit = await gated.acquire("tool:refund")
+    assert permit.provider == "tool:refund"
+    assert circuits.released == ["neutral"] and circuits.acquired == ["tool:refund", "tool:refund"]
+    assert len(group.waits) == 2
+
+
+async def test_a_permit_whose_wait_lived_through_a_stall_the_group_never_confirms_is_fenced() -> None:
+    circuits, group = Circuits(), Group()
+    gated = GatedAdmission(circuits, group.membership(wait_s=1.0), a_run("m1"))
+    circuits.during_wait.append(lambda: setattr(group, "now", group.now + 12.0))
+    with pytest.raises(Fenced, match="within 1s of its event loop standing still"):
+        await gated.acquire("tool:refund")
+    assert circuits.released == ["neutral"] and circuits.acquired == ["tool:refund"]
+
+
+async def test_a_model_call_that_waited_for_a_permit_through_a_stall_waits_for_the_group_before_it_goes_out() -> None:
+    """The provider takes one call at a time: t2 passes its check, then waits for t1's permit; meanwhile the worker's
+    loop stands still for 12 s. When the permit comes, t2's call does not go out until the group confirms the worker
+    (a worker stopped past its session may have lost t2 to another member, which runs it)."""
+    offset = [0.0]
+    confirmed: list[float | None] = [time.monotonic()]
+    membership = Membership(lambda: "m1", lambda: confirmed[0], stall_s=3.0, wait_s=10.0, tick_s=0.05,
+                            clock=lambda: time.monotonic() + offset[0])
+    async with FakeLLM([ok("t1 done", latency=0.5)], default=ok("t2 done")) as p:
+        async with worker({"p": p}, {"providers": ["p"]}, membership=membership,
+                          providers={"p": {"max_concurrency": 1}}) as w:
+            w.dispatch("t1")
+            await w.until(lambda: len(p.requests) == 1, what="t1's call")
+            w.dispatch("t2")
+            await asyncio.sleep(0.1)  # t2 checked and waits for the permit
+            offset[0] += 12.0  # the loop stood still (as a stopped process finds on waking)
+            await w.until(lambda: w.events("t1", "succeeded"), what="t1's result")
+            await asyncio.sleep(0.5)
+            assert len(p.requests) == 1, "t2's call went out before the group confirmed the worker after the stall"
+            confirmed[0] = time.monotonic() + offset[0]
+            await w.until(lambda: w.events("t2", "succeeded"), what="t2's result once confirmed")
+    assert len(p.requests) == 2
+
+
+def test_may_act_says_what_check_would_without_waiting() -> None:
+    group = Group()
+    membership = group.membership()
+    run = a_run("m1")
+    assert membership.may_act(run)
+    group.now += 12.0  # stood still: not until the group confirms it again
+    assert not membership.may_act(run)
+    group.now += 0.25
+    group.confirmed_at = group.now  # a heartbeat accepted since the stall
+    assert membership.may_act(run)
+    group.member = "m2"  # expelled and joined again: never
+    assert not membership.may_act(run)
 
 
 async def test_a_tool_attempt_of_an_expelled_worker_never_reaches_the_tools_breaker() -> None:
