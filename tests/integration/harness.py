@@ -32,10 +32,33 @@ PARTITIONS = 8  # the default: topics shared by every app id (agent.jobs, agent.
 READ_TOKEN = "harness-read-token"
 
 
+#: ports handed out for servers a test starts later (a worker's web views): below Linux's ephemeral range (32768 and
+#: up), from which the kernel picks every outgoing connection's local port. A port taken with ``bind(0)`` came from
+#: that range, and a client's connection (to the broker, say) could be given it before the worker bound it: CI once
+#: saw a worker fail to start with "address already in use". Each pytest-xdist process gets its own slice of it.
+PORTS_FROM, PORTS_SLICE, PORT_SLICES = 20_000, 3_000, 4
+_next_port: list[int] = []
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A local port free now, outside the ephemeral range, not handed out before by this process."""
+    if not _next_port:
+        name = os.environ.get("PYTEST_XDIST_WORKER", "")
+        index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else PORT_SLICES - 1
+        start = PORTS_FROM + (index % PORT_SLICES) * PORTS_SLICE
+        _next_port.extend([start + (os.getpid() * 7) % PORTS_SLICE, start])
+    port, start = _next_port
+    for _ in range(PORTS_SLICE):
+        candidate = start + (port - start) % PORTS_SLICE
+        port = candidate + 1
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", candidate))
+            except OSError:
+                continue
+        _next_port[0] = port
+        return candidate
+    raise RuntimeError(f"no free port in {start}..{start + PORTS_SLICE - 1}")
 
 
 def dies_with_this_process() -> Callable[[], None] | None:
