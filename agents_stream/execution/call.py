@@ -224,17 +224,11 @@ class Caller:
         (``retries`` counts them, across calls of this method for one rung)."""
         provider = tier.provider
         while True:
-            if self.membership is not None:
-                await self.membership.check(run)  # Fenced: this worker is no longer the member it was dispatched to
-            try:
-                permit = await self.circuits.acquire(provider.name)
+            try:  # Fenced: this worker is no longer the member it was dispatched to (Membership.admit)
+                permit = await (self.circuits.acquire(provider.name) if self.membership is None
+                                else self.membership.admit(run, self.circuits, provider.name))
             except CircuitOpen as exc:
                 return Unavailable(exc.retry_at, str(exc))
-            if self.membership is not None and not self.membership.may_act(run):
-                # The wait for a permit lived through a stall (or the worker left the group meanwhile): the check
-                # above is stale, and the call must not go out before the group confirms this worker again.
-                self.circuits.release(permit, "neutral")
-                continue
             answer = await self.admitted(run, provider, permit, send)
             if not isinstance(answer, BaseException):
                 self._systemic.discard(provider.name)

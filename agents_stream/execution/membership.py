@@ -116,29 +116,25 @@ class Membership:
         if run.member and now and now != run.member:
             raise _left(run, now)
 
-    def may_act(self, run: Run) -> bool:
-        """What ``check`` would say without waiting: True when ``run`` may act now. A call that waited after its
-        check (for a permit of the circuits) asks again with this: the wait may have lived through a stall."""
+    def may_act_now(self, run: Run) -> bool:
+        """What ``check`` would say without waiting: True when ``run`` may act now."""
         now = self.member_id()
         if run.member and now != run.member:
             return False
         if not self.tick():
             return True
+        # dispatched from a record read since the stall (a worker's start stands still too, before it ever
+        # committed: waiting for a commit there would wait for the run's own offset)
         return run.dispatched_at is not None and self.stalled_at is not None and run.dispatched_at >= self.stalled_at
 
     async def check(self, run: Run) -> None:
         """Return when ``run`` may act; raise ``Fenced`` when this worker is no longer the member it was dispatched
         under, or the group has not confirmed it within ``wait_s`` of a stall."""
         deadline: float | None = None
-        while True:
+        while not self.may_act_now(run):
             now = self.member_id()
             if run.member and now != run.member:
                 raise _left(run, now)
-            if not self.tick():
-                return
-            if run.dispatched_at is not None and self.stalled_at is not None and run.dispatched_at >= self.stalled_at:
-                return  # dispatched from a record read since the stall (a worker's start stands still too, before
-                # it ever committed: waiting for a commit there would wait for the run's own offset)
             if deadline is None:
                 deadline = self._clock() + self.wait_s
             elif self._clock() >= deadline:
@@ -147,6 +143,17 @@ class Membership:
                     f"its event loop standing still; dispatch {run.dispatch} stops here and its lease lapses"
                 )
             await self._sleep(self._tick_s)
+
+    async def admit(self, run: Run, circuits: Admission, provider: str) -> Permit:
+        """A permit of ``circuits`` for a call of ``run``, checked before it is asked for and again once it came: the
+        wait for it may have lived through a stall, so a permit that came too late is given back (neutral) and the
+        check waits for the group as ``check`` does."""
+        while True:
+            await self.check(run)
+            permit = await circuits.acquire(provider)
+            if self.may_act_now(run):
+                return permit
+            circuits.release(permit, "neutral")
 
 
 def _left(run: Run, now: str | None) -> Fenced:
@@ -166,12 +173,7 @@ class GatedAdmission:
         self._run = run
 
     async def acquire(self, provider: str) -> Permit:
-        while True:
-            await self._membership.check(self._run)
-            permit = await self._circuits.acquire(provider)
-            if self._membership.may_act(self._run):
-                return permit
-            self._circuits.release(permit, "neutral")  # the wait for it lived through a stall: check again
+        return await self._membership.admit(self._run, self._circuits, provider)
 
     def release(self, permit: Permit, result: str, *, retry_after: float | None = None) -> None:
         self._circuits.release(permit, result, retry_after=retry_after)

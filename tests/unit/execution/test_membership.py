@@ -243,18 +243,18 @@ async def test_a_model_call_that_waited_for_a_permit_through_a_stall_waits_for_t
     assert len(p.requests) == 2
 
 
-def test_may_act_says_what_check_would_without_waiting() -> None:
+def test_may_act_now_says_what_check_would_without_waiting() -> None:
     group = Group()
     membership = group.membership()
     run = a_run("m1")
-    assert membership.may_act(run)
+    assert membership.may_act_now(run)
     group.now += 12.0  # stood still: not until the group confirms it again
-    assert not membership.may_act(run)
+    assert not membership.may_act_now(run)
     group.now += 0.25
     group.confirmed_at = group.now  # a heartbeat accepted since the stall
-    assert membership.may_act(run)
+    assert membership.may_act_now(run)
     group.member = "m2"  # expelled and joined again: never
-    assert not membership.may_act(run)
+    assert not membership.may_act_now(run)
 
 
 async def test_a_tool_attempt_of_an_expelled_worker_never_reaches_the_tools_breaker() -> None:
