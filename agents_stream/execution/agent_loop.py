@@ -304,12 +304,13 @@ class Loop:
         """The calls of one turn, concurrently; each result is journaled on its own as it comes."""
         results: list[Failed | None] = [None] * len(calls)
 
-        running = [len(calls)]
+        running = len(calls)
 
         async def one(i: int, call: dict[str, Any]) -> None:
+            nonlocal running
             key = (turn, call["id"])
             entry = await self.tools.call(turn, call, state.decisions.get(key), state.subresults.get(key))
-            running[0] -= 1
+            running -= 1
             results[i] = self._bounded(entry)
             if results[i] is None:
                 # A worker the group has not confirmed lately may have lost the task: its result's record (the
@@ -317,7 +318,7 @@ class Loop:
                 # turn's last result goes once the next call's request is out; one that finishes while others of
                 # its turn still run goes at once (a crash during a slow call must not lose it).
                 how: Journaling = ("await" if not self._confirmed_member()
-                                   else "after_next_call" if not running[0] else "start")
+                                   else "after_next_call" if not running else "start")
                 results[i] = await self._journal(entry, how)
             if results[i] is None:
                 details = {"turn": turn, "call_id": entry["id"], "tool": entry["name"], "error": entry["error"],
@@ -382,7 +383,7 @@ class Loop:
             self._bytes = grown
         return None
 
-    async def _ask_first(self, prompt: Any) -> Any:
+    async def _ask_first(self, prompt: Conversation) -> TurnAnswer | Unavailable | Rejected:
         """Ask the model; the last tool result's record, not started yet, starts once the call's request is out.
         The record's transition is the ledger's work on this loop's one thread: done first, it held the request
         back by as long (``bench.agent_loop``, "between two calls"). The next entry awaits the record as before."""

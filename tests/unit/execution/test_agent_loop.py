@@ -549,6 +549,21 @@ class HeldRecord:
         self.durable.append(entry)
         self.log.append(f"{entry['kind']} {index} durable")
 
+    def asking(self, base: Any) -> Any:
+        """``base``, the model, with each turn it is asked written to the log."""
+        async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
+            self.log.append(f"asked turn {turns_in(conv)}")
+            return await base(conv)
+        return ask
+
+    async def logged(self, line: str) -> None:
+        """Return once ``line`` is in the log (10 s at most)."""
+        for _ in range(1000):
+            if line in self.log:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError(f"{line!r} never logged: {self.log}")
+
 
 async def test_the_next_turn_is_asked_while_a_tool_results_record_is_on_its_way_and_journaled_after_it() -> None:
     """A tool result's record is not awaited by the next model call, only by the next entry: the model is asked turn
@@ -599,16 +614,11 @@ async def test_a_result_that_finishes_while_a_slower_call_of_its_turn_runs_is_re
         held.log.append("slow ended")
         return "slow done"
 
-    base = make_ask(World(), scripted(
-        t("", ToolCall("q", "lookup_order", {"order_id": "o-1"}), ToolCall("s", "slow", {})), t("done")))
-
-    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
-        held.log.append(f"asked turn {turns_in(conv)}")
-        return await base(conv)
+    ask = held.asking(make_ask(World(), scripted(
+        t("", ToolCall("q", "lookup_order", {"order_id": "o-1"}), ToolCall("s", "slow", {})), t("done"))))
 
     async def end_slow_once_quick_is_recorded() -> None:
-        while "tool 1 durable" not in held.log:
-            await asyncio.sleep(0.01)
+        await held.logged("tool 1 durable")
         slow_may_end.set()
 
     ender = asyncio.ensure_future(end_slow_once_quick_is_recorded())
@@ -672,15 +682,11 @@ async def test_a_worker_the_group_has_not_confirmed_lately_waits_for_its_tool_re
     """Cut off from the brokers, a worker may have lost the task: its tool result's record (which then goes to the
     partition's owner, and fences the run) is awaited before the next model call, which would be wasted."""
     held = HeldRecord()
-    base = make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})), t("done")))
-
-    async def ask(conv: Conversation) -> TurnAnswer | Unavailable | Rejected:
-        held.log.append(f"asked turn {turns_in(conv)}")
-        return await base(conv)
+    ask = held.asking(make_ask(World(), scripted(t("", ToolCall("c1", "lookup_order", {"order_id": "o-1"})),
+                                                 t("done"))))
 
     async def release_soon() -> None:
-        while "result 1 sent" not in held.log:
-            await asyncio.sleep(0.01)
+        await held.logged("result 1 sent")
         held.log.append("confirmed")
         held.released.set()
 
