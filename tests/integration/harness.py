@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import itertools
 import json
 import os
 import shutil
@@ -37,28 +38,31 @@ READ_TOKEN = "harness-read-token"
 #: that range, and a client's connection (to the broker, say) could be given it before the worker bound it: CI once
 #: saw a worker fail to start with "address already in use". Each pytest-xdist process gets its own slice of it.
 PORTS_FROM, PORTS_SLICE, PORT_SLICES = 20_000, 3_000, 4
-_next_port: list[int] = []
+_ports: Iterator[int] | None = None
+
+
+def _port_slice() -> Iterator[int]:
+    """This process's ports, round its slice, from a point its pid picks (a bench and a test run rarely meet)."""
+    name = os.environ.get("PYTEST_XDIST_WORKER", "")
+    index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else PORT_SLICES - 1
+    start = PORTS_FROM + (index % PORT_SLICES) * PORTS_SLICE
+    first = os.getpid() % PORTS_SLICE
+    return (start + (first + i) % PORTS_SLICE for i in itertools.count())
 
 
 def free_port() -> int:
     """A local port free now, outside the ephemeral range, not handed out before by this process."""
-    if not _next_port:
-        name = os.environ.get("PYTEST_XDIST_WORKER", "")
-        index = int(name[2:]) if name.startswith("gw") and name[2:].isdigit() else PORT_SLICES - 1
-        start = PORTS_FROM + (index % PORT_SLICES) * PORTS_SLICE
-        _next_port.extend([start + (os.getpid() * 7) % PORTS_SLICE, start])
-    port, start = _next_port
-    for _ in range(PORTS_SLICE):
-        candidate = start + (port - start) % PORTS_SLICE
-        port = candidate + 1
+    global _ports
+    if _ports is None:
+        _ports = _port_slice()
+    for candidate in itertools.islice(_ports, PORTS_SLICE):
         with socket.socket() as s:
             try:
                 s.bind(("127.0.0.1", candidate))
             except OSError:
                 continue
-        _next_port[0] = port
         return candidate
-    raise RuntimeError(f"no free port in {start}..{start + PORTS_SLICE - 1}")
+    raise RuntimeError(f"every port of this process's slice of {PORTS_FROM}.. is taken: stop what holds them")
 
 
 def dies_with_this_process() -> Callable[[], None] | None:
